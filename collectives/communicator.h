@@ -1,0 +1,149 @@
+// Communicator: one group of ranks and the collectives it runs.
+//
+// Contract (as in ProcessGroupGloo): every rank calls the collectives of a communicator in the
+// same order, with matching arguments. Each call is stamped with a sequence number that only
+// increases and an OpFingerprint (op, dtype, count, root, reduction, sequence number) that
+// travels in every frame header. A violation is detected and reported as kMismatch naming both
+// ranks and both calls; the rank that sees it aborts the communicator, so every rank's pending
+// and later calls fail (kPeerError quoting the first error) within the timeout, never hang.
+//
+// Threads and ownership
+// - Calls may be made from any thread, but their order defines the sequence; one thread at a
+//   time is the normal use (torch's).
+// - Each call is queued and returns a Task at once; a worker thread runs the queued calls one
+//   after another, in call order; the transport's progress thread moves the bytes. Buffers
+//   passed to a call belong to the communicator until its Task completes.
+// - Point-to-point send/recv are not queued behind collectives and not sequence-numbered: they
+//   are posted to the transport at once (so irecv-then-isend pairs on two ranks cannot
+//   deadlock) and match by (peer, tag) in order; kAnySource receives from whoever sends first.
+// - Every Task completes within the communicator's timeout: done, or failed with a Status.
+// - The destructor aborts pending Tasks, joins the threads and closes every socket.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "collectives/store.h"
+#include "common/config.h"
+#include "common/dtype.h"
+#include "common/op.h"
+#include "common/status.h"
+#include "transports/transport.h"
+
+namespace nanoccl {
+
+class Communicator;
+
+// One queued call. Thread-safe.
+class Task {
+ public:
+  bool test() const;
+  // Waits until the task completes or the deadline passes (then kTimeout; the task itself is
+  // still bounded by the communicator's timeout).
+  Status wait(const Deadline& deadline) const;
+  // The final status; meaningful once test() is true.
+  Status status() const;
+  // Runs `cb` once with the final status: on the worker thread, or at once if already done.
+  void onComplete(std::function<void(const Status&)> cb);
+  // For receives: the rank the message came from.
+  int source() const;
+
+  // Used by the communicator's worker thread.
+  void complete(const Status& status, int source = -1);
+
+ private:
+  mutable std::mutex mu_;
+  mutable std::condition_variable cv_;
+  bool done_ = false;
+  Status status_;
+  int source_ = -1;
+  std::vector<std::function<void(const Status&)>> callbacks_;
+};
+
+struct CommunicatorOptions {
+  int rank = 0;
+  int size = 1;
+  // Rendezvous. Keys are written under "nanoccl/<commId>/..." so that several communicators
+  // (torch subgroups) can share one store.
+  std::shared_ptr<Store> store;
+  std::string commId = "0";
+  Config config;
+  // Every call's deadline; also bounds connection setup.
+  std::chrono::milliseconds timeout{300000};
+  std::string transport = "tcp";
+};
+
+// Bytes moved, as the study reports them.
+struct CommStats {
+  std::vector<PeerCounters> perPeer;  // index = rank
+  // Bytes sent/received by this rank per op type (index = OpType).
+  std::vector<uint64_t> bytesSentPerOp;
+  std::vector<uint64_t> bytesReceivedPerOp;
+  uint64_t calls = 0;
+};
+
+class Communicator : public std::enable_shared_from_this<Communicator> {
+ public:
+  // Connects to every peer through the store (rank 0 creates the job secret). Fails with a
+  // clear Status within options.timeout if a peer never shows up.
+  static Result<std::shared_ptr<Communicator>> create(const CommunicatorOptions& options);
+  ~Communicator();
+
+  int rank() const;
+  int size() const;
+  const Config& config() const;
+
+  // In place on `buf` (count elements). kPremulSum multiplies this rank's input by
+  // `premulFactor` first. kAvg divides the sum by size() (integer division for integers).
+  std::shared_ptr<Task> allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+                                  double premulFactor = 1.0);
+  // The result lands in `buf` on `root`; other ranks' buffers are left unchanged.
+  std::shared_ptr<Task> reduce(void* buf, size_t count, DataType dtype, ReduceOp op, int root,
+                               double premulFactor = 1.0);
+  std::shared_ptr<Task> broadcast(void* buf, size_t count, DataType dtype, int root);
+  // `recv` holds recvCounts[r] elements from rank r, back to back in rank order.
+  // recvCounts[rank()] must equal sendCount. `send` may alias the rank's slot in `recv`.
+  std::shared_ptr<Task> allgather(const void* send, size_t sendCount, void* recv,
+                                  const std::vector<size_t>& recvCounts, DataType dtype);
+  // `send` holds counts[r] elements for rank r, back to back; `recv` gets counts[rank()]
+  // elements: the reduction of every rank's part for this rank.
+  std::shared_ptr<Task> reduceScatter(const void* send, void* recv,
+                                      const std::vector<size_t>& counts, DataType dtype,
+                                      ReduceOp op, double premulFactor = 1.0);
+  // Rank r's part of `send` (sendCounts[r] elements, back to back) goes to rank r; `recv`
+  // gets recvCounts[r] elements from rank r, back to back.
+  std::shared_ptr<Task> alltoall(const void* send, const std::vector<size_t>& sendCounts,
+                                 void* recv, const std::vector<size_t>& recvCounts,
+                                 DataType dtype);
+  // On root, `recv` gets recvCounts[r] elements from rank r, back to back (ignored elsewhere).
+  std::shared_ptr<Task> gather(const void* send, size_t sendCount, void* recv,
+                               const std::vector<size_t>& recvCounts, DataType dtype, int root);
+  // From root's `send` (sendCounts[r] elements for rank r, back to back), rank r receives
+  // sendCounts[r] == recvCount elements.
+  std::shared_ptr<Task> scatter(const void* send, const std::vector<size_t>& sendCounts,
+                                void* recv, size_t recvCount, DataType dtype, int root);
+  std::shared_ptr<Task> send(const void* buf, size_t count, DataType dtype, int peer,
+                             uint32_t tag);
+  // peer may be kAnySource; Task::source() tells who sent.
+  std::shared_ptr<Task> recv(void* buf, size_t count, DataType dtype, int peer, uint32_t tag);
+  std::shared_ptr<Task> barrier();
+
+  // Fails every pending and later Task with `why` and tells the peers. Idempotent.
+  void abort(const Status& why);
+
+  CommStats stats() const;
+
+ private:
+  struct Impl;
+  explicit Communicator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace nanoccl

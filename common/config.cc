@@ -1,0 +1,127 @@
+#include "common/config.h"
+
+#include <cctype>
+#include <cstdlib>
+#include <functional>
+#include <mutex>
+
+#include "common/logging.h"
+
+namespace nanoccl {
+namespace {
+
+Result<int64_t> parseInt(const std::string& name, const std::string& v, int64_t min) {
+  char* end = nullptr;
+  errno = 0;
+  const long long x = std::strtoll(v.c_str(), &end, 10);
+  if (v.empty() || errno != 0 || *end != '\0' || x < min) {
+    return invalidArgument(name + "=" + v + ": expected an integer >= " + std::to_string(min));
+  }
+  return static_cast<int64_t>(x);
+}
+
+Status oneOf(const std::string& name, const std::string& v, std::initializer_list<const char*> ok) {
+  for (const char* o : ok) {
+    if (v == o) return Status::ok();
+  }
+  std::string all;
+  for (const char* o : ok) all += std::string(all.empty() ? "" : "|") + o;
+  return invalidArgument(name + "=" + v + ": expected one of " + all);
+}
+
+// One row per setting (shared/STYLE.md 3): its name, how to set it, how to print it.
+struct Field {
+  const char* name;
+  std::function<Status(Config&, const std::string&)> set;
+  std::function<std::string(const Config&)> get;
+};
+
+template <typename T>
+Field intField(const char* name, T Config::*member, int64_t min) {
+  return {name,
+          [=](Config& c, const std::string& v) {
+            NANOCCL_ASSIGN_OR_RETURN(const int64_t x, parseInt(name, v, min));
+            c.*member = static_cast<T>(x);
+            return Status::ok();
+          },
+          [=](const Config& c) { return std::to_string(c.*member); }};
+}
+
+const std::vector<Field>& fields() {
+  static const std::vector<Field> table = {
+      {"socket_ifname",
+       [](Config& c, const std::string& v) {
+         c.socketIfname = v;
+         return Status::ok();
+       },
+       [](const Config& c) { return c.socketIfname; }},
+      {"tcp_engine",
+       [](Config& c, const std::string& v) {
+         NANOCCL_CHECK(oneOf("tcp_engine", v, {"auto", "uring", "epoll"}));
+         c.tcpEngine = v;
+         return Status::ok();
+       },
+       [](const Config& c) { return c.tcpEngine; }},
+      intField("nsocks", &Config::nsocks, 1),
+      intField("stripe_min_bytes", &Config::stripeMinBytes, 1),
+      {"algo",
+       [](Config& c, const std::string& v) {
+         c.algo = v;  // validated by the planner, which owns the algorithm table
+         return Status::ok();
+       },
+       [](const Config& c) { return c.algo; }},
+      intField("chunk_bytes", &Config::chunkBytes, 1024),
+      intField("small_message_bytes", &Config::smallMessageBytes, 0),
+      intField("timeout_ms", &Config::timeoutMs, 1),
+      intField("connect_timeout_ms", &Config::connectTimeoutMs, 1),
+  };
+  return table;
+}
+
+std::string normalize(const std::string& name) {
+  std::string n = name;
+  if (n.rfind("NANOCCL_", 0) == 0) n = n.substr(8);
+  for (char& ch : n) ch = static_cast<char>(std::tolower(static_cast<unsigned char>(ch)));
+  return n;
+}
+
+}  // namespace
+
+Result<Config> Config::fromEnv() {
+  Config c;
+  for (const Field& f : fields()) {
+    std::string env = "NANOCCL_";
+    for (const char* p = f.name; *p; ++p) env += static_cast<char>(std::toupper(*p));
+    if (const char* v = std::getenv(env.c_str())) {
+      NANOCCL_CHECK(f.set(c, v).withContext(env + ": "));
+    }
+  }
+  return c;
+}
+
+Status Config::set(const std::string& name, const std::string& value) {
+  const std::string n = normalize(name);
+  for (const Field& f : fields()) {
+    if (n == f.name) return f.set(*this, value);
+  }
+  std::string all;
+  for (const Field& f : fields()) all += std::string(all.empty() ? "" : ", ") + f.name;
+  return invalidArgument("unknown nanoccl setting '" + name + "' (known: " + all + ")");
+}
+
+std::vector<std::pair<std::string, std::string>> Config::items() const {
+  std::vector<std::pair<std::string, std::string>> out;
+  for (const Field& f : fields()) out.emplace_back(f.name, f.get(*this));
+  return out;
+}
+
+void Config::logOnce() const {
+  static std::once_flag once;
+  std::call_once(once, [this] {
+    std::string line = "configuration:";
+    for (const auto& [k, v] : items()) line += " " + k + "=" + v;
+    NANOCCL_INFO(line);
+  });
+}
+
+}  // namespace nanoccl

@@ -1,0 +1,49 @@
+// Configuration, NCCL style: every setting is an environment variable NANOCCL_<NAME>, and the
+// Python nanoccl.Options field of the same name in lower case overrides it for one group.
+// Every setting has a default that works; the table in config.cc is the single list of them
+// (README.md documents the same table). At NANOCCL_DEBUG=INFO the effective values are
+// printed once per process.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "common/status.h"
+
+namespace nanoccl {
+
+struct Config {
+  // Network interfaces for the TCP transport, NCCL syntax: "eth,ens" (prefixes), "^docker"
+  // (exclude), "=eth0" (exact names). Empty: the first non-loopback interface that is up,
+  // else loopback.
+  std::string socketIfname;
+  // "auto" (io_uring when the kernel allows it, else epoll), "uring" or "epoll".
+  std::string tcpEngine = "auto";
+  // TCP connections per peer; messages of at least stripeMinBytes are striped across them.
+  int nsocks = 2;
+  size_t stripeMinBytes = 256 * 1024;
+  // Collective algorithm: "auto", or a name from the algorithm table (ring, recursive_doubling,
+  // tree, ...). Forcing one that cannot run the call is an error.
+  std::string algo = "auto";
+  // Pipelining unit of the ring algorithms, in bytes.
+  size_t chunkBytes = 1 << 20;
+  // Messages up to this size use the small-message (latency) algorithms under "auto".
+  size_t smallMessageBytes = 64 * 1024;
+  // Deadline of every collective when the caller gives none (torch passes its own).
+  int64_t timeoutMs = 300000;
+  // Deadline of connection setup (handshakes, store look-ups) when the caller gives none.
+  int64_t connectTimeoutMs = 60000;
+
+  // Reads every NANOCCL_* variable over the defaults; a malformed value is an error.
+  static Result<Config> fromEnv();
+  // Sets one field by its Options/env name ("nsocks" or "NANOCCL_NSOCKS").
+  Status set(const std::string& name, const std::string& value);
+  // "name=value" for every field, in table order.
+  std::vector<std::pair<std::string, std::string>> items() const;
+  // Logs the effective configuration once per process at NANOCCL_DEBUG=INFO.
+  void logOnce() const;
+};
+
+}  // namespace nanoccl

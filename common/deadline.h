@@ -1,0 +1,34 @@
+// Deadlines: every wait in nanoccl has one (shared/STYLE.md 5).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+
+namespace nanoccl {
+
+using Clock = std::chrono::steady_clock;
+
+class Deadline {
+ public:
+  static Deadline after(std::chrono::milliseconds d) { return Deadline(Clock::now() + d); }
+  static Deadline never() { return Deadline(Clock::time_point::max()); }
+  explicit Deadline(Clock::time_point at) : at_(at) {}
+
+  Clock::time_point at() const { return at_; }
+  bool expired() const { return Clock::now() >= at_; }
+  // Milliseconds left, clamped to [0, cap]; for poll()/epoll_wait() style timeouts.
+  int remainingMs(int cap = 1 << 30) const {
+    if (at_ == Clock::time_point::max()) return cap;
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(at_ - Clock::now()).count();
+    if (left <= 0) return 0;
+    return left > cap ? cap : static_cast<int>(left);
+  }
+  // The earlier of the two.
+  Deadline min(const Deadline& other) const { return at_ < other.at_ ? *this : other; }
+
+ private:
+  Clock::time_point at_;
+};
+
+}  // namespace nanoccl

@@ -1,0 +1,29 @@
+#include "common/op.h"
+
+namespace nanoccl {
+
+const char* opTypeName(OpType op) {
+  static constexpr const char* kNames[] = {"none",           "allreduce", "reduce", "broadcast",
+                                           "allgather",      "reduce_scatter", "alltoall",
+                                           "gather",         "scatter",   "send/recv", "barrier"};
+  static_assert(sizeof(kNames) / sizeof(kNames[0]) == static_cast<size_t>(OpType::kNumOps));
+  const auto i = static_cast<size_t>(op);
+  return i < static_cast<size_t>(OpType::kNumOps) ? kNames[i] : "invalid-op";
+}
+
+std::string OpFingerprint::describe() const {
+  std::string s = opTypeName(op);
+  if (op != OpType::kSendRecv) s += " #" + std::to_string(seq);
+  s += " (";
+  s += dataTypeName(dtype);
+  s += " x " + std::to_string(count);
+  if (op == OpType::kAllreduce || op == OpType::kReduce || op == OpType::kReduceScatter) {
+    s += ", ";
+    s += reduceOpName(redop);
+  }
+  if (root >= 0) s += ", root " + std::to_string(root);
+  s += ")";
+  return s;
+}
+
+}  // namespace nanoccl

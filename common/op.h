@@ -1,0 +1,51 @@
+// What a message belongs to. Every frame header carries the sender's OpFingerprint; the
+// receiver compares it with the one it posted, so ranks that disagree about a call (op, dtype,
+// count, root, reduction, or the call's place in the sequence) get a kMismatch error that names
+// both ranks and both calls, instead of a hang or wrong data.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "common/dtype.h"
+
+namespace nanoccl {
+
+// The order is part of the wire format: append only.
+enum class OpType : uint8_t {
+  kNone = 0,
+  kAllreduce,
+  kReduce,
+  kBroadcast,
+  kAllgather,
+  kReduceScatter,
+  kAlltoall,
+  kGather,
+  kScatter,
+  kSendRecv,  // point-to-point: matched by (peer, tag) in FIFO order, not by sequence number
+  kBarrier,
+  kNumOps,
+};
+
+const char* opTypeName(OpType op);
+
+struct OpFingerprint {
+  OpType op = OpType::kNone;
+  DataType dtype = DataType::kUInt8;
+  ReduceOp redop = ReduceOp::kSum;
+  int32_t root = -1;   // -1 where the op has no root
+  uint64_t count = 0;  // elements; for ops with per-rank counts, the total over all ranks
+                       // (0 where counts are per peer pair, e.g. alltoall)
+  uint64_t seq = 0;    // the communicator's collective sequence number (0 for p2p)
+
+  bool operator==(const OpFingerprint& o) const {
+    return op == o.op && dtype == o.dtype && redop == o.redop && root == o.root &&
+           count == o.count && seq == o.seq;
+  }
+  bool operator!=(const OpFingerprint& o) const { return !(*this == o); }
+
+  // "allreduce #7 (float32 x 1024, sum)", "broadcast #3 (int64 x 8, root 1)".
+  std::string describe() const;
+};
+
+}  // namespace nanoccl

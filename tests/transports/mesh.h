@@ -1,0 +1,111 @@
+// Test helpers: a mesh of TCP transports, one per rank, all in this process (ranks as
+// threads, addresses exchanged in memory).
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <future>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "transports/tcp/socket_ops.h"
+#include "transports/transport.h"
+
+namespace nanoccl::testing {
+
+inline Config loopbackConfig(const std::string& engine, int nsocks = 2) {
+  Config c;
+  c.socketIfname = "lo";
+  c.tcpEngine = engine;
+  c.nsocks = nsocks;
+  c.stripeMinBytes = 64 * 1024;
+  return c;
+}
+
+inline TransportOptions optionsFor(int rank, int size, const Config& cfg,
+                                   const std::string& secret = "test-secret") {
+  TransportOptions o;
+  o.rank = rank;
+  o.size = size;
+  o.commId = "test-comm";
+  o.secret = secret;
+  o.config = cfg;
+  return o;
+}
+
+// Creates and connects `size` transports; each rank's Config comes from `configFor(rank)`.
+template <typename ConfigFor>
+std::vector<std::unique_ptr<Transport>> makeMesh(int size, ConfigFor configFor,
+                                                 std::vector<Status>* statuses = nullptr) {
+  std::vector<std::unique_ptr<Transport>> ts(static_cast<size_t>(size));
+  std::vector<std::string> addrs(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) {
+    auto t = createTransport("tcp", optionsFor(r, size, configFor(r)));
+    EXPECT_TRUE(t.isOk()) << t.status().toString();
+    if (!t.isOk()) return {};
+    ts[r] = std::move(t).value();
+    auto a = ts[r]->listen();
+    EXPECT_TRUE(a.isOk()) << a.status().toString();
+    addrs[r] = a.isOk() ? a.value() : "";
+  }
+  std::vector<std::future<Status>> done;
+  for (int r = 0; r < size; ++r) {
+    done.push_back(std::async(std::launch::async, [&, r] {
+      return ts[r]->connect(addrs, Deadline::after(std::chrono::seconds(20)));
+    }));
+  }
+  bool ok = true;
+  for (int r = 0; r < size; ++r) {
+    const Status st = done[r].get();
+    if (statuses) statuses->push_back(st);
+    ok = ok && st.isOk();
+    if (!statuses) EXPECT_TRUE(st.isOk()) << st.toString();
+  }
+  if (!ok && !statuses) return {};
+  return ts;
+}
+
+inline std::vector<std::unique_ptr<Transport>> makeMesh(int size, const Config& cfg) {
+  return makeMesh(size, [&](int) { return cfg; });
+}
+
+inline Envelope collectiveEnvelope(uint64_t seq, uint32_t tag, uint64_t count = 0,
+                                   OpType op = OpType::kAllreduce,
+                                   DataType dtype = DataType::kUInt8) {
+  Envelope e;
+  e.fingerprint.op = op;
+  e.fingerprint.dtype = dtype;
+  e.fingerprint.count = count;
+  e.fingerprint.seq = seq;
+  e.tag = tag;
+  return e;
+}
+
+inline Envelope p2pEnvelope(uint32_t tag, uint64_t count, DataType dtype = DataType::kUInt8) {
+  Envelope e;
+  e.fingerprint.op = OpType::kSendRecv;
+  e.fingerprint.dtype = dtype;
+  e.fingerprint.count = count;
+  e.tag = tag;
+  return e;
+}
+
+inline Deadline soon(int seconds = 10) { return Deadline::after(std::chrono::seconds(seconds)); }
+
+// The engines this machine can run: epoll always, uring when the probe passes.
+inline std::vector<std::string> engines() {
+  std::vector<std::string> out = {"epoll"};
+  if (tcp::probeUring().isOk()) out.push_back("uring");
+  return out;
+}
+
+inline void skipIfUnavailable(const std::string& engine) {
+  if (engine == "uring") {
+    const Status st = tcp::probeUring();
+    if (!st.isOk()) GTEST_SKIP() << "io_uring unavailable: " << st.message();
+  }
+}
+
+}  // namespace nanoccl::testing

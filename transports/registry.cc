@@ -1,0 +1,38 @@
+// The transport table (shared/STYLE.md 3): adding a transport is a folder, a CMake option and
+// one row here.
+#include <string>
+
+#include "transports/transport.h"
+
+#ifdef NANOCCL_HAVE_TCP
+#include "transports/tcp/tcp_transport.h"
+#endif
+
+namespace nanoccl {
+namespace {
+
+struct TransportRow {
+  const char* name;
+  const char* description;
+  Result<std::unique_ptr<Transport>> (*create)(const TransportOptions&);
+};
+
+constexpr TransportRow kTransports[] = {
+#ifdef NANOCCL_HAVE_TCP
+    {"tcp", "TCP sockets between hosts, on io_uring or epoll", tcp::createTcpTransport},
+#endif
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> createTransport(const std::string& name,
+                                                   const TransportOptions& options) {
+  std::string known;
+  for (const TransportRow& row : kTransports) {
+    if (name == row.name) return row.create(options);
+    known += std::string(known.empty() ? "" : ", ") + row.name;
+  }
+  return unavailableError("transport '" + name + "' is not built in (available: " + known + ")");
+}
+
+}  // namespace nanoccl

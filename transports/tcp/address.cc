@@ -1,0 +1,124 @@
+#include "transports/tcp/address.h"
+
+#include <arpa/inet.h>
+#include <ifaddrs.h>
+#include <net/if.h>
+#include <netinet/in.h>
+
+#include <cstring>
+#include <memory>
+
+namespace nanoccl::tcp {
+
+std::string SocketAddress::toString() const {
+  char host[INET6_ADDRSTRLEN] = {0};
+  if (family() == AF_INET) {
+    const auto* a = reinterpret_cast<const sockaddr_in*>(&storage);
+    inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
+    return std::string(host) + ":" + std::to_string(ntohs(a->sin_port));
+  }
+  if (family() == AF_INET6) {
+    const auto* a = reinterpret_cast<const sockaddr_in6*>(&storage);
+    inet_ntop(AF_INET6, &a->sin6_addr, host, sizeof(host));
+    std::string h(host);
+    if (a->sin6_scope_id != 0) h += "%" + std::to_string(a->sin6_scope_id);
+    return "[" + h + "]:" + std::to_string(ntohs(a->sin6_port));
+  }
+  return "<no address>";
+}
+
+Result<SocketAddress> SocketAddress::parse(const std::string& text) {
+  const auto bad = [&] { return invalidArgument("bad socket address '" + text + "'"); };
+  const size_t colon = text.rfind(':');
+  if (colon == std::string::npos || colon + 1 >= text.size()) return bad();
+  const std::string portText = text.substr(colon + 1);
+  char* end = nullptr;
+  const long port = std::strtol(portText.c_str(), &end, 10);
+  if (*end != '\0' || port <= 0 || port > 65535) return bad();
+  std::string host = text.substr(0, colon);
+  SocketAddress out;
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+    uint32_t scope = 0;
+    if (const size_t pct = host.find('%'); pct != std::string::npos) {
+      scope = static_cast<uint32_t>(std::strtoul(host.c_str() + pct + 1, nullptr, 10));
+      host.resize(pct);
+    }
+    auto* a = reinterpret_cast<sockaddr_in6*>(&out.storage);
+    a->sin6_family = AF_INET6;
+    a->sin6_port = htons(static_cast<uint16_t>(port));
+    a->sin6_scope_id = scope;
+    if (inet_pton(AF_INET6, host.c_str(), &a->sin6_addr) != 1) return bad();
+    out.length = sizeof(sockaddr_in6);
+    return out;
+  }
+  auto* a = reinterpret_cast<sockaddr_in*>(&out.storage);
+  a->sin_family = AF_INET;
+  a->sin_port = htons(static_cast<uint16_t>(port));
+  if (inet_pton(AF_INET, host.c_str(), &a->sin_addr) != 1) return bad();
+  out.length = sizeof(sockaddr_in);
+  return out;
+}
+
+void SocketAddress::setPort(uint16_t port) {
+  if (family() == AF_INET) {
+    reinterpret_cast<sockaddr_in*>(&storage)->sin_port = htons(port);
+  } else if (family() == AF_INET6) {
+    reinterpret_cast<sockaddr_in6*>(&storage)->sin6_port = htons(port);
+  }
+}
+
+bool interfaceMatches(const std::string& name, const std::string& spec) {
+  if (spec.empty()) return true;
+  size_t pos = 0;
+  const bool exclude = spec[pos] == '^';
+  if (exclude) ++pos;
+  const bool exact = pos < spec.size() && spec[pos] == '=';
+  if (exact) ++pos;
+  bool listed = false;
+  while (pos <= spec.size()) {
+    size_t comma = spec.find(',', pos);
+    if (comma == std::string::npos) comma = spec.size();
+    const std::string item = spec.substr(pos, comma - pos);
+    if (!item.empty()) {
+      listed = listed || (exact ? name == item : name.compare(0, item.size(), item) == 0);
+    }
+    pos = comma + 1;
+  }
+  return exclude ? !listed : listed;
+}
+
+Result<InterfaceAddress> pickInterface(const std::string& spec) {
+  ifaddrs* raw = nullptr;
+  if (getifaddrs(&raw) != 0) return systemError("getifaddrs", errno);
+  std::unique_ptr<ifaddrs, decltype(&freeifaddrs)> list(raw, freeifaddrs);
+
+  // Without a spec, loopback and docker bridges are the last resort, as in NCCL.
+  const std::string effective = spec.empty() ? "^docker,lo" : spec;
+  std::string seen;
+  for (const int family : {AF_INET, AF_INET6}) {
+    for (const ifaddrs* i = raw; i != nullptr; i = i->ifa_next) {
+      if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != family) continue;
+      if ((i->ifa_flags & IFF_UP) == 0) continue;
+      if (family == AF_INET) seen += std::string(seen.empty() ? "" : ", ") + i->ifa_name;
+      if (!interfaceMatches(i->ifa_name, effective)) continue;
+      if (family == AF_INET6) {
+        // Link-local IPv6 needs a scope and is rarely what a cluster wants.
+        const auto* a6 = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr);
+        if (IN6_IS_ADDR_LINKLOCAL(&a6->sin6_addr)) continue;
+      }
+      InterfaceAddress out;
+      out.name = i->ifa_name;
+      const socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
+      std::memcpy(&out.address.storage, i->ifa_addr, len);
+      out.address.length = len;
+      out.address.setPort(0);
+      return out;
+    }
+  }
+  if (spec.empty()) return pickInterface("=lo");
+  return unavailableError("no network interface that is up matches NANOCCL_SOCKET_IFNAME='" +
+                          spec + "' (interfaces with IPv4 addresses: " + seen + ")");
+}
+
+}  // namespace nanoccl::tcp

@@ -1,0 +1,31 @@
+#include <mutex>
+
+#include "common/logging.h"
+#include "transports/tcp/socket_ops.h"
+
+namespace nanoccl::tcp {
+
+Result<std::unique_ptr<IoEngine>> createEngine(const std::string& which) {
+  if (which == "epoll") return createEpollEngine();
+  if (which == "uring") {
+    auto engine = createUringEngine();
+    if (!engine.isOk()) {
+      return unavailableError("NANOCCL_TCP_ENGINE=uring, but io_uring is not usable here: " +
+                              engine.status().message());
+    }
+    return engine;
+  }
+  if (which != "auto") {
+    return invalidArgument("NANOCCL_TCP_ENGINE=" + which + ": expected auto, uring or epoll");
+  }
+  auto engine = createUringEngine();
+  if (engine.isOk()) return engine;
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    NANOCCL_WARN("io_uring unavailable (" << engine.status().message()
+                                          << "); using the epoll engine");
+  });
+  return createEpollEngine();
+}
+
+}  // namespace nanoccl::tcp

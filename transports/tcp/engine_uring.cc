@@ -1,0 +1,262 @@
+// The io_uring engine: one ring per progress thread; receives and sends are submitted as
+// IORING_OP_RECV / IORING_OP_SENDMSG with MSG_WAITALL (the kernel retries short transfers;
+// the engine resubmits the rest if one still comes back short); completions are reaped in
+// batches and marked seen with one io_uring_cq_advance. wakeup() writes an eventfd that has a
+// read always pending on the ring.
+#include "transports/tcp/socket_ops.h"
+
+#ifdef NANOCCL_HAVE_URING
+
+#include <liburing.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <memory>
+#include <unordered_map>
+#include <vector>
+
+namespace nanoccl::tcp {
+namespace {
+
+constexpr unsigned kRingEntries = 256;
+
+class UringEngine : public IoEngine {
+ public:
+  ~UringEngine() override {
+    if (ringReady_) io_uring_queue_exit(&ring_);
+    if (wakeFd_ >= 0) close(wakeFd_);
+  }
+
+  Status init() {
+    const int rc = io_uring_queue_init(kRingEntries, &ring_, 0);
+    if (rc < 0) return systemError("io_uring_queue_init", -rc);
+    ringReady_ = true;
+    wakeFd_ = eventfd(0, EFD_CLOEXEC);
+    if (wakeFd_ < 0) return systemError("eventfd", errno);
+    wakeOp_.kind = Op::kWake;
+    armWake();
+    return Status::ok();
+  }
+
+  const char* name() const override { return "uring"; }
+
+  Status addSocket(int fd) override {
+    auto& s = sockets_[fd];
+    s = std::make_unique<Socket>();
+    s->recv.fd = s->send.fd = fd;
+    s->recv.kind = Op::kRecv;
+    s->send.kind = Op::kSend;
+    return Status::ok();
+  }
+
+  void removeSocket(int fd) override { sockets_.erase(fd); }
+
+  Status postRecv(int fd, void* buf, size_t len, void* cookie) override {
+    Op& op = sockets_.at(fd)->recv;
+    if (op.active) return internalError("uring engine: second receive posted on a socket");
+    op.active = true;
+    op.iov[0] = {buf, len};
+    op.iovcnt = 1;
+    op.left = op.total = len;
+    op.cookie = cookie;
+    if (len == 0) {
+      complete(op, 0);
+    } else {
+      submit(op);
+    }
+    return Status::ok();
+  }
+
+  Status postSend(int fd, const iovec* iov, int iovcnt, void* cookie) override {
+    if (iovcnt < 1 || iovcnt > kMaxIov) return internalError("uring engine: bad iovcnt");
+    Op& op = sockets_.at(fd)->send;
+    if (op.active) return internalError("uring engine: second send posted on a socket");
+    op.active = true;
+    op.iovcnt = 0;
+    op.left = 0;
+    op.cookie = cookie;
+    for (int i = 0; i < iovcnt; ++i) {
+      if (iov[i].iov_len == 0) continue;
+      op.iov[op.iovcnt++] = iov[i];
+      op.left += iov[i].iov_len;
+    }
+    op.total = op.left;
+    if (op.left == 0) {
+      complete(op, 0);
+    } else {
+      submit(op);
+    }
+    return Status::ok();
+  }
+
+  Status poll(int timeoutMs, const std::function<void(const IoCompletion&)>& fn) override {
+    io_uring_cqe* cqe = nullptr;
+    __kernel_timespec ts{};
+    ts.tv_sec = timeoutMs / 1000;
+    ts.tv_nsec = static_cast<long long>(timeoutMs % 1000) * 1000000;
+    const bool wait = ready_.empty() && timeoutMs != 0;
+    int rc = io_uring_submit_and_wait_timeout(&ring_, &cqe, wait ? 1 : 0,
+                                              timeoutMs < 0 || !wait ? nullptr : &ts, nullptr);
+    if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
+      return systemError("io_uring_submit_and_wait_timeout", -rc);
+    }
+    unsigned head;
+    unsigned seen = 0;
+    io_uring_for_each_cqe(&ring_, head, cqe) {
+      ++seen;
+      onCqe(static_cast<Op*>(io_uring_cqe_get_data(cqe)), cqe->res);
+    }
+    io_uring_cq_advance(&ring_, seen);
+    std::vector<IoCompletion> batch;
+    batch.swap(ready_);
+    for (const auto& c : batch) fn(c);
+    return Status::ok();
+  }
+
+  void wakeup() override {
+    const uint64_t one = 1;
+    [[maybe_unused]] ssize_t r = write(wakeFd_, &one, sizeof(one));
+  }
+
+ private:
+  struct Op {
+    enum Kind { kRecv, kSend, kWake } kind = kRecv;
+    int fd = -1;
+    bool active = false;
+    iovec iov[kMaxIov];
+    int iovcnt = 0;
+    msghdr msg{};
+    size_t left = 0;
+    size_t total = 0;
+    void* cookie = nullptr;
+  };
+  struct Socket {
+    Op recv;
+    Op send;
+  };
+
+  io_uring_sqe* getSqe() {
+    io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
+    while (sqe == nullptr) {  // submission queue full: hand it to the kernel and retry
+      io_uring_submit(&ring_);
+      sqe = io_uring_get_sqe(&ring_);
+    }
+    return sqe;
+  }
+
+  void submit(Op& op) {
+    io_uring_sqe* sqe = getSqe();
+    if (op.kind == Op::kRecv) {
+      io_uring_prep_recv(sqe, op.fd, op.iov[0].iov_base, op.iov[0].iov_len, MSG_WAITALL);
+    } else {
+      op.msg = msghdr{};
+      op.msg.msg_iov = op.iov;
+      op.msg.msg_iovlen = static_cast<size_t>(op.iovcnt);
+      io_uring_prep_sendmsg(sqe, op.fd, &op.msg, MSG_NOSIGNAL | MSG_WAITALL);
+    }
+    io_uring_sqe_set_data(sqe, &op);
+  }
+
+  void armWake() {
+    io_uring_sqe* sqe = getSqe();
+    io_uring_prep_read(sqe, wakeFd_, &wakeValue_, sizeof(wakeValue_), 0);
+    io_uring_sqe_set_data(sqe, &wakeOp_);
+  }
+
+  void complete(Op& op, int64_t result) {
+    op.active = false;
+    ready_.push_back({op.cookie, result});
+  }
+
+  static void advance(Op& op, size_t n) {
+    op.left -= n;
+    int i = 0;
+    while (n > 0 && i < op.iovcnt) {
+      const size_t take = n < op.iov[i].iov_len ? n : op.iov[i].iov_len;
+      op.iov[i].iov_base = static_cast<char*>(op.iov[i].iov_base) + take;
+      op.iov[i].iov_len -= take;
+      n -= take;
+      if (op.iov[i].iov_len == 0) ++i;
+    }
+    int j = 0;
+    for (int k = i; k < op.iovcnt; ++k) op.iov[j++] = op.iov[k];
+    op.iovcnt = j;
+  }
+
+  void onCqe(Op* op, int res) {
+    if (op == &wakeOp_) {
+      armWake();
+      return;
+    }
+    if (res == -EINTR || res == -EAGAIN) {
+      submit(*op);
+    } else if (res < 0) {
+      complete(*op, res);
+    } else if (res == 0 && op->kind == Op::kRecv) {
+      complete(*op, 0);  // end of stream
+    } else {
+      advance(*op, static_cast<size_t>(res));
+      if (op->left == 0) {
+        complete(*op, static_cast<int64_t>(op->total));
+      } else {
+        submit(*op);
+      }
+    }
+  }
+
+  io_uring ring_{};
+  bool ringReady_ = false;
+  int wakeFd_ = -1;
+  uint64_t wakeValue_ = 0;
+  Op wakeOp_;
+  std::unordered_map<int, std::unique_ptr<Socket>> sockets_;
+  std::vector<IoCompletion> ready_;
+};
+
+}  // namespace
+
+Status probeUring() {
+  io_uring ring;
+  const int rc = io_uring_queue_init(4, &ring, 0);
+  if (rc < 0) return systemError("io_uring_queue_init", -rc);
+  Status st;
+  io_uring_probe* probe = io_uring_get_probe_ring(&ring);
+  if (probe == nullptr) {
+    st = unavailableError("io_uring: the kernel cannot report its supported operations");
+  } else {
+    for (const int opcode : {IORING_OP_RECV, IORING_OP_SENDMSG, IORING_OP_READ}) {
+      if (!io_uring_opcode_supported(probe, opcode)) {
+        st = unavailableError("io_uring: operation " + std::to_string(opcode) +
+                              " not supported by this kernel");
+        break;
+      }
+    }
+    io_uring_free_probe(probe);
+  }
+  io_uring_queue_exit(&ring);
+  return st;
+}
+
+Result<std::unique_ptr<IoEngine>> createUringEngine() {
+  NANOCCL_CHECK(probeUring());
+  auto engine = std::make_unique<UringEngine>();
+  NANOCCL_CHECK(engine->init());
+  return std::unique_ptr<IoEngine>(std::move(engine));
+}
+
+}  // namespace nanoccl::tcp
+
+#else  // !NANOCCL_HAVE_URING
+
+namespace nanoccl::tcp {
+
+Status probeUring() { return unavailableError("nanoccl was built without liburing"); }
+
+Result<std::unique_ptr<IoEngine>> createUringEngine() { return probeUring(); }
+
+}  // namespace nanoccl::tcp
+
+#endif

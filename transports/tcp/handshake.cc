@@ -1,0 +1,416 @@
+#include "transports/tcp/handshake.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <thread>
+
+#include "common/logging.h"
+#include "transports/tcp/wire.h"
+
+namespace nanoccl::tcp {
+namespace {
+
+// Most half-open connections we keep while waiting for Hellos; more are closed at once, so a
+// flood of strangers cannot exhaust descriptors.
+constexpr size_t kMaxPendingIncoming = 256;
+
+void tuneSocket(int fd) {
+  const int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+bool secretsEqual(const uint8_t* a, const std::string& b, uint32_t aLen) {
+  if (aLen != b.size()) return false;
+  unsigned char diff = 0;  // constant time in the secret's bytes
+  for (size_t i = 0; i < b.size(); ++i) diff |= a[i] ^ static_cast<unsigned char>(b[i]);
+  return diff == 0;
+}
+
+std::string peerName(int fd) {
+  SocketAddress a;
+  a.length = sizeof(a.storage);
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&a.storage), &a.length) != 0) return "?";
+  return a.toString();
+}
+
+// One connection being set up: outgoing (we send a Hello, read the HelloAck) or incoming (we
+// read a Hello, send a HelloAck).
+struct Pending {
+  enum class Stage { kConnecting, kSending, kReceiving, kDone } stage;
+  bool outgoing;
+  int fd;
+  int peer;         // outgoing: target rank; incoming: known after the Hello
+  int socketIndex;  // outgoing: which connection; incoming: known after the Hello
+  char out[sizeof(Hello)];
+  size_t outLen = 0;
+  size_t outDone = 0;
+  char in[sizeof(Hello)];
+  size_t inLen = 0;
+  size_t inDone = 0;
+  Clock::time_point retryAt{};  // outgoing: reconnect after a refusal
+};
+
+class MeshBuilder {
+ public:
+  MeshBuilder(const Listener& listener, const std::vector<std::string>& addresses,
+              const MeshParams& p)
+      : listener_(listener), addresses_(addresses), p_(p) {
+    fds_.assign(static_cast<size_t>(p.size), {});
+    for (int r = 0; r < p.size; ++r) {
+      if (r != p.rank) fds_[r].assign(static_cast<size_t>(p.nsocks), -1);
+    }
+  }
+
+  ~MeshBuilder() {
+    for (auto& pc : pending_) {
+      if (pc.fd >= 0) close(pc.fd);
+    }
+    if (!success_) {
+      for (auto& row : fds_) {
+        for (int fd : row) {
+          if (fd >= 0) close(fd);
+        }
+      }
+    }
+  }
+
+  Result<std::vector<std::vector<int>>> run(const Deadline& deadline) {
+    for (int peer = 0; peer < p_.rank; ++peer) {
+      NANOCCL_ASSIGN_OR_RETURN(targets_.emplace_back(), SocketAddress::parse(addresses_[peer]));
+      for (int s = 0; s < p_.nsocks; ++s) NANOCCL_CHECK(startConnect(peer, s));
+    }
+    expectedIncoming_ = (p_.size - 1 - p_.rank) * p_.nsocks;
+    while (!done()) {
+      if (deadline.expired()) return timeoutError(describeMissing());
+      std::vector<pollfd> pfds;
+      pfds.push_back({listener_.fd, POLLIN, 0});
+      for (auto& pc : pending_) {
+        short ev = 0;
+        if (pc.stage == Pending::Stage::kConnecting || pc.stage == Pending::Stage::kSending) {
+          ev = POLLOUT;
+        } else if (pc.stage == Pending::Stage::kReceiving) {
+          ev = POLLIN;
+        }
+        pfds.push_back({pc.fd, ev, 0});
+      }
+      const int n = ::poll(pfds.data(), pfds.size(), deadline.remainingMs(50));
+      if (n < 0 && errno != EINTR) return systemError("poll", errno);
+      if (pfds[0].revents & POLLIN) NANOCCL_CHECK(acceptAll());
+      for (size_t i = 1; i < pfds.size(); ++i) {
+        if (pfds[i].revents != 0) NANOCCL_CHECK(step(pending_[i - 1]));
+      }
+      NANOCCL_CHECK(retryRefused());
+      // Forget finished and dropped connections.
+      std::erase_if(pending_, [](const Pending& pc) { return pc.fd < 0; });
+    }
+    success_ = true;
+    return std::move(fds_);
+  }
+
+ private:
+  bool done() const { return outgoingDone_ == p_.rank * p_.nsocks && incomingDone_ == expectedIncoming_; }
+
+  std::string describeMissing() const {
+    std::string missing;
+    for (int r = 0; r < p_.size; ++r) {
+      if (r == p_.rank) continue;
+      for (int s = 0; s < p_.nsocks; ++s) {
+        if (fds_[r][s] < 0) {
+          missing += std::string(missing.empty() ? "" : ", ") + std::to_string(r);
+          break;
+        }
+      }
+    }
+    return "rank " + std::to_string(p_.rank) + ": connection setup timed out waiting for rank(s) " +
+           missing + " (listening on " + listener_.address.toString() + " via " +
+           listener_.ifname + "; check NANOCCL_SOCKET_IFNAME and that every rank started)";
+  }
+
+  Status startConnect(int peer, int socketIndex) {
+    const SocketAddress& target = targets_[peer];
+    const int fd = socket(target.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (fd < 0) return systemError("socket", errno);
+    tuneSocket(fd);
+    Pending pc{};
+    pc.stage = Pending::Stage::kConnecting;
+    pc.outgoing = true;
+    pc.fd = fd;
+    pc.peer = peer;
+    pc.socketIndex = socketIndex;
+    Hello h{};
+    h.magic = kMagic;
+    h.version = kVersion;
+    h.socketIndex = static_cast<uint16_t>(socketIndex);
+    h.rank = p_.rank;
+    h.size = p_.size;
+    h.nsocks = p_.nsocks;
+    h.secretBytes = static_cast<uint32_t>(p_.secret.size());
+    h.commIdHash = p_.commIdHash;
+    h.stripeMinBytes = p_.stripeMinBytes;
+    std::memcpy(h.secret, p_.secret.data(), p_.secret.size());
+    std::memcpy(pc.out, &h, sizeof(h));
+    pc.outLen = sizeof(h);
+    pc.inLen = sizeof(HelloAck);
+    if (::connect(fd, reinterpret_cast<const sockaddr*>(&target.storage), target.length) == 0) {
+      pc.stage = Pending::Stage::kSending;
+    } else if (errno != EINPROGRESS) {
+      const int err = errno;
+      close(fd);
+      return systemError(("connect to rank " + std::to_string(peer) + " at " +
+                          target.toString()).c_str(), err);
+    }
+    pending_.push_back(pc);
+    return Status::ok();
+  }
+
+  Status retryRefused() {
+    const auto now = Clock::now();
+    for (auto& [peer, socketIndex, at] : refused_) {
+      if (peer >= 0 && now >= at) {
+        NANOCCL_CHECK(startConnect(peer, socketIndex));
+        peer = -1;
+      }
+    }
+    std::erase_if(refused_, [](const auto& r) { return std::get<0>(r) < 0; });
+    return Status::ok();
+  }
+
+  Status acceptAll() {
+    while (true) {
+      const int fd = accept4(listener_.fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      if (fd < 0) {
+        if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::ok();
+        if (errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) return Status::ok();
+        return systemError("accept4", errno);
+      }
+      size_t incoming = 0;
+      for (const auto& pc : pending_) incoming += pc.outgoing ? 0 : 1;
+      if (incoming >= kMaxPendingIncoming) {
+        NANOCCL_WARN("rank " << p_.rank << ": too many unauthenticated connections; closing one");
+        close(fd);
+        continue;
+      }
+      tuneSocket(fd);
+      Pending pc{};
+      pc.stage = Pending::Stage::kReceiving;
+      pc.outgoing = false;
+      pc.fd = fd;
+      pc.peer = -1;
+      pc.socketIndex = -1;
+      pc.inLen = sizeof(Hello);
+      pending_.push_back(pc);
+    }
+  }
+
+  void drop(Pending& pc, const std::string& why) {
+    NANOCCL_WARN("rank " << p_.rank << ": rejected a connection from " << peerName(pc.fd) << ": "
+                         << why);
+    close(pc.fd);
+    pc.fd = -1;
+  }
+
+  Status step(Pending& pc) {
+    if (pc.stage == Pending::Stage::kConnecting) {
+      int err = 0;
+      socklen_t len = sizeof(err);
+      getsockopt(pc.fd, SOL_SOCKET, SO_ERROR, &err, &len);
+      if (err == EINPROGRESS) return Status::ok();
+      if (err != 0) {
+        // The peer listens before it publishes its address, so a refusal is transient (a
+        // restarted job, a slow interface); retry until the deadline, as NCCL does.
+        close(pc.fd);
+        pc.fd = -1;
+        refused_.emplace_back(pc.peer, pc.socketIndex,
+                              Clock::now() + std::chrono::milliseconds(20));
+        return Status::ok();
+      }
+      pc.stage = Pending::Stage::kSending;
+    }
+    if (pc.stage == Pending::Stage::kSending) {
+      while (pc.outDone < pc.outLen) {
+        const ssize_t n = ::send(pc.fd, pc.out + pc.outDone, pc.outLen - pc.outDone, MSG_NOSIGNAL);
+        if (n > 0) {
+          pc.outDone += static_cast<size_t>(n);
+        } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+          return Status::ok();
+        } else if (pc.outgoing) {
+          return peerError("rank " + std::to_string(p_.rank) + ": rank " +
+                           std::to_string(pc.peer) + " closed the connection during setup");
+        } else {
+          drop(pc, "closed before our answer was sent");
+          return Status::ok();
+        }
+      }
+      if (pc.outgoing) {
+        pc.stage = Pending::Stage::kReceiving;
+      } else {
+        finishIncoming(pc);
+        return Status::ok();
+      }
+    }
+    if (pc.stage == Pending::Stage::kReceiving) {
+      while (pc.inDone < pc.inLen) {
+        const ssize_t n = ::recv(pc.fd, pc.in + pc.inDone, pc.inLen - pc.inDone, 0);
+        if (n > 0) {
+          pc.inDone += static_cast<size_t>(n);
+          // Reject garbage as soon as the magic is in, without waiting for the rest.
+          if (!pc.outgoing && pc.inDone >= sizeof(uint32_t)) {
+            uint32_t magic;
+            std::memcpy(&magic, pc.in, sizeof(magic));
+            if (magic != kMagic) {
+              drop(pc, "not a nanoccl handshake (bad magic)");
+              return Status::ok();
+            }
+          }
+        } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
+          return Status::ok();
+        } else if (pc.outgoing) {
+          return peerError("rank " + std::to_string(p_.rank) + ": rank " +
+                           std::to_string(pc.peer) +
+                           " closed the connection during the handshake (is it running a "
+                           "different job, with another secret or communicator id?)");
+        } else {
+          drop(pc, "closed during the handshake");
+          return Status::ok();
+        }
+      }
+      return pc.outgoing ? onAck(pc) : onHello(pc);
+    }
+    return Status::ok();
+  }
+
+  Status onAck(Pending& pc) {
+    HelloAck ack;
+    std::memcpy(&ack, pc.in, sizeof(ack));
+    const std::string who = "rank " + std::to_string(p_.rank) + ": rank " + std::to_string(pc.peer);
+    if (ack.magic != kMagic) return protocolError(who + " answered the handshake with garbage");
+    if (ack.verdict == HelloVerdict::kConfigMismatch) {
+      return mismatchError(who + " refused the connection: settings differ (rank " +
+                           std::to_string(pc.peer) + ": nsocks=" + std::to_string(ack.nsocks) +
+                           " stripe_min_bytes=" + std::to_string(ack.stripeMinBytes) + "; rank " +
+                           std::to_string(p_.rank) + ": nsocks=" + std::to_string(p_.nsocks) +
+                           " stripe_min_bytes=" + std::to_string(p_.stripeMinBytes) +
+                           "); set the same NANOCCL_* values on every rank");
+    }
+    if (ack.verdict != HelloVerdict::kAccepted) {
+      return protocolError(who + " refused the connection (verdict " +
+                           std::to_string(static_cast<uint32_t>(ack.verdict)) + ")");
+    }
+    fds_[pc.peer][pc.socketIndex] = pc.fd;
+    pc.fd = -1;
+    ++outgoingDone_;
+    return Status::ok();
+  }
+
+  Status onHello(Pending& pc) {
+    Hello h;
+    std::memcpy(&h, pc.in, sizeof(h));
+    if (h.version != kVersion) {
+      drop(pc, "handshake version " + std::to_string(h.version));
+      return Status::ok();
+    }
+    if (h.secretBytes > kMaxSecretBytes || !secretsEqual(h.secret, p_.secret, h.secretBytes) ||
+        h.commIdHash != p_.commIdHash) {
+      drop(pc, "wrong secret or communicator id");
+      return Status::ok();
+    }
+    // From here on the peer belongs to the job: disagreements are fatal and explained.
+    HelloAck ack{kMagic, HelloVerdict::kAccepted, p_.rank, p_.nsocks, p_.stripeMinBytes};
+    Status fatal;
+    if (h.size != p_.size || h.rank <= p_.rank || h.rank >= p_.size || h.nsocks != p_.nsocks ||
+        h.stripeMinBytes != p_.stripeMinBytes || h.socketIndex >= p_.nsocks) {
+      ack.verdict = HelloVerdict::kConfigMismatch;
+      fatal = mismatchError(
+          "rank " + std::to_string(p_.rank) + ": rank " + std::to_string(h.rank) +
+          " connected with different settings (its size=" + std::to_string(h.size) +
+          " nsocks=" + std::to_string(h.nsocks) +
+          " stripe_min_bytes=" + std::to_string(h.stripeMinBytes) + "; ours size=" +
+          std::to_string(p_.size) + " nsocks=" + std::to_string(p_.nsocks) +
+          " stripe_min_bytes=" + std::to_string(p_.stripeMinBytes) +
+          "); set the same NANOCCL_* values on every rank");
+    } else if (fds_[h.rank][h.socketIndex] >= 0) {
+      ack.verdict = HelloVerdict::kDuplicate;
+    }
+    pc.peer = h.rank;
+    pc.socketIndex = h.socketIndex;
+    std::memcpy(pc.out, &ack, sizeof(ack));
+    pc.outLen = sizeof(ack);
+    pc.stage = Pending::Stage::kSending;
+    if (!fatal.isOk()) {
+      // Best effort: tell the peer why, then fail.
+      [[maybe_unused]] ssize_t n = ::send(pc.fd, pc.out, pc.outLen, MSG_NOSIGNAL);
+      return fatal;
+    }
+    if (ack.verdict == HelloVerdict::kDuplicate) {
+      [[maybe_unused]] ssize_t n = ::send(pc.fd, pc.out, pc.outLen, MSG_NOSIGNAL);
+      drop(pc, "duplicate connection from rank " + std::to_string(h.rank));
+      return Status::ok();
+    }
+    return step(pc);
+  }
+
+  void finishIncoming(Pending& pc) {
+    fds_[pc.peer][pc.socketIndex] = pc.fd;
+    pc.fd = -1;
+    ++incomingDone_;
+  }
+
+  const Listener& listener_;
+  const std::vector<std::string>& addresses_;
+  const MeshParams& p_;
+  std::vector<SocketAddress> targets_;
+  std::vector<Pending> pending_;
+  std::vector<std::tuple<int, int, Clock::time_point>> refused_;
+  std::vector<std::vector<int>> fds_;
+  int outgoingDone_ = 0;
+  int incomingDone_ = 0;
+  int expectedIncoming_ = 0;
+  bool success_ = false;
+};
+
+}  // namespace
+
+Result<Listener> openListener(const std::string& ifnameSpec) {
+  NANOCCL_ASSIGN_OR_RETURN(InterfaceAddress iface, pickInterface(ifnameSpec));
+  Listener l;
+  l.ifname = iface.name;
+  l.address = iface.address;
+  l.fd = socket(l.address.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (l.fd < 0) return systemError("socket", errno);
+  const int one = 1;
+  setsockopt(l.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(l.fd, reinterpret_cast<const sockaddr*>(&l.address.storage), l.address.length) != 0 ||
+      listen(l.fd, 512) != 0) {
+    const int err = errno;
+    close(l.fd);
+    return systemError(("bind/listen on " + l.address.toString()).c_str(), err);
+  }
+  l.address.length = sizeof(l.address.storage);
+  getsockname(l.fd, reinterpret_cast<sockaddr*>(&l.address.storage), &l.address.length);
+  return l;
+}
+
+Result<std::vector<std::vector<int>>> buildMesh(const Listener& listener,
+                                                const std::vector<std::string>& addresses,
+                                                const MeshParams& params,
+                                                const Deadline& deadline) {
+  if (static_cast<int>(addresses.size()) != params.size) {
+    return invalidArgument("buildMesh: " + std::to_string(addresses.size()) +
+                           " addresses for " + std::to_string(params.size) + " ranks");
+  }
+  if (params.secret.size() > kMaxSecretBytes) {
+    return invalidArgument("job secret longer than " + std::to_string(kMaxSecretBytes) + " bytes");
+  }
+  MeshBuilder builder(listener, addresses, params);
+  return builder.run(deadline);
+}
+
+}  // namespace nanoccl::tcp

@@ -1,0 +1,46 @@
+// Connection setup for the TCP transport: the listening socket and the full mesh.
+//
+// Rank r connects nsocks times to every rank below it and accepts nsocks connections from
+// every rank above it, all in one poll() loop on the calling thread (no helper threads). A
+// connection is admitted only after its Hello presents the job's secret and communicator id:
+// a stranger, garbage, or a connection that says nothing is closed (logged) and setup goes
+// on; a member of the job whose settings differ (nsocks, stripe size, size) fails setup with
+// an error that names both ranks' values. Nothing read from an unauthenticated connection is
+// used to size an allocation.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "common/deadline.h"
+#include "common/status.h"
+#include "transports/tcp/address.h"
+
+namespace nanoccl::tcp {
+
+struct Listener {
+  int fd = -1;
+  std::string ifname;
+  SocketAddress address;  // with the port the kernel chose
+};
+
+// Opens a non-blocking listening socket on the interface chosen by `ifnameSpec`.
+Result<Listener> openListener(const std::string& ifnameSpec);
+
+struct MeshParams {
+  int rank = 0;
+  int size = 1;
+  int nsocks = 1;
+  uint64_t stripeMinBytes = 0;
+  uint64_t commIdHash = 0;
+  std::string secret;
+};
+
+// Builds the mesh; returns fds[peer][socketIndex] (connected, non-blocking, TCP_NODELAY;
+// fds[rank] is empty). Closes everything it opened on failure.
+Result<std::vector<std::vector<int>>> buildMesh(const Listener& listener,
+                                                const std::vector<std::string>& addresses,
+                                                const MeshParams& params,
+                                                const Deadline& deadline);
+
+}  // namespace nanoccl::tcp

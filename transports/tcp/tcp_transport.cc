@@ -1,0 +1,749 @@
+#include "transports/tcp/tcp_transport.h"
+
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <new>
+#include <vector>
+
+#include "common/logging.h"
+#include "transports/tcp/handshake.h"
+#include "transports/tcp/request.h"
+#include "transports/tcp/socket_ops.h"
+#include "transports/tcp/wire.h"
+
+namespace nanoccl::tcp {
+namespace {
+
+constexpr int kMaxSocketsPerPeer = 64;  // stripes are tracked in a 64-bit mask
+constexpr uint64_t kStripeAlign = 4096;
+
+using RequestPtr = std::shared_ptr<TcpRequest>;
+
+struct Stripe {
+  int conn;
+  uint64_t offset;
+  uint64_t length;
+};
+
+// An incoming message with at least one frame seen.
+struct InMsg {
+  int peer;
+  FrameHeader first;        // the first frame's header: fingerprint and total
+  RequestPtr req;           // the matched receive, if posted
+  std::unique_ptr<char[]> heap;  // where it lands while unexpected (then copied to req)
+  size_t framesExpected = 1;
+  size_t framesDone = 0;
+  uint64_t arrivedMask = 0;  // connections whose stripe header has arrived
+
+  bool complete() const { return framesDone == framesExpected; }
+  char* dest() const { return heap ? heap.get() : req->buf; }
+};
+using InMsgPtr = std::shared_ptr<InMsg>;
+
+struct MsgKey {
+  int peer;
+  uint64_t seq;
+  uint32_t tag;
+  auto operator<=>(const MsgKey&) const = default;
+};
+
+struct OutFrame {
+  FrameHeader hdr;
+  const char* payload;
+  RequestPtr req;         // null for abort frames
+  std::string ownedText;  // abort text
+};
+
+struct Conn;
+struct Cookie {
+  Conn* conn;
+  bool send;
+};
+
+struct Conn {
+  int fd = -1;
+  int peer = -1;
+  int index = 0;
+  Cookie recvCookie{this, false};
+  Cookie sendCookie{this, true};
+  // Receive side: header, then payload (or abort text), then the next header.
+  enum class Stage { kHeader, kPayload, kAbortText } stage = Stage::kHeader;
+  FrameHeader hdr{};
+  InMsgPtr target;  // the message the payload in flight belongs to
+  std::string abortText;
+  bool recvInFlight = false;
+  uint64_t lastSeq = 0;  // highest collective sequence number seen here
+  // Send side.
+  std::deque<OutFrame> queue;
+  bool sendInFlight = false;
+};
+
+enum class CommandKind { kSend, kRecv, kAbort, kStop };
+struct Command {
+  CommandKind kind;
+  RequestPtr req;
+  Status why;
+};
+
+class TcpTransport : public Transport {
+ public:
+  explicit TcpTransport(const TransportOptions& o)
+      : o_(o), peers_(static_cast<size_t>(o.size)), counters_(static_cast<size_t>(o.size)) {}
+
+  ~TcpTransport() override {
+    if (thread_.joinable()) {
+      post({CommandKind::kStop, nullptr, abortedError("rank " + std::to_string(o_.rank) +
+                                                      ": communicator destroyed")});
+      thread_.join();
+    }
+    for (auto& row : peers_) {
+      for (auto& c : row) {
+        if (c->fd >= 0) close(c->fd);
+      }
+    }
+    if (listener_.fd >= 0) close(listener_.fd);
+  }
+
+  Result<std::string> listen() override {
+    if (o_.size == 1) return std::string();
+    if (o_.config.nsocks > kMaxSocketsPerPeer) {
+      return invalidArgument("NANOCCL_NSOCKS=" + std::to_string(o_.config.nsocks) +
+                             " exceeds the limit of " + std::to_string(kMaxSocketsPerPeer));
+    }
+    NANOCCL_ASSIGN_OR_RETURN(listener_, openListener(o_.config.socketIfname));
+    return listener_.address.toString();
+  }
+
+  Status connect(const std::vector<std::string>& addresses, const Deadline& deadline) override {
+    NANOCCL_ASSIGN_OR_RETURN(engine_, createEngine(o_.config.tcpEngine));
+    if (o_.size > 1) {
+      MeshParams mp;
+      mp.rank = o_.rank;
+      mp.size = o_.size;
+      mp.nsocks = o_.config.nsocks;
+      mp.stripeMinBytes = o_.config.stripeMinBytes;
+      mp.commIdHash = hashCommId(o_.commId);
+      mp.secret = o_.secret;
+      NANOCCL_ASSIGN_OR_RETURN(auto fds, buildMesh(listener_, addresses, mp, deadline));
+      // Setup is over: strangers now meet a closed port.
+      close(listener_.fd);
+      listener_.fd = -1;
+      for (int p = 0; p < o_.size; ++p) {
+        for (int s = 0; s < static_cast<int>(fds[p].size()); ++s) {
+          auto c = std::make_unique<Conn>();
+          c->fd = fds[p][s];
+          c->peer = p;
+          c->index = s;
+          peers_[p].push_back(std::move(c));
+        }
+      }
+      for (auto& row : peers_) {
+        for (auto& c : row) NANOCCL_CHECK(engine_->addSocket(c->fd));
+      }
+    }
+    NANOCCL_INFO("rank " << o_.rank << ": " << describe() << " connected to " << o_.size - 1
+                         << " peers");
+    thread_ = std::thread([this] { progressLoop(); });
+    return Status::ok();
+  }
+
+  std::shared_ptr<Request> isend(int peer, const Envelope& env, const void* buf,
+                                 size_t bytes) override {
+    auto req = std::make_shared<TcpRequest>(true, peer, env,
+                                            const_cast<char*>(static_cast<const char*>(buf)),
+                                            bytes);
+    if (Status st = checkPeer(peer, false, bytes); !st.isOk()) {
+      req->complete(st, -1);
+    } else {
+      post({CommandKind::kSend, req, {}});
+    }
+    return req;
+  }
+
+  std::shared_ptr<Request> irecv(int peer, const Envelope& env, void* buf,
+                                 size_t bytes) override {
+    auto req = std::make_shared<TcpRequest>(false, peer, env, static_cast<char*>(buf), bytes);
+    const bool any = peer == kAnySource && env.fingerprint.op == OpType::kSendRecv;
+    if (Status st = checkPeer(peer, any, bytes); !st.isOk()) {
+      req->complete(st, -1);
+    } else {
+      post({CommandKind::kRecv, req, {}});
+    }
+    return req;
+  }
+
+  void abort(const Status& why) override {
+    if (!thread_.joinable()) return;
+    if (std::this_thread::get_id() == thread_.get_id()) {  // from a completion callback
+      fail(why, true);
+      return;
+    }
+    post({CommandKind::kAbort, nullptr, why});
+    std::unique_lock<std::mutex> lock(mu_);
+    // Bounded: after fail() shuts the sockets down, in-flight operations end within moments.
+    cv_.wait_for(lock, std::chrono::seconds(30), [&] { return drained_; });
+  }
+
+  std::vector<PeerCounters> counters() const override {
+    std::lock_guard<std::mutex> lock(countersMu_);
+    return counters_;
+  }
+
+  std::string describe() const override {
+    return std::string("tcp/") + (engine_ ? engine_->name() : "?") + " x" +
+           std::to_string(o_.config.nsocks) +
+           (listener_.ifname.empty() ? "" : " via " + listener_.ifname);
+  }
+
+ private:
+  Status checkPeer(int peer, bool anyAllowed, size_t bytes) const {
+    if (anyAllowed) return Status::ok();
+    if (peer < 0 || peer >= o_.size || peer == o_.rank) {
+      return invalidArgument("rank " + std::to_string(o_.rank) + ": invalid peer rank " +
+                             std::to_string(peer) + " (communicator size " +
+                             std::to_string(o_.size) + ")");
+    }
+    if (bytes > kMaxMessageBytes) return invalidArgument("message larger than the transport's limit");
+    if (!thread_.joinable()) return invalidArgument("transport used before connect()");
+    return Status::ok();
+  }
+
+  void post(Command cmd) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      commands_.push_back(std::move(cmd));
+    }
+    engine_->wakeup();
+  }
+
+  // ---- progress thread ----------------------------------------------------------------
+
+  void progressLoop() {
+    for (auto& row : peers_) {
+      for (auto& c : row) postHeaderRecv(*c);
+    }
+    bool stopping = false;
+    while (true) {
+      std::deque<Command> cmds;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        cmds.swap(commands_);
+      }
+      for (auto& cmd : cmds) {
+        switch (cmd.kind) {
+          case CommandKind::kSend: startSend(cmd.req); break;
+          case CommandKind::kRecv: startRecv(cmd.req); break;
+          case CommandKind::kAbort: fail(cmd.why, true); break;
+          case CommandKind::kStop:
+            stopping = true;
+            // Peers hear about it only if this rank still had work pending.
+            fail(cmd.why, hasPending());
+            break;
+        }
+      }
+      updateDrained();
+      if (stopping && inFlight() == 0) return;
+      const Status st = engine_->poll(1000, [this](const IoCompletion& c) { onCompletion(c); });
+      if (!st.isOk()) fail(st.withContext("rank " + std::to_string(o_.rank) + ": "), true);
+    }
+  }
+
+  std::vector<Stripe> layout(uint64_t seq, uint32_t tag, OpType op, uint64_t total) const {
+    const int nsocks = o_.config.nsocks;
+    if (op == OpType::kSendRecv) return {{0, 0, total}};
+    if (nsocks == 1 || total < o_.config.stripeMinBytes) {
+      return {{static_cast<int>((seq + tag) % static_cast<uint64_t>(nsocks)), 0, total}};
+    }
+    uint64_t per = (total + nsocks - 1) / nsocks;
+    per = (per + kStripeAlign - 1) / kStripeAlign * kStripeAlign;
+    std::vector<Stripe> out;
+    for (int i = 0; i < nsocks && static_cast<uint64_t>(i) * per < total; ++i) {
+      const uint64_t off = static_cast<uint64_t>(i) * per;
+      out.push_back({i, off, std::min(per, total - off)});
+    }
+    return out;
+  }
+
+  void startSend(const RequestPtr& req) {
+    if (!failed_.isOk()) return req->complete(failed_, -1);
+    const OpFingerprint& fp = req->env.fingerprint;
+    uint64_t seq = fp.seq;
+    if (fp.op == OpType::kSendRecv) seq = ++p2pSent_[static_cast<size_t>(req->peer)];
+    const auto stripes = layout(seq, req->env.tag, fp.op, req->bytes);
+    req->framesLeft = stripes.size();
+    for (const Stripe& s : stripes) {
+      OutFrame f{};
+      f.hdr.magic = kMagic;
+      f.hdr.version = kVersion;
+      f.hdr.kind = FrameKind::kData;
+      f.hdr.op = fp.op;
+      f.hdr.dtype = fp.dtype;
+      f.hdr.redop = fp.redop;
+      f.hdr.root = fp.root;
+      f.hdr.tag = req->env.tag;
+      f.hdr.seq = seq;
+      f.hdr.count = fp.count;
+      f.hdr.total = req->bytes;
+      f.hdr.offset = s.offset;
+      f.hdr.length = s.length;
+      f.payload = req->buf + s.offset;
+      f.req = req;
+      Conn& c = *peers_[req->peer][s.conn];
+      c.queue.push_back(std::move(f));
+      kickSend(c);
+    }
+  }
+
+  void kickSend(Conn& c) {
+    if (c.sendInFlight || c.queue.empty() || !failed_.isOk()) return;
+    OutFrame& f = c.queue.front();
+    iovec iov[2] = {{&f.hdr, sizeof(f.hdr)},
+                    {const_cast<char*>(f.payload), static_cast<size_t>(f.hdr.length)}};
+    c.sendInFlight = true;
+    if (Status st = engine_->postSend(c.fd, iov, 2, &c.sendCookie); !st.isOk()) {
+      c.sendInFlight = false;
+      fail(st, true);
+    }
+  }
+
+  void startRecv(const RequestPtr& req) {
+    if (!failed_.isOk()) return req->complete(failed_, -1);
+    req->postOrder = ++postCounter_;
+    if (req->env.fingerprint.op == OpType::kSendRecv) return startP2PRecv(req);
+    const MsgKey key{req->peer, req->env.fingerprint.seq, req->env.tag};
+    if (auto it = inflight_.find(key); it != inflight_.end() && !it->second->req) {
+      InMsgPtr msg = it->second;
+      if (Status st = checkMatch(*req, msg->first, req->peer); !st.isOk()) {
+        fail(st, true);
+        return req->complete(failed_, -1);  // held by no table yet: fail() cannot see it
+      }
+      msg->req = req;
+      if (msg->complete()) finishMessage(key, msg);
+      return;
+    }
+    if (postedColl_.count(key) != 0 || inflight_.count(key) != 0) {
+      return req->complete(internalError("rank " + std::to_string(o_.rank) +
+                                         ": two receives posted for one message of " +
+                                         req->env.fingerprint.describe()),
+                           -1);
+    }
+    // The sender writes each connection in sequence order: if a connection this message must
+    // use already carried a later call, the message is not coming.
+    for (const Stripe& s : layout(key.seq, key.tag, req->env.fingerprint.op, req->bytes)) {
+      const Conn& c = *peers_[req->peer][s.conn];
+      if (c.lastSeq > key.seq) {
+        fail(skippedError(*req, c.lastSeq), true);
+        return req->complete(failed_, -1);
+      }
+    }
+    postedColl_[key] = req;
+  }
+
+  void startP2PRecv(const RequestPtr& req) {
+    for (auto it = unexpectedP2P_.begin(); it != unexpectedP2P_.end(); ++it) {
+      InMsg& m = **it;
+      if (m.first.tag != req->env.tag || (req->peer != kAnySource && req->peer != m.peer)) {
+        continue;
+      }
+      if (Status st = checkMatch(*req, m.first, m.peer); !st.isOk()) {
+        fail(st, true);
+        return req->complete(failed_, -1);
+      }
+      InMsgPtr msg = *it;
+      unexpectedP2P_.erase(it);
+      msg->req = req;
+      if (msg->complete()) finishMessage(std::nullopt, msg);
+      return;
+    }
+    postedP2P_.push_back(req);
+  }
+
+  // Whether a message announced by `h` from `from` is what `req` expects.
+  Status checkMatch(const TcpRequest& req, const FrameHeader& h, int from) const {
+    const OpFingerprint theirs = fingerprintOf(h);
+    const OpFingerprint& ours = req.env.fingerprint;
+    if (theirs == ours && h.total == req.bytes) return Status::ok();
+    std::string detail;
+    if (theirs == ours) {
+      detail = " with " + std::to_string(h.total) + " bytes where rank " +
+               std::to_string(o_.rank) + " expects " + std::to_string(req.bytes);
+    }
+    return mismatchError("rank " + std::to_string(o_.rank) + " called " + ours.describe() +
+                         " but rank " + std::to_string(from) + " called " + theirs.describe() +
+                         detail);
+  }
+
+  Status skippedError(const TcpRequest& req, uint64_t theirSeq) const {
+    return mismatchError("rank " + std::to_string(o_.rank) + " waits in " +
+                         req.env.fingerprint.describe() + " for rank " + std::to_string(req.peer) +
+                         ", but rank " + std::to_string(req.peer) + " has already moved on to call #" +
+                         std::to_string(theirSeq) + " (the ranks do not make the same calls)");
+  }
+
+  void postHeaderRecv(Conn& c) {
+    if (!failed_.isOk()) return;
+    c.stage = Conn::Stage::kHeader;
+    c.target.reset();
+    c.recvInFlight = true;
+    if (Status st = engine_->postRecv(c.fd, &c.hdr, sizeof(c.hdr), &c.recvCookie); !st.isOk()) {
+      c.recvInFlight = false;
+      fail(st, true);
+    }
+  }
+
+  void postPayloadRecv(Conn& c, char* dest, uint64_t len) {
+    c.recvInFlight = true;
+    if (Status st = engine_->postRecv(c.fd, dest, len, &c.recvCookie); !st.isOk()) {
+      c.recvInFlight = false;
+      fail(st, true);
+    }
+  }
+
+  void onCompletion(const IoCompletion& ev) {
+    const Cookie& cookie = *static_cast<Cookie*>(ev.cookie);
+    Conn& c = *cookie.conn;
+    if (cookie.send) {
+      onSendDone(c, ev.result);
+    } else {
+      onRecvDone(c, ev.result);
+    }
+    updateDrained();
+  }
+
+  void onSendDone(Conn& c, int64_t result) {
+    c.sendInFlight = false;
+    OutFrame f = std::move(c.queue.front());
+    c.queue.pop_front();
+    if (!failed_.isOk()) {
+      if (f.req && !busy(*f.req)) f.req->complete(failed_, -1);
+      return;
+    }
+    if (result < 0) {
+      fail(connectionError(c, result), true);
+      if (f.req && !busy(*f.req)) f.req->complete(failed_, -1);
+      return;
+    }
+    if (f.req && --f.req->framesLeft == 0) {
+      {
+        std::lock_guard<std::mutex> lock(countersMu_);
+        counters_[c.peer].bytesSent += f.req->bytes;
+        counters_[c.peer].messagesSent += 1;
+      }
+      f.req->complete(Status::ok(), o_.rank);
+    }
+    kickSend(c);
+  }
+
+  void onRecvDone(Conn& c, int64_t result) {
+    c.recvInFlight = false;
+    InMsgPtr target = std::move(c.target);
+    if (!failed_.isOk()) {
+      // The buffer is released now: complete the receive it belonged to.
+      if (target && target->req && !busy(*target->req)) target->req->complete(failed_, -1);
+      return;
+    }
+    if (result <= 0) return fail(connectionError(c, result), true);
+    switch (c.stage) {
+      case Conn::Stage::kHeader: return onHeader(c);
+      case Conn::Stage::kPayload: return onPayload(c, target);
+      case Conn::Stage::kAbortText:
+        return fail(peerError("rank " + std::to_string(o_.rank) + ": rank " +
+                              std::to_string(c.peer) + " failed: " + c.abortText),
+                    true);
+    }
+  }
+
+  void onHeader(Conn& c) {
+    const FrameHeader& h = c.hdr;
+    if (Status st = validateFrameHeader(h); !st.isOk()) {
+      return fail(st.withContext("rank " + std::to_string(o_.rank) + ": from rank " +
+                                 std::to_string(c.peer) + ": "),
+                  true);
+    }
+    if (h.kind == FrameKind::kAbort) {
+      c.stage = Conn::Stage::kAbortText;
+      c.abortText.assign(h.length, '\0');
+      if (h.length == 0) return onRecvDone(c, 1);
+      return postPayloadRecv(c, c.abortText.data(), h.length);
+    }
+    InMsgPtr msg;
+    std::optional<MsgKey> key;
+    if (h.op == OpType::kSendRecv) {
+      if (c.index != 0) return fail(protocolError("point-to-point frame off connection 0"), true);
+      NANOCCL_TRACE("rank " << o_.rank << ": p2p message from " << c.peer << " tag " << h.tag);
+      auto made = newMessage(c.peer, h);
+      if (!made.isOk()) return fail(made.status(), true);
+      msg = made.value();
+      if (!matchP2P(msg)) unexpectedP2P_.push_back(msg);
+    } else {
+      key = MsgKey{c.peer, h.seq, h.tag};
+      c.lastSeq = std::max(c.lastSeq, h.seq);
+      if (Status st = checkSkipped(c); !st.isOk()) return fail(st, true);
+      auto it = inflight_.find(*key);
+      if (it != inflight_.end()) {
+        msg = it->second;
+        if (fingerprintOf(msg->first) != fingerprintOf(h) || msg->first.total != h.total ||
+            (msg->arrivedMask >> c.index & 1)) {
+          return fail(protocolError("rank " + std::to_string(o_.rank) + ": inconsistent stripes "
+                                    "from rank " + std::to_string(c.peer)),
+                      true);
+        }
+      } else {
+        auto made = newMessage(c.peer, h);
+        if (!made.isOk()) return fail(made.status(), true);
+        msg = made.value();
+        if (auto p = postedColl_.find(*key); p != postedColl_.end()) {
+          if (Status st = checkMatch(*p->second, h, c.peer); !st.isOk()) return fail(st, true);
+          msg->req = p->second;
+          postedColl_.erase(p);
+          msg->heap.reset();
+        }
+        inflight_[*key] = msg;
+      }
+    }
+    if (!failed_.isOk()) return;
+    msg->arrivedMask |= uint64_t{1} << c.index;
+    if (h.length == 0) {
+      ++msg->framesDone;
+      if (msg->complete() && msg->req) finishMessage(key, msg);
+      return postHeaderRecv(c);
+    }
+    c.stage = Conn::Stage::kPayload;
+    c.target = msg;
+    postPayloadRecv(c, msg->dest() + h.offset, h.length);
+  }
+
+  // A new incoming message; its holding buffer is allocated here (and dropped on a match).
+  Result<InMsgPtr> newMessage(int peer, const FrameHeader& h) {
+    auto msg = std::make_shared<InMsg>();
+    msg->peer = peer;
+    msg->first = h;
+    msg->framesExpected = layout(h.seq, h.tag, h.op, h.total).size();
+    if (h.total > 0) {
+      msg->heap.reset(new (std::nothrow) char[h.total]);
+      if (!msg->heap) {
+        return internalError("rank " + std::to_string(o_.rank) + ": cannot hold an early " +
+                             std::to_string(h.total) + "-byte message from rank " +
+                             std::to_string(peer));
+      }
+    }
+    return msg;
+  }
+
+  bool matchP2P(const InMsgPtr& msg) {
+    for (auto it = postedP2P_.begin(); it != postedP2P_.end(); ++it) {
+      const TcpRequest& r = **it;
+      if (r.env.tag != msg->first.tag || (r.peer != kAnySource && r.peer != msg->peer)) continue;
+      if (Status st = checkMatch(r, msg->first, msg->peer); !st.isOk()) {
+        fail(st, true);
+        return true;
+      }
+      msg->req = *it;
+      msg->heap.reset();
+      postedP2P_.erase(it);
+      return true;
+    }
+    return false;
+  }
+
+  // A header with sequence number S arrived on `c`: posted receives from that peer for calls
+  // before S that need `c` will never be satisfied.
+  Status checkSkipped(const Conn& c) {
+    const auto begin = postedColl_.lower_bound(MsgKey{c.peer, 0, 0});
+    for (auto it = begin; it != postedColl_.end() && it->first.peer == c.peer; ++it) {
+      if (it->first.seq >= c.lastSeq) break;
+      const TcpRequest& r = *it->second;
+      for (const Stripe& s : layout(it->first.seq, it->first.tag, r.env.fingerprint.op, r.bytes)) {
+        if (s.conn == c.index) return skippedError(r, c.lastSeq);
+      }
+    }
+    // Messages whose other stripes came, but whose stripe on `c` was overtaken.
+    const auto from = inflight_.lower_bound(MsgKey{c.peer, 0, 0});
+    for (auto it = from; it != inflight_.end() && it->first.peer == c.peer; ++it) {
+      if (it->first.seq >= c.lastSeq) break;
+      const InMsg& m = *it->second;
+      for (const Stripe& s : layout(m.first.seq, m.first.tag, m.first.op, m.first.total)) {
+        if (s.conn == c.index && !(m.arrivedMask >> c.index & 1)) {
+          return protocolError("rank " + std::to_string(o_.rank) + ": rank " +
+                               std::to_string(c.peer) + " left a stripe of " +
+                               fingerprintOf(m.first).describe() + " unsent");
+        }
+      }
+    }
+    return Status::ok();
+  }
+
+  void onPayload(Conn& c, const InMsgPtr& msg) {
+    ++msg->framesDone;
+    std::optional<MsgKey> key;
+    if (msg->first.op != OpType::kSendRecv) key = MsgKey{msg->peer, msg->first.seq, msg->first.tag};
+    if (msg->complete() && msg->req) finishMessage(key, msg);
+    postHeaderRecv(c);
+  }
+
+  // All frames are in and the receive is known: deliver.
+  void finishMessage(const std::optional<MsgKey>& key, const InMsgPtr& msg) {
+    if (key) inflight_.erase(*key);
+    if (msg->heap) std::memcpy(msg->req->buf, msg->heap.get(), msg->first.total);
+    {
+      std::lock_guard<std::mutex> lock(countersMu_);
+      counters_[msg->peer].bytesReceived += msg->first.total;
+      counters_[msg->peer].messagesReceived += 1;
+    }
+    msg->req->complete(Status::ok(), msg->peer);
+  }
+
+  Status connectionError(const Conn& c, int64_t result) const {
+    const std::string who = "rank " + std::to_string(o_.rank) + ": connection to rank " +
+                            std::to_string(c.peer);
+    if (result == 0) {
+      return peerError(who + " closed (rank " + std::to_string(c.peer) +
+                       " exited, crashed or destroyed its communicator)");
+    }
+    return peerError(who + " failed: " + std::strerror(static_cast<int>(-result)));
+  }
+
+  bool hasPending() const {
+    if (!postedColl_.empty() || !postedP2P_.empty()) return true;
+    for (const auto& [k, m] : inflight_) {
+      if (m->req) return true;
+    }
+    for (const auto& row : peers_) {
+      for (const auto& c : row) {
+        if (!c->queue.empty()) return true;
+      }
+    }
+    return false;
+  }
+
+  // Socket operations still in flight (each may target a caller's buffer).
+  size_t inFlight() const {
+    size_t n = 0;
+    for (const auto& row : peers_) {
+      for (const auto& c : row) n += (c->recvInFlight ? 1 : 0) + (c->sendInFlight ? 1 : 0);
+    }
+    return n;
+  }
+
+  void updateDrained() {
+    if (failed_.isOk() || inFlight() > 0) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (drained_) return;
+      drained_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  // Fails the transport: every request completes with `why` (those whose buffers a socket
+  // operation still targets as soon as that operation ends), and peers are told.
+  void fail(const Status& why, bool notifyPeers) {
+    if (!failed_.isOk()) return;
+    failed_ = why;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      failedPublic_ = why;
+    }
+    // A peer closing while nothing is pending is the normal end of a job.
+    if (hasPending()) {
+      NANOCCL_WARN("rank " << o_.rank << ": transport failed: " << why.toString());
+    } else {
+      NANOCCL_INFO("rank " << o_.rank << ": transport closed: " << why.toString());
+    }
+    const std::string text = why.message().substr(0, kMaxAbortText);
+    for (auto& row : peers_) {
+      if (notifyPeers) {
+        // Every idle connection to this peer carries the reason before it closes, so the peer
+        // reads it whichever connection it hears from first.
+        for (auto& c : row) {
+          if (c->sendInFlight) continue;
+          FrameHeader h{};
+          h.magic = kMagic;
+          h.version = kVersion;
+          h.kind = FrameKind::kAbort;
+          h.total = h.length = text.size();
+          iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(text.data()), text.size()}};
+          msghdr m{};
+          m.msg_iov = iov;
+          m.msg_iovlen = 2;
+          [[maybe_unused]] ssize_t n = sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        }
+      }
+      // Ends every in-flight operation on these sockets promptly.
+      for (auto& c : row) shutdown(c->fd, SHUT_RDWR);
+    }
+    // Requests whose buffers a socket operation still targets complete when it ends.
+    for (auto& row : peers_) {
+      for (auto& c : row) {
+        for (auto& f : c->queue) {
+          if (f.req && !busy(*f.req)) f.req->complete(why, -1);
+        }
+      }
+    }
+    for (auto& [k, r] : postedColl_) r->complete(why, -1);
+    postedColl_.clear();
+    for (auto& r : postedP2P_) r->complete(why, -1);
+    postedP2P_.clear();
+    for (auto& [k, m] : inflight_) {
+      if (m->req && !busy(*m->req)) m->req->complete(why, -1);
+    }
+    inflight_.clear();
+    unexpectedP2P_.clear();
+    updateDrained();
+  }
+
+  // Whether a socket operation in flight reads or writes `r`'s buffer.
+  bool busy(const TcpRequest& r) const {
+    for (const auto& row : peers_) {
+      for (const auto& c : row) {
+        if (c->sendInFlight && c->queue.front().req.get() == &r) return true;
+        if (c->recvInFlight && c->target && c->target->req.get() == &r && !c->target->heap) {
+          return true;
+        }
+      }
+    }
+    return false;
+  }
+
+  const TransportOptions o_;
+  Listener listener_;
+  std::unique_ptr<IoEngine> engine_;
+  std::vector<std::vector<std::unique_ptr<Conn>>> peers_;
+  std::thread thread_;
+
+  std::mutex mu_;  // guards commands_, drained_, failedPublic_
+  std::condition_variable cv_;
+  std::deque<Command> commands_;
+  bool drained_ = false;
+  Status failedPublic_;
+
+  mutable std::mutex countersMu_;
+  std::vector<PeerCounters> counters_;
+
+  // Progress-thread state.
+  Status failed_;
+  uint64_t postCounter_ = 0;
+  std::vector<uint64_t> p2pSent_ = std::vector<uint64_t>(static_cast<size_t>(o_.size), 0);
+  std::map<MsgKey, RequestPtr> postedColl_;
+  std::map<MsgKey, InMsgPtr> inflight_;
+  std::deque<RequestPtr> postedP2P_;
+  std::deque<InMsgPtr> unexpectedP2P_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> createTcpTransport(const TransportOptions& options) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return invalidArgument("tcp transport: rank " + std::to_string(options.rank) +
+                           " outside a communicator of size " + std::to_string(options.size));
+  }
+  return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(options));
+}
+
+}  // namespace nanoccl::tcp

@@ -1,0 +1,32 @@
+// The TCP transport: a full mesh of NANOCCL_NSOCKS connections per peer, driven by one
+// progress thread on an IoEngine (io_uring or epoll).
+//
+// Threads: isend/irecv/abort/counters may be called from any thread; they hand commands to
+// the progress thread, which alone touches sockets, the engine and the matching tables.
+// Requests complete (and run their callbacks) on the progress thread.
+//
+// Messages: a message of at least stripeMinBytes is cut into one stripe per connection (each
+// a frame: header + payload); smaller messages travel whole on one connection chosen from
+// (seq, tag), point-to-point messages always on connection 0, so each peer's p2p messages
+// stay in order. A frame whose receive is posted lands directly in the caller's buffer; one
+// that arrives first is held in a buffer of the announced size (bounded by kMaxMessageBytes
+// and checked before allocation) and copied out when the receive is posted.
+//
+// Failure: any broken connection, protocol violation, mismatch, or abort() fails the whole
+// transport (see transport.h). The peers learn why from an abort frame where a connection is
+// idle enough to carry one, and from the connections closing otherwise. abort() returns only
+// once no socket operation still targets a caller's buffer.
+#pragma once
+
+#include <atomic>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "transports/transport.h"
+
+namespace nanoccl::tcp {
+
+Result<std::unique_ptr<Transport>> createTcpTransport(const TransportOptions& options);
+
+}  // namespace nanoccl::tcp

@@ -1,0 +1,114 @@
+// Transport / Request: how bytes move between the ranks of one communicator.
+//
+// Ownership and threads
+// - A Transport belongs to one communicator and connects it to every peer (full mesh). It owns
+//   its sockets and its progress thread; the destructor aborts what is pending and joins it.
+// - isend/irecv may be called from any thread; requests complete on the progress thread.
+//   The caller keeps the buffer alive and untouched until the request completes (or the
+//   transport is aborted and destroyed).
+// - Any number of requests may be pending per peer. Sends never wait for the matching receive
+//   to be posted: a message that arrives before its receive is held by the receiver (an
+//   "unexpected" message) and copied out when the receive is posted.
+//
+// Matching
+// - Collective messages (fingerprint.op != kSendRecv) match on (peer, fingerprint.seq, tag).
+//   The receiver then checks the sender's fingerprint against its own and the length against
+//   the posted size; any difference fails the receive with kMismatch naming both ranks and
+//   both calls. A receive whose sender has visibly moved past its sequence number (a later
+//   call arrived on the connection the message must use) also fails with kMismatch.
+// - Point-to-point messages (fingerprint.op == kSendRecv) match on (peer, tag) in the order
+//   they were sent; irecv with peer == kAnySource takes the first such message from any peer.
+//
+// Failure
+// - A peer whose connection breaks fails every pending and later request to or from it with
+//   kPeerError. abort(why) fails everything pending locally with `why` and tells every peer,
+//   whose transports then fail their own pending requests with kPeerError quoting `why`.
+//   After either, the transport stays failed: later requests complete at once with the error.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/deadline.h"
+#include "common/op.h"
+#include "common/status.h"
+
+namespace nanoccl {
+
+constexpr int kAnySource = -1;
+
+// Identifies a message: the call it belongs to and its step (tag) within that call.
+struct Envelope {
+  OpFingerprint fingerprint;
+  uint32_t tag = 0;
+};
+
+// One pending send or receive.
+class Request {
+ public:
+  virtual ~Request() = default;
+  // True once the request has completed, successfully or not. Never blocks.
+  virtual bool test() = 0;
+  // Blocks until completion or the deadline. On kTimeout the request is still pending: the
+  // caller must abort the transport before it releases the buffer.
+  virtual Status wait(const Deadline& deadline) = 0;
+  // After a successful receive: the rank the message came from (useful with kAnySource).
+  virtual int source() const = 0;
+  // Runs `cb(status, source)` once when the request completes: on the progress thread, or at
+  // once on the calling thread if it already has. `cb` must not block. Set it at most once.
+  virtual void setCallback(std::function<void(const Status&, int source)> cb) = 0;
+};
+
+struct PeerCounters {
+  uint64_t bytesSent = 0;  // payload bytes, frame headers not included
+  uint64_t bytesReceived = 0;
+  uint64_t messagesSent = 0;
+  uint64_t messagesReceived = 0;
+};
+
+struct TransportOptions {
+  int rank = 0;
+  int size = 1;
+  std::string commId;  // unique per communicator within the job; checked in the handshake
+  std::string secret;  // the job's secret from the store; a peer must present it to connect
+  Config config;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+
+  // Connection setup, in two phases around the store exchange done by the communicator:
+  // listen() opens this rank's listening sockets and returns the address to publish;
+  // connect() builds the full mesh from every rank's published address (index = rank).
+  // Connections that do not present the secret, comm id and a valid rank are closed before
+  // any payload is read, and setup goes on.
+  virtual Result<std::string> listen() = 0;
+  virtual Status connect(const std::vector<std::string>& addresses, const Deadline& deadline) = 0;
+
+  virtual std::shared_ptr<Request> isend(int peer, const Envelope& env, const void* buf,
+                                         size_t bytes) = 0;
+  virtual std::shared_ptr<Request> irecv(int peer, const Envelope& env, void* buf,
+                                         size_t bytes) = 0;
+
+  // Fails all pending requests with `why` and tells the peers. Idempotent; thread-safe.
+  virtual void abort(const Status& why) = 0;
+
+  // Payload bytes and messages per peer (index = rank) since creation.
+  virtual std::vector<PeerCounters> counters() const = 0;
+
+  // "tcp/uring x2" etc., for logs and stats.
+  virtual std::string describe() const = 0;
+};
+
+// Creates a transport by name from the transport table ("tcp"). Unknown names and
+// transports compiled out are kUnavailable.
+Result<std::unique_ptr<Transport>> createTransport(const std::string& name,
+                                                   const TransportOptions& options);
+
+}  // namespace nanoccl
