@@ -61,7 +61,9 @@ std::vector<std::unique_ptr<Transport>> makeMesh(int size, ConfigFor configFor,
     const Status st = done[r].get();
     if (statuses) statuses->push_back(st);
     ok = ok && st.isOk();
-    if (!statuses) EXPECT_TRUE(st.isOk()) << st.toString();
+    if (!statuses) {
+      EXPECT_TRUE(st.isOk()) << st.toString();
+    }
   }
   if (!ok && !statuses) return {};
   return ts;

@@ -57,15 +57,16 @@ TEST_P(TcpTransportTest, MessagesThatArriveBeforeTheirReceive) {
   const std::vector<size_t> sizes = {3, 100000, 3 << 20, 0, 17};
   for (size_t i = 0; i < sizes.size(); ++i) {
     src.push_back(pattern(sizes[i], static_cast<uint32_t>(i)));
-    sends.push_back(ts[0]->isend(1, collectiveEnvelope(5, static_cast<uint32_t>(i), sizes[i]),
+    // One call (#5), one fingerprint, a tag per message.
+    sends.push_back(ts[0]->isend(1, collectiveEnvelope(5, static_cast<uint32_t>(i)),
                                  src[i].data(), sizes[i]));
   }
   for (auto& s : sends) ASSERT_TRUE(s->wait(soon()).isOk());
   // Receives posted afterwards, in reverse order.
   for (size_t i = sizes.size(); i-- > 0;) {
     std::vector<uint8_t> dst(sizes[i]);
-    auto r = ts[1]->irecv(0, collectiveEnvelope(5, static_cast<uint32_t>(i), sizes[i]),
-                          dst.data(), sizes[i]);
+    auto r = ts[1]->irecv(0, collectiveEnvelope(5, static_cast<uint32_t>(i)), dst.data(),
+                          sizes[i]);
     ASSERT_TRUE(r->wait(soon()).isOk());
     EXPECT_EQ(dst, src[i]);
   }
@@ -91,7 +92,9 @@ TEST_P(TcpTransportTest, ManyInFlightBothDirectionsAndAllPeers) {
   for (auto& r : reqs) ASSERT_TRUE(r->wait(soon()).isOk());
   for (int a = 0; a < n; ++a) {
     for (int b = 0; b < n; ++b) {
-      if (a != b) EXPECT_EQ(in[a * n + b], out[a * n + b]);
+      if (a != b) {
+        EXPECT_EQ(in[a * n + b], out[a * n + b]);
+      }
     }
   }
 }
@@ -191,6 +194,42 @@ TEST_P(TcpTransportTest, PeerThatDiesFailsPendingAndLaterRequests) {
   uint8_t b = 0;
   const Status later = ts[0]->isend(2, collectiveEnvelope(2, 0, 1), &b, 1)->wait(soon());
   EXPECT_FALSE(later.isOk());
+}
+
+TEST_P(TcpTransportTest, WhatArrivedBeforeAPeerLeftCanStillBeReceived) {
+  auto ts = makeMesh(2, cfg());
+  ASSERT_EQ(ts.size(), 2u);
+  std::vector<uint8_t> big = pattern(1 << 20, 3), bigIn(big.size());
+  uint8_t small = 42, smallIn = 0;
+  ASSERT_TRUE(ts[0]->isend(1, collectiveEnvelope(1, 0, 1), &small, 1)->wait(soon()).isOk());
+  ASSERT_TRUE(
+      ts[0]->isend(1, collectiveEnvelope(1, 1, big.size()), big.data(), big.size())->wait(soon()).isOk());
+  ts[0].reset();  // the sender finished its last call and left
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(ts[1]->irecv(0, collectiveEnvelope(1, 0, 1), &smallIn, 1)->wait(soon()).isOk());
+  EXPECT_EQ(smallIn, 42);
+  ASSERT_TRUE(ts[1]->irecv(0, collectiveEnvelope(1, 1, big.size()), bigIn.data(), bigIn.size())
+                  ->wait(soon())
+                  .isOk());
+  EXPECT_EQ(bigIn, big);
+  // A message that was never sent cannot come any more: a clear error, not a timeout.
+  const Status st = ts[1]->irecv(0, collectiveEnvelope(2, 0, 1), &smallIn, 1)->wait(soon());
+  ASSERT_EQ(st.code(), StatusCode::kPeerError) << st.toString();
+  EXPECT_NE(st.message().find("rank 0"), std::string::npos) << st.message();
+}
+
+TEST_P(TcpTransportTest, DifferentOpsAtTheSameCallFailAtOnceWhateverTheTags) {
+  auto ts = makeMesh(2, cfg());
+  ASSERT_EQ(ts.size(), 2u);
+  uint8_t x = 1, y = 0;
+  // Rank 1 runs call #1 as an allreduce (tag 0); rank 0 runs it as a broadcast (tag 5).
+  auto r = ts[1]->irecv(0, collectiveEnvelope(1, 0, 1, OpType::kAllreduce), &y, 1);
+  auto s = ts[0]->isend(1, collectiveEnvelope(1, 5, 1, OpType::kBroadcast), &x, 1);
+  const Status st = r->wait(soon());
+  ASSERT_EQ(st.code(), StatusCode::kMismatch) << st.toString();
+  EXPECT_NE(st.message().find("broadcast #1"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("allreduce #1"), std::string::npos) << st.message();
+  s->wait(soon()).isOk();
 }
 
 TEST_P(TcpTransportTest, AbortReachesThePeersWithItsReason) {

@@ -15,7 +15,10 @@ std::string SocketAddress::toString() const {
   if (family() == AF_INET) {
     const auto* a = reinterpret_cast<const sockaddr_in*>(&storage);
     inet_ntop(AF_INET, &a->sin_addr, host, sizeof(host));
-    return std::string(host) + ":" + std::to_string(ntohs(a->sin_port));
+    std::string out(host);  // appended piecewise: GCC 12 misreads operator+ here (-Wrestrict)
+    out += ':';
+    out += std::to_string(ntohs(a->sin_port));
+    return out;
   }
   if (family() == AF_INET6) {
     const auto* a = reinterpret_cast<const sockaddr_in6*>(&storage);

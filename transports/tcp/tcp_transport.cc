@@ -78,6 +78,7 @@ struct Conn {
   InMsgPtr target;  // the message the payload in flight belongs to
   std::string abortText;
   bool recvInFlight = false;
+  bool closed = false;   // the peer closed this connection at a frame boundary
   uint64_t lastSeq = 0;  // highest collective sequence number seen here
   // Send side.
   std::deque<OutFrame> queue;
@@ -276,6 +277,12 @@ class TcpTransport : public Transport {
     uint64_t seq = fp.seq;
     if (fp.op == OpType::kSendRecv) seq = ++p2pSent_[static_cast<size_t>(req->peer)];
     const auto stripes = layout(seq, req->env.tag, fp.op, req->bytes);
+    for (const Stripe& s : stripes) {
+      if (peers_[req->peer][s.conn]->closed) {
+        fail(connectionError(*peers_[req->peer][s.conn], 0), true);
+        return req->complete(failed_, -1);
+      }
+    }
     req->framesLeft = stripes.size();
     for (const Stripe& s : stripes) {
       OutFrame f{};
@@ -327,6 +334,15 @@ class TcpTransport : public Transport {
       if (msg->complete()) finishMessage(key, msg);
       return;
     }
+    // Every message of one call carries the same fingerprint, whatever its tag: a message of
+    // this call from this peer that disagrees means the ranks run different calls.
+    for (auto it = inflight_.lower_bound(MsgKey{key.peer, key.seq, 0});
+         it != inflight_.end() && it->first.peer == key.peer && it->first.seq == key.seq; ++it) {
+      if (fingerprintOf(it->second->first) != req->env.fingerprint) {
+        fail(checkMatch(*req, it->second->first, key.peer), true);
+        return req->complete(failed_, -1);
+      }
+    }
     if (postedColl_.count(key) != 0 || inflight_.count(key) != 0) {
       return req->complete(internalError("rank " + std::to_string(o_.rank) +
                                          ": two receives posted for one message of " +
@@ -339,6 +355,10 @@ class TcpTransport : public Transport {
       const Conn& c = *peers_[req->peer][s.conn];
       if (c.lastSeq > key.seq) {
         fail(skippedError(*req, c.lastSeq), true);
+        return req->complete(failed_, -1);
+      }
+      if (c.closed) {
+        fail(closedWhileWaiting(c, *req), true);
         return req->complete(failed_, -1);
       }
     }
@@ -360,6 +380,11 @@ class TcpTransport : public Transport {
       msg->req = req;
       if (msg->complete()) finishMessage(std::nullopt, msg);
       return;
+    }
+    if (unreachable(req->peer)) {
+      fail(closedWhileWaiting(*peers_[req->peer == kAnySource ? firstPeer() : req->peer][0], *req),
+           true);
+      return req->complete(failed_, -1);
     }
     postedP2P_.push_back(req);
   }
@@ -448,6 +473,7 @@ class TcpTransport : public Transport {
       if (target && target->req && !busy(*target->req)) target->req->complete(failed_, -1);
       return;
     }
+    if (result == 0 && c.stage == Conn::Stage::kHeader) return onOrderlyClose(c);
     if (result <= 0) return fail(connectionError(c, result), true);
     switch (c.stage) {
       case Conn::Stage::kHeader: return onHeader(c);
@@ -495,6 +521,12 @@ class TcpTransport : public Transport {
                       true);
         }
       } else {
+        for (auto p = postedColl_.lower_bound(MsgKey{c.peer, h.seq, 0});
+             p != postedColl_.end() && p->first.peer == c.peer && p->first.seq == h.seq; ++p) {
+          if (p->second->env.fingerprint != fingerprintOf(h)) {
+            return fail(checkMatch(*p->second, h, c.peer), true);
+          }
+        }
         auto made = newMessage(c.peer, h);
         if (!made.isOk()) return fail(made.status(), true);
         msg = made.value();
@@ -597,6 +629,48 @@ class TcpTransport : public Transport {
       counters_[msg->peer].messagesReceived += 1;
     }
     msg->req->complete(Status::ok(), msg->peer);
+  }
+
+  // The peer closed `c` cleanly: what already arrived stays receivable; only receives that
+  // needed more from this connection fail.
+  void onOrderlyClose(Conn& c) {
+    c.closed = true;
+    NANOCCL_INFO("rank " << o_.rank << ": rank " << c.peer << " closed connection " << c.index);
+    for (const auto& [key, req] : postedColl_) {
+      for (const Stripe& s : layout(key.seq, key.tag, req->env.fingerprint.op, req->bytes)) {
+        if (peers_[key.peer][s.conn]->closed) return fail(closedWhileWaiting(c, *req), true);
+      }
+    }
+    for (const auto& [key, m] : inflight_) {
+      if (!m->req) continue;
+      for (const Stripe& s : layout(key.seq, key.tag, m->first.op, m->first.total)) {
+        if (peers_[key.peer][s.conn]->closed && !(m->arrivedMask >> s.conn & 1)) {
+          return fail(closedWhileWaiting(c, *m->req), true);
+        }
+      }
+    }
+    for (const auto& req : postedP2P_) {
+      if (unreachable(req->peer)) return fail(closedWhileWaiting(c, *req), true);
+    }
+  }
+
+  // Whether no more point-to-point messages can come from `peer` (kAnySource: from anyone).
+  bool unreachable(int peer) const {
+    if (peer != kAnySource) return peers_[peer][0]->closed;
+    for (const auto& row : peers_) {
+      if (!row.empty() && !row[0]->closed) return false;
+    }
+    return o_.size > 1;
+  }
+
+  int firstPeer() const { return o_.rank == 0 ? 1 : 0; }
+
+  Status closedWhileWaiting(const Conn& c, const TcpRequest& req) const {
+    return peerError("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(c.peer) +
+                     " closed its connection while rank " + std::to_string(o_.rank) +
+                     " still waits for its part of " + req.env.fingerprint.describe() +
+                     " (rank " + std::to_string(c.peer) +
+                     " exited, crashed or destroyed its communicator)");
   }
 
   Status connectionError(const Conn& c, int64_t result) const {
