@@ -1,0 +1,197 @@
+// Internal to collectives/: what an algorithm sees of one call, and the helpers it moves
+// bytes with. Nothing here is part of the public API.
+//
+// Threads and ownership
+// - A Context lives on the communicator's worker thread for the duration of one call. Every
+//   algorithm runs synchronously on that thread: it posts requests through the Context,
+//   waits on them before the call's deadline, and returns a Status.
+// - Temporary memory must come from Context::scratch(): when a call fails, the worker aborts
+//   the transport *before* the Context (and its scratch) is released, so a request that is
+//   still pending can never write into freed memory. The same holds for the user's buffers,
+//   which are released only when the Task completes, after that abort.
+// - On success an algorithm has waited for every request it posted.
+#pragma once
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "common/config.h"
+#include "common/deadline.h"
+#include "common/dtype.h"
+#include "common/op.h"
+#include "common/status.h"
+#include "transports/transport.h"
+
+namespace nanoccl::detail {
+
+// The arguments of one collective call, as the user gave them. Which fields an op reads:
+//   allreduce, reduce, broadcast: recv (in and out), count, root (reduce, broadcast)
+//   allgather:      send, count (send count), recv, counts (receive counts per rank)
+//   reduce_scatter: send, recv, counts (per rank)
+//   alltoall:       send, counts (send counts), recv, recvCounts
+//   gather:         send, count (send count), recv and counts on the root, root
+//   scatter:        send and counts on the root, recv, count (receive count), root
+//   barrier:        nothing
+struct CallArgs {
+  OpType op = OpType::kNone;
+  DataType dtype = DataType::kUInt8;
+  ReduceOp redop = ReduceOp::kSum;
+  double premulFactor = 1.0;
+  int root = -1;
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;
+  std::vector<size_t> counts;
+  std::vector<size_t> recvCounts;
+
+  size_t elemSize() const { return dataTypeSize(dtype); }
+  // The size the planner decides by: the bytes one rank contributes to / receives from the
+  // call, the same on every rank of a matching call.
+  size_t planBytes() const;
+};
+
+// One posted request and what it is for (timeout messages name the peer).
+struct Pending {
+  std::shared_ptr<Request> req;
+  int peer = -1;
+  bool isSend = false;
+  uint32_t tag = 0;
+};
+
+class Context {
+ public:
+  Context(Transport* transport, int rank, int size, const OpFingerprint& fingerprint,
+          const Deadline& deadline, std::chrono::milliseconds timeout, const Config& config)
+      : transport_(transport),
+        rank_(rank),
+        size_(size),
+        fingerprint_(fingerprint),
+        deadline_(deadline),
+        timeout_(timeout),
+        config_(config) {}
+  Context(const Context&) = delete;
+  Context& operator=(const Context&) = delete;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  const Config& config() const { return config_; }
+  const OpFingerprint& fingerprint() const { return fingerprint_; }
+
+  // Posts with this call's fingerprint and `tag`; tags must be unique per (peer, direction)
+  // within one call so that matching is unambiguous.
+  Pending isend(int peer, uint32_t tag, const void* buf, size_t bytes);
+  Pending irecv(int peer, uint32_t tag, void* buf, size_t bytes);
+  // Waits for one request before the call's deadline; a timeout names the peer and the tag.
+  Status wait(const Pending& p);
+  // Waits for every request; returns the first failure at once (the caller's caller aborts
+  // the transport, which completes the rest).
+  Status waitAll(const std::vector<Pending>& ps);
+
+  // Uninitialised memory that lives until the call has ended (see the ownership note above).
+  char* scratch(size_t bytes);
+
+  uint64_t bytesSent() const { return bytesSent_; }
+  uint64_t bytesReceived() const { return bytesReceived_; }
+
+ private:
+  Transport* transport_;
+  int rank_;
+  int size_;
+  OpFingerprint fingerprint_;
+  Deadline deadline_;
+  std::chrono::milliseconds timeout_;
+  const Config& config_;
+  std::vector<std::unique_ptr<char[]>> scratch_;
+  uint64_t bytesSent_ = 0;
+  uint64_t bytesReceived_ = 0;
+};
+
+// The algorithm table's row type (shared/STYLE.md 3). Rows are listed per op in order of
+// preference: under algo "auto" the planner takes the first row of the op whose autoWhen()
+// and supports() both hold; a forced name must name a row of the op that supports the call.
+struct AlgorithmRow {
+  const char* name;
+  OpType op;
+  const char* description;
+  // Whether the algorithm can run this call at all.
+  bool (*supports)(const CallArgs& args, int size);
+  // Whether "auto" should pick it (small-message rows say yes up to smallMessageBytes).
+  bool (*autoWhen)(const CallArgs& args, int size, const Config& config);
+  Status (*run)(Context& ctx, const CallArgs& args);
+};
+
+// ---- Confirmations ----
+// A rank that only sends in a call could never notice that its peers disagree with it: two
+// ranks that both believe they are the root of a broadcast would both just send, and both
+// "succeed". So in rooted algorithms every send-only edge is confirmed by an empty message
+// back, under the same tag as the data edge: when the ranks disagree, the data that one of
+// them sends meets the other's confirmation receive, and the transport's fingerprint check
+// reports the mismatch on both sides.
+extern const char kAckByte[1];
+// Where empty confirmation receives point (nothing is ever written there).
+char* ackSink();
+
+// ---- Building blocks shared by several algorithms (ring.cc, tree.cc) ----
+
+// Splits `count` elements into `parts` runs that differ by at most one element.
+std::vector<size_t> evenSplit(size_t count, int parts);
+// Prefix sums: offsets[i] = sum of counts[0..i).
+std::vector<size_t> prefixOffsets(const std::vector<size_t>& counts);
+
+// Elements per pipelined chunk for segments of up to `maxSegment` elements, from
+// config.chunkBytes, raised where needed so that `phases` ring passes fit in the tag space.
+size_t chunkElements(const Context& ctx, size_t elemSize, size_t maxSegment, int phases);
+// Tags one ring pass over these segments uses: (size - 1) x the most chunks of a segment.
+uint32_t ringTags(const Context& ctx, const std::vector<size_t>& counts, size_t chunkElems);
+
+// Ring reduce-scatter, chunked and pipelined: segment i (counts[i] elements) is reduced over
+// all ranks; afterwards acc[rank] holds the reduction of every rank's src[rank]. src[i] is
+// this rank's input for segment i, acc[i] where its partial sums go (acc may equal src).
+// Sends acc[i] chunks to the right neighbour as soon as they are reduced.
+Status ringReduceScatter(Context& ctx, const std::vector<size_t>& counts,
+                         const std::vector<const char*>& src, const std::vector<char*>& acc,
+                         DataType dtype, ReduceOp op, size_t chunkElems, uint32_t tagBase);
+// Ring allgather: buf[rank] holds this rank's segment; afterwards every buf[i] holds rank
+// i's segment. Received chunks are forwarded as soon as they arrive.
+Status ringAllgather(Context& ctx, const std::vector<size_t>& counts, const std::vector<char*>& buf,
+                     size_t elemSize, size_t chunkElems, uint32_t tagBase);
+
+// Binomial-tree reduce of `count` elements to `root`. `input` is this rank's contribution;
+// the result lands in `out` on the root (out may equal input there). Non-roots never write
+// to `input` or `out`. Uses tags [tagBase, tagBase + 32).
+Status treeReduce(Context& ctx, const char* input, char* out, size_t count, DataType dtype,
+                  ReduceOp op, int root, uint32_t tagBase);
+// Binomial-tree broadcast of `buf` from `root`. Uses tags [tagBase, tagBase + 32).
+Status treeBroadcast(Context& ctx, char* buf, size_t bytes, int root, uint32_t tagBase);
+
+// kPremulSum's local step: a copy of `input` scaled by the factor (the same pointer when no
+// scaling is needed, or into `inPlace` when the caller's buffer may be overwritten).
+Result<const char*> premultiplied(Context& ctx, const CallArgs& args, const void* input,
+                                  size_t count, char* inPlace);
+
+// kAvg and kPremulSum reduce as kSum (their scaling is a separate step).
+ReduceOp kernelOp(ReduceOp op);
+
+// ---- The algorithms (one function per table row) ----
+Status allreduceRing(Context& ctx, const CallArgs& args);
+Status allreduceRecursiveDoubling(Context& ctx, const CallArgs& args);
+Status allreduceTree(Context& ctx, const CallArgs& args);
+Status reduceTree(Context& ctx, const CallArgs& args);
+Status reduceRing(Context& ctx, const CallArgs& args);
+Status broadcastTree(Context& ctx, const CallArgs& args);
+Status broadcastRing(Context& ctx, const CallArgs& args);
+Status allgatherRing(Context& ctx, const CallArgs& args);
+Status reduceScatterRing(Context& ctx, const CallArgs& args);
+Status alltoallPairwise(Context& ctx, const CallArgs& args);
+Status gatherDirect(Context& ctx, const CallArgs& args);
+Status scatterDirect(Context& ctx, const CallArgs& args);
+Status barrierDissemination(Context& ctx, const CallArgs& args);
+
+// World size 1: the result of every op as plain local copies.
+Status runLocal(const CallArgs& args);
+
+}  // namespace nanoccl::detail

@@ -1,0 +1,797 @@
+#include "collectives/communicator.h"
+
+#include <sys/random.h>
+
+#include <array>
+#include <atomic>
+#include <cerrno>
+#include <deque>
+#include <map>
+#include <numeric>
+#include <thread>
+
+#include "collectives/algorithm.h"
+#include "collectives/planner.h"
+#include "common/logging.h"
+
+namespace nanoccl {
+
+using detail::AlgorithmRow;
+using detail::CallArgs;
+
+namespace {
+
+// Waits on `cv` until `ready()` or the deadline (Deadline::never() must not reach
+// wait_until: time_point::max() overflows inside the library).
+template <typename Pred>
+bool waitUntil(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+               const Deadline& deadline, Pred ready) {
+  if (deadline.at() == Clock::time_point::max()) {
+    cv.wait(lock, ready);
+    return true;
+  }
+  return cv.wait_until(lock, deadline.at(), ready);
+}
+
+constexpr size_t kSecretBytes = 32;
+
+Result<std::string> randomSecret() {
+  std::string secret(kSecretBytes, '\0');
+  size_t got = 0;
+  while (got < secret.size()) {
+    const ssize_t n = ::getrandom(secret.data() + got, secret.size() - got, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return systemError("getrandom", errno);
+    }
+    got += static_cast<size_t>(n);
+  }
+  return secret;
+}
+
+bool validDataType(DataType t) {
+  return static_cast<size_t>(t) < static_cast<size_t>(DataType::kNumTypes);
+}
+
+std::string sizeText(DataType dtype, size_t count) {
+  return std::string(dataTypeName(dtype)) + " x " + std::to_string(count);
+}
+
+}  // namespace
+
+// ---- Task ----
+
+bool Task::test() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_;
+}
+
+Status Task::wait(const Deadline& deadline) const {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!waitUntil(cv_, lock, deadline, [&] { return done_; })) {
+    return timeoutError("the task did not complete before the caller's deadline");
+  }
+  return status_;
+}
+
+Status Task::status() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return status_;
+}
+
+void Task::onComplete(std::function<void(const Status&)> cb) {
+  std::unique_lock<std::mutex> lock(mu_);
+  if (!done_) {
+    callbacks_.push_back(std::move(cb));
+    return;
+  }
+  const Status s = status_;
+  lock.unlock();
+  cb(s);
+}
+
+int Task::source() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return source_;
+}
+
+void Task::complete(const Status& status, int source) {
+  std::vector<std::function<void(const Status&)>> callbacks;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return;  // a timed-out p2p request may still be called back after the abort
+    done_ = true;
+    status_ = status;
+    source_ = source;
+    callbacks.swap(callbacks_);
+  }
+  cv_.notify_all();
+  for (auto& cb : callbacks) cb(status);
+}
+
+// ---- Communicator ----
+
+namespace {
+
+struct QueuedCall {
+  std::shared_ptr<Task> task;
+  OpFingerprint fingerprint;
+  CallArgs args;
+  const AlgorithmRow* algorithm = nullptr;
+};
+
+struct P2pCall {
+  std::shared_ptr<Task> task;
+  std::shared_ptr<Request> request;
+  Deadline deadline = Deadline::never();
+  std::string what;  // "rank 0: recv from rank 1 (tag 3, float32 x 8)"
+  OpType op = OpType::kSendRecv;
+  bool isSend = false;
+  size_t bytes = 0;
+};
+
+constexpr size_t kNumOpTypes = static_cast<size_t>(OpType::kNumOps);
+
+// Non-zero while this thread runs Task callbacks: a communicator destroyed from inside one
+// (its last reference dropped there) may be running on one of its own threads, which cannot
+// join themselves.
+thread_local int tlsInCallbacks = 0;
+
+void completeTask(Task& task, const Status& status, int source = -1) {
+  ++tlsInCallbacks;
+  task.complete(status, source);
+  --tlsInCallbacks;
+}
+
+}  // namespace
+
+// Threads: the caller's (submit, p2p posting, stats), one worker (runs queued collectives in
+// order), one watchdog (p2p deadlines), and the transport's progress thread (p2p completions).
+// `mu` guards the queue, the failure state and the p2p table; it is never held while calling
+// into the transport or completing a Task.
+struct Communicator::Impl {
+  int rank = 0;
+  int size = 1;
+  std::string commId;
+  Config config;
+  std::chrono::milliseconds timeout{0};
+  std::unique_ptr<Transport> transport;  // null for size 1: nothing to talk to
+
+  std::mutex mu;
+  std::condition_variable workCv;
+  std::condition_variable watchCv;
+  std::deque<QueuedCall> queue;
+  uint64_t nextSeq = 1;
+  bool running = false;
+  bool stopping = false;
+  bool destroyed = false;
+  Status failed;  // the first failure; OK while the communicator is healthy
+  std::map<uint64_t, P2pCall> p2p;
+  uint64_t nextP2pId = 1;
+  std::thread worker;
+  std::thread watchdog;
+
+  std::array<std::atomic<uint64_t>, kNumOpTypes> sentPerOp{};
+  std::array<std::atomic<uint64_t>, kNumOpTypes> receivedPerOp{};
+  std::atomic<uint64_t> calls{0};
+
+  std::string who() const { return "rank " + std::to_string(rank) + ": "; }
+
+  // What a call queued after the first failure fails with: the first failure's code, and its
+  // message so the root cause is visible from any later call.
+  Status laterFailure(const std::string& what, const Status& first) const {
+    if (destroyed) return abortedError(what + "communicator destroyed");
+    return Status(first.code(), what + "communicator failed earlier: " + first.message());
+  }
+
+  // Records the first failure and aborts the transport, so the peers fail fast too.
+  void fail(const Status& why) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (failed.isOk()) failed = why;
+    }
+    if (transport) transport->abort(why);
+    workCv.notify_all();
+  }
+
+  std::shared_ptr<Task> submit(OpFingerprint fingerprint, CallArgs args, const Status& invalid);
+  void workerLoop();
+  void runCall(QueuedCall& call);
+  std::shared_ptr<Task> postP2p(bool isSend, void* buf, size_t count, DataType dtype, int peer,
+                                uint32_t tag);
+  void finishP2p(uint64_t id, const Status& status, int source);
+  void watchdogLoop();
+  // Fails what is pending, joins the threads, closes the transport. Not on a thread it joins.
+  void shutdown();
+};
+
+std::shared_ptr<Task> Communicator::Impl::submit(OpFingerprint fingerprint, CallArgs args,
+                                                 const Status& invalid) {
+  auto task = std::make_shared<Task>();
+  const std::string call = who() + opTypeName(fingerprint.op) + " (" +
+                           sizeText(fingerprint.dtype, fingerprint.count) + "): ";
+  // Argument errors fail this call only: nothing was sent and no sequence number was used,
+  // so the communicator stays usable (ranks that all make the same mistake stay in step).
+  if (!invalid.isOk()) {
+    task->complete(invalidArgument(call + invalid.message()));
+    return task;
+  }
+  Result<const AlgorithmRow*> algorithm = detail::planAlgorithm(args, size, config);
+  if (!algorithm.isOk()) {
+    task->complete(Status(algorithm.status().code(), call + algorithm.status().message()));
+    return task;
+  }
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    fingerprint.seq = nextSeq++;
+    if (!failed.isOk() || stopping) {
+      const Status s =
+          laterFailure(who() + fingerprint.describe() + ": ",
+                       failed.isOk() ? abortedError("communicator destroyed") : failed);
+      lock.unlock();
+      task->complete(s);
+      return task;
+    }
+    queue.push_back(QueuedCall{task, fingerprint, std::move(args), algorithm.value()});
+  }
+  workCv.notify_all();
+  return task;
+}
+
+void Communicator::Impl::workerLoop() {
+  for (;;) {
+    QueuedCall call;
+    Status first;
+    {
+      std::unique_lock<std::mutex> lock(mu);
+      workCv.wait(lock, [&] { return !queue.empty() || stopping; });
+      if (queue.empty()) return;
+      call = std::move(queue.front());
+      queue.pop_front();
+      first = failed;
+      running = first.isOk();
+    }
+    if (!first.isOk()) {
+      completeTask(*call.task, laterFailure(who() + call.fingerprint.describe() + ": ", first));
+      continue;
+    }
+    runCall(call);
+  }
+}
+
+void Communicator::Impl::runCall(QueuedCall& call) {
+  const std::string what = who() + call.fingerprint.describe() + ": ";
+  Status s;
+  {
+    // The deadline starts when the call starts running, not when it was queued.
+    detail::Context ctx(transport.get(), rank, size, call.fingerprint, Deadline::after(timeout),
+                        timeout, config);
+    NANOCCL_TRACE(what << "running " << (size == 1 ? "local" : call.algorithm->name));
+    s = size == 1 ? detail::runLocal(call.args) : call.algorithm->run(ctx, call.args);
+    const auto op = static_cast<size_t>(call.fingerprint.op);
+    sentPerOp[op] += ctx.bytesSent();
+    receivedPerOp[op] += ctx.bytesReceived();
+    if (!s.isOk()) {
+      s = Status(s.code(), what + s.message());
+      NANOCCL_WARN(s.toString());
+      // Before ctx (and its scratch memory) goes away: requests that are still pending must
+      // not write into freed memory, and the peers must stop waiting for this rank.
+      fail(s);
+    }
+  }
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    running = false;
+  }
+  ++calls;
+  completeTask(*call.task, s);
+}
+
+std::shared_ptr<Task> Communicator::Impl::postP2p(bool isSend, void* buf, size_t count,
+                                                  DataType dtype, int peer, uint32_t tag) {
+  auto task = std::make_shared<Task>();
+  std::string what = who() + (isSend ? "send to rank " : "recv from ");
+  if (!isSend) what += peer == kAnySource ? "any rank" : "rank ";
+  if (isSend || peer != kAnySource) what += std::to_string(peer);
+  what += " (tag " + std::to_string(tag) + ", " + sizeText(dtype, count) + ")";
+
+  Status invalid;
+  if (!validDataType(dtype)) {
+    invalid = invalidArgument("invalid data type");
+  } else if (isSend ? (peer < 0 || peer >= size)
+                    : (peer != kAnySource && (peer < 0 || peer >= size))) {
+    invalid = invalidArgument("peer " + std::to_string(peer) + " is not a rank of this " +
+                              std::to_string(size) + "-rank communicator");
+  } else if (peer == rank) {
+    invalid =
+        invalidArgument(std::string(isSend ? "send to" : "receive from") + " this rank itself");
+  } else if (size == 1) {
+    invalid = invalidArgument("a communicator of size 1 has no peer to receive from");
+  } else if (buf == nullptr && count > 0) {
+    invalid = invalidArgument("null buffer for " + std::to_string(count) + " elements");
+  }
+  if (!invalid.isOk()) {
+    task->complete(invalidArgument(what + ": " + invalid.message()));
+    return task;
+  }
+
+  const size_t bytes = count * dataTypeSize(dtype);
+  uint64_t id;
+  {
+    std::unique_lock<std::mutex> lock(mu);
+    if (!failed.isOk() || stopping) {
+      const Status s =
+          laterFailure(what + ": ", failed.isOk() ? abortedError("destroyed") : failed);
+      lock.unlock();
+      task->complete(s);
+      return task;
+    }
+    id = nextP2pId++;
+    P2pCall& entry = p2p[id];
+    entry.task = task;
+    entry.deadline = Deadline::after(timeout);
+    entry.what = what;
+    entry.isSend = isSend;
+    entry.bytes = bytes;
+  }
+  watchCv.notify_all();
+
+  // Point-to-point messages are told apart from collectives by the op; the user's tag and the
+  // FIFO order per (peer, tag) match them.
+  const Envelope env{OpFingerprint{OpType::kSendRecv, dtype, ReduceOp::kSum, -1, count, 0}, tag};
+  std::shared_ptr<Request> request =
+      isSend ? transport->isend(peer, env, buf, bytes) : transport->irecv(peer, env, buf, bytes);
+  {
+    // Keep the request alive with its entry (unless it has already completed).
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = p2p.find(id);
+    if (it != p2p.end()) it->second.request = request;
+  }
+  request->setCallback([this, id](const Status& s, int source) { finishP2p(id, s, source); });
+  return task;
+}
+
+void Communicator::Impl::finishP2p(uint64_t id, const Status& status, int source) {
+  P2pCall call;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    auto it = p2p.find(id);
+    if (it == p2p.end()) return;  // the watchdog failed it already
+    call = std::move(it->second);
+    p2p.erase(it);
+  }
+  watchCv.notify_all();
+  if (status.isOk()) {
+    const auto op = static_cast<size_t>(OpType::kSendRecv);
+    (call.isSend ? sentPerOp : receivedPerOp)[op] += call.bytes;
+    ++calls;
+    completeTask(*call.task, Status::ok(), source);
+  } else {
+    completeTask(*call.task, Status(status.code(), call.what + ": " + status.message()), source);
+  }
+}
+
+// Point-to-point requests have no deadline of their own in the transport, and a pending
+// receive can only be withdrawn by aborting the transport: so a p2p call that outlives the
+// timeout fails the communicator, as a collective would.
+void Communicator::Impl::watchdogLoop() {
+  std::unique_lock<std::mutex> lock(mu);
+  while (!stopping) {
+    if (p2p.empty()) {
+      watchCv.wait(lock);
+      continue;
+    }
+    Clock::time_point earliest = Clock::time_point::max();
+    for (const auto& [id, call] : p2p) earliest = std::min(earliest, call.deadline.at());
+    watchCv.wait_until(lock, earliest);
+    std::vector<P2pCall> expired;
+    for (auto it = p2p.begin(); it != p2p.end();) {
+      if (it->second.deadline.expired()) {
+        expired.push_back(std::move(it->second));
+        it = p2p.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (expired.empty()) continue;
+    lock.unlock();
+    for (P2pCall& call : expired) {
+      const Status s =
+          timeoutError(call.what + ": timed out after " + std::to_string(timeout.count()) +
+                       " ms; no matching message arrived");
+      NANOCCL_WARN(s.toString());
+      fail(s);
+      completeTask(*call.task, s);
+    }
+    lock.lock();
+  }
+}
+
+Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOptions& options) {
+  if (!options.store) return invalidArgument("communicator: no store given");
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return invalidArgument("communicator: rank " + std::to_string(options.rank) +
+                           " is not in a world of size " + std::to_string(options.size));
+  }
+  if (options.timeout.count() <= 0) return invalidArgument("communicator: timeout must be > 0");
+
+  auto impl = std::make_unique<Impl>();
+  impl->rank = options.rank;
+  impl->size = options.size;
+  impl->commId = options.commId;
+  impl->config = options.config;
+  impl->timeout = options.timeout;
+
+  if (options.size > 1) {
+    const std::string where =
+        "rank " + std::to_string(options.rank) + ": communicator '" + options.commId + "' setup: ";
+    auto store = std::make_shared<PrefixStore>("nanoccl/" + options.commId, options.store);
+    const Deadline deadline = Deadline::after(options.timeout);
+    std::string secret;
+    if (options.rank == 0) {
+      NANOCCL_ASSIGN_OR_RETURN(secret, randomSecret());
+      NANOCCL_CHECK(store->set("secret", secret).withContext(where));
+    } else {
+      Result<std::string> got = store->get("secret", deadline);
+      if (!got.isOk()) return got.status().withContext(where + "waiting for rank 0's secret: ");
+      secret = std::move(got).value();
+    }
+
+    TransportOptions topts;
+    topts.rank = options.rank;
+    topts.size = options.size;
+    topts.commId = options.commId;
+    topts.secret = secret;
+    topts.config = options.config;
+    Result<std::unique_ptr<Transport>> transport = createTransport(options.transport, topts);
+    if (!transport.isOk()) return transport.status().withContext(where);
+    impl->transport = std::move(transport).value();
+
+    Result<std::string> address = impl->transport->listen();
+    if (!address.isOk()) return address.status().withContext(where);
+    NANOCCL_CHECK(
+        store->set("addr/" + std::to_string(options.rank), address.value()).withContext(where));
+    std::vector<std::string> addresses(options.size);
+    for (int r = 0; r < options.size; ++r) {
+      Result<std::string> a = store->get("addr/" + std::to_string(r), deadline);
+      if (!a.isOk()) {
+        return a.status().withContext(where + "waiting for rank " + std::to_string(r) +
+                                      "'s address: ");
+      }
+      addresses[r] = std::move(a).value();
+    }
+    NANOCCL_CHECK(impl->transport->connect(addresses, deadline).withContext(where));
+  }
+
+  impl->config.logOnce();
+  NANOCCL_INFO("rank " << options.rank << "/" << options.size << ": communicator '"
+                       << options.commId << "' ready"
+                       << (impl->transport ? " over " + impl->transport->describe() : ""));
+  Impl* raw = impl.get();
+  impl->worker = std::thread([raw] { raw->workerLoop(); });
+  if (options.size > 1) impl->watchdog = std::thread([raw] { raw->watchdogLoop(); });
+  return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
+}
+
+Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+Communicator::~Communicator() {
+  if (tlsInCallbacks > 0) {
+    // Possibly on this communicator's worker, watchdog or progress thread: hand the teardown
+    // to a short-lived thread that can join them all.
+    std::thread([impl = impl_.release()] {
+      impl->shutdown();
+      delete impl;
+    }).detach();
+    return;
+  }
+  impl_->shutdown();
+}
+
+void Communicator::Impl::shutdown() {
+  const Status destroyedStatus = abortedError("communicator destroyed");
+  bool pending;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    stopping = true;
+    pending = !queue.empty() || running || !p2p.empty();
+    if (pending) {
+      destroyed = failed.isOk();
+      if (failed.isOk()) failed = destroyedStatus;
+    }
+  }
+  // Only a communicator with work in flight aborts (and so tells its peers); an idle one just
+  // closes its connections below.
+  if (pending && transport) transport->abort(destroyedStatus);
+  workCv.notify_all();
+  watchCv.notify_all();
+  if (worker.joinable()) worker.join();
+  if (watchdog.joinable()) watchdog.join();
+  transport.reset();
+  std::map<uint64_t, P2pCall> left;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    left.swap(p2p);
+  }
+  for (auto& [id, call] : left) {
+    call.task->complete(abortedError(call.what + ": communicator destroyed"));
+  }
+}
+
+int Communicator::rank() const { return impl_->rank; }
+int Communicator::size() const { return impl_->size; }
+const Config& Communicator::config() const { return impl_->config; }
+
+void Communicator::abort(const Status& why) {
+  impl_->fail(why.isOk()
+                  ? abortedError("rank " + std::to_string(impl_->rank) + ": communicator aborted")
+                  : why);
+}
+
+CommStats Communicator::stats() const {
+  CommStats s;
+  s.perPeer =
+      impl_->transport ? impl_->transport->counters() : std::vector<PeerCounters>(impl_->size);
+  s.bytesSentPerOp.resize(kNumOpTypes);
+  s.bytesReceivedPerOp.resize(kNumOpTypes);
+  for (size_t i = 0; i < kNumOpTypes; ++i) {
+    s.bytesSentPerOp[i] = impl_->sentPerOp[i].load();
+    s.bytesReceivedPerOp[i] = impl_->receivedPerOp[i].load();
+  }
+  s.calls = impl_->calls.load();
+  return s;
+}
+
+// ---- The calls: validate on the calling rank, then queue ----
+
+namespace {
+
+Status checkCounts(const char* name, const std::vector<size_t>& counts, int size) {
+  if (static_cast<int>(counts.size()) != size) {
+    return invalidArgument(std::string(name) + " has " + std::to_string(counts.size()) +
+                           " entries for " + std::to_string(size) + " ranks");
+  }
+  return Status::ok();
+}
+
+Status checkRoot(int root, int size) {
+  if (root < 0 || root >= size) {
+    return invalidArgument("root " + std::to_string(root) + " is not a rank of this " +
+                           std::to_string(size) + "-rank communicator");
+  }
+  return Status::ok();
+}
+
+Status checkBuffer(const char* name, const void* buf, size_t count) {
+  if (buf == nullptr && count > 0) {
+    return invalidArgument(std::string("null ") + name + " buffer for " + std::to_string(count) +
+                           " elements");
+  }
+  return Status::ok();
+}
+
+Status checkReduction(ReduceOp op, DataType dtype) {
+  if (!reduceOpSupported(op, dtype)) {
+    return invalidArgument(std::string("reduction ") + reduceOpName(op) + " is not defined on " +
+                           dataTypeName(dtype));
+  }
+  return Status::ok();
+}
+
+Status checkDataType(DataType dtype) {
+  return validDataType(dtype) ? Status::ok() : invalidArgument("invalid data type");
+}
+
+size_t sum(const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.end(), size_t{0}); }
+
+// Runs checks in order; the first failure wins.
+template <typename... Checks>
+Status firstError(Checks&&... checks) {
+  Status out;
+  ((out.isOk() ? (out = checks(), 0) : 0), ...);
+  return out;
+}
+
+}  // namespace
+
+std::shared_ptr<Task> Communicator::allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+                                              double premulFactor) {
+  CallArgs a;
+  a.op = OpType::kAllreduce;
+  a.dtype = dtype;
+  a.redop = op;
+  a.premulFactor = premulFactor;
+  a.recv = buf;
+  a.send = buf;
+  a.count = count;
+  const Status invalid =
+      firstError([&] { return checkDataType(dtype); }, [&] { return checkReduction(op, dtype); },
+                 [&] { return checkBuffer("", buf, count); });
+  return impl_->submit(OpFingerprint{OpType::kAllreduce, dtype, op, -1, count, 0}, std::move(a),
+                       invalid);
+}
+
+std::shared_ptr<Task> Communicator::reduce(void* buf, size_t count, DataType dtype, ReduceOp op,
+                                           int root, double premulFactor) {
+  CallArgs a;
+  a.op = OpType::kReduce;
+  a.dtype = dtype;
+  a.redop = op;
+  a.premulFactor = premulFactor;
+  a.recv = buf;
+  a.send = buf;
+  a.count = count;
+  a.root = root;
+  const Status invalid = firstError(
+      [&] { return checkDataType(dtype); }, [&] { return checkReduction(op, dtype); },
+      [&] { return checkRoot(root, size()); }, [&] { return checkBuffer("", buf, count); });
+  return impl_->submit(OpFingerprint{OpType::kReduce, dtype, op, root, count, 0}, std::move(a),
+                       invalid);
+}
+
+std::shared_ptr<Task> Communicator::broadcast(void* buf, size_t count, DataType dtype, int root) {
+  CallArgs a;
+  a.op = OpType::kBroadcast;
+  a.dtype = dtype;
+  a.recv = buf;
+  a.send = buf;
+  a.count = count;
+  a.root = root;
+  const Status invalid =
+      firstError([&] { return checkDataType(dtype); }, [&] { return checkRoot(root, size()); },
+                 [&] { return checkBuffer("", buf, count); });
+  return impl_->submit(OpFingerprint{OpType::kBroadcast, dtype, ReduceOp::kSum, root, count, 0},
+                       std::move(a), invalid);
+}
+
+std::shared_ptr<Task> Communicator::allgather(const void* send, size_t sendCount, void* recv,
+                                              const std::vector<size_t>& recvCounts,
+                                              DataType dtype) {
+  CallArgs a;
+  a.op = OpType::kAllgather;
+  a.dtype = dtype;
+  a.send = send;
+  a.recv = recv;
+  a.count = sendCount;
+  a.counts = recvCounts;
+  const Status invalid =
+      firstError([&] { return checkDataType(dtype); },
+                 [&] { return checkCounts("recvCounts", recvCounts, size()); },
+                 [&] {
+                   return recvCounts[rank()] == sendCount
+                              ? Status::ok()
+                              : invalidArgument("recvCounts[" + std::to_string(rank()) + "] is " +
+                                                std::to_string(recvCounts[rank()]) +
+                                                " but sendCount is " + std::to_string(sendCount));
+                 },
+                 [&] { return checkBuffer("send", send, sendCount); },
+                 [&] { return checkBuffer("recv", recv, sum(recvCounts)); });
+  const size_t total = invalid.isOk() ? sum(recvCounts) : 0;
+  return impl_->submit(OpFingerprint{OpType::kAllgather, dtype, ReduceOp::kSum, -1, total, 0},
+                       std::move(a), invalid);
+}
+
+std::shared_ptr<Task> Communicator::reduceScatter(const void* send, void* recv,
+                                                  const std::vector<size_t>& counts, DataType dtype,
+                                                  ReduceOp op, double premulFactor) {
+  CallArgs a;
+  a.op = OpType::kReduceScatter;
+  a.dtype = dtype;
+  a.redop = op;
+  a.premulFactor = premulFactor;
+  a.send = send;
+  a.recv = recv;
+  a.counts = counts;
+  const Status invalid =
+      firstError([&] { return checkDataType(dtype); }, [&] { return checkReduction(op, dtype); },
+                 [&] { return checkCounts("counts", counts, size()); },
+                 [&] { return checkBuffer("send", send, sum(counts)); },
+                 [&] { return checkBuffer("recv", recv, counts[rank()]); });
+  if (invalid.isOk()) a.count = counts[rank()];
+  const size_t total = invalid.isOk() ? sum(counts) : 0;
+  return impl_->submit(OpFingerprint{OpType::kReduceScatter, dtype, op, -1, total, 0}, std::move(a),
+                       invalid);
+}
+
+std::shared_ptr<Task> Communicator::alltoall(const void* send,
+                                             const std::vector<size_t>& sendCounts, void* recv,
+                                             const std::vector<size_t>& recvCounts,
+                                             DataType dtype) {
+  CallArgs a;
+  a.op = OpType::kAlltoall;
+  a.dtype = dtype;
+  a.send = send;
+  a.recv = recv;
+  a.counts = sendCounts;
+  a.recvCounts = recvCounts;
+  const Status invalid = firstError(
+      [&] { return checkDataType(dtype); },
+      [&] { return checkCounts("sendCounts", sendCounts, size()); },
+      [&] { return checkCounts("recvCounts", recvCounts, size()); },
+      [&] {
+        return sendCounts[rank()] == recvCounts[rank()]
+                   ? Status::ok()
+                   : invalidArgument("this rank sends itself " +
+                                     std::to_string(sendCounts[rank()]) + " elements but expects " +
+                                     std::to_string(recvCounts[rank()]));
+      },
+      [&] { return checkBuffer("send", send, sum(sendCounts)); },
+      [&] { return checkBuffer("recv", recv, sum(recvCounts)); });
+  return impl_->submit(OpFingerprint{OpType::kAlltoall, dtype, ReduceOp::kSum, -1, 0, 0},
+                       std::move(a), invalid);
+}
+
+// Only the root knows the per-rank sizes of gather and scatter, so their fingerprint carries
+// count 0 (like alltoall) and the transport's per-message length check catches disagreements.
+std::shared_ptr<Task> Communicator::gather(const void* send, size_t sendCount, void* recv,
+                                           const std::vector<size_t>& recvCounts, DataType dtype,
+                                           int root) {
+  CallArgs a;
+  a.op = OpType::kGather;
+  a.dtype = dtype;
+  a.send = send;
+  a.recv = recv;
+  a.count = sendCount;
+  a.root = root;
+  const bool isRoot = root == rank();
+  if (isRoot) a.counts = recvCounts;
+  const Status invalid = firstError(
+      [&] { return checkDataType(dtype); }, [&] { return checkRoot(root, size()); },
+      [&] { return isRoot ? checkCounts("recvCounts", recvCounts, size()) : Status::ok(); },
+      [&] {
+        return !isRoot || recvCounts[rank()] == sendCount
+                   ? Status::ok()
+                   : invalidArgument("recvCounts[root] is " + std::to_string(recvCounts[rank()]) +
+                                     " but the root's sendCount is " + std::to_string(sendCount));
+      },
+      [&] { return checkBuffer("send", send, sendCount); },
+      [&] { return isRoot ? checkBuffer("recv", recv, sum(recvCounts)) : Status::ok(); });
+  return impl_->submit(OpFingerprint{OpType::kGather, dtype, ReduceOp::kSum, root, 0, 0},
+                       std::move(a), invalid);
+}
+
+std::shared_ptr<Task> Communicator::scatter(const void* send, const std::vector<size_t>& sendCounts,
+                                            void* recv, size_t recvCount, DataType dtype,
+                                            int root) {
+  CallArgs a;
+  a.op = OpType::kScatter;
+  a.dtype = dtype;
+  a.send = send;
+  a.recv = recv;
+  a.count = recvCount;
+  a.root = root;
+  const bool isRoot = root == rank();
+  if (isRoot) a.counts = sendCounts;
+  const Status invalid = firstError(
+      [&] { return checkDataType(dtype); }, [&] { return checkRoot(root, size()); },
+      [&] { return isRoot ? checkCounts("sendCounts", sendCounts, size()) : Status::ok(); },
+      [&] {
+        return !isRoot || sendCounts[rank()] == recvCount
+                   ? Status::ok()
+                   : invalidArgument("sendCounts[root] is " + std::to_string(sendCounts[rank()]) +
+                                     " but the root's recvCount is " + std::to_string(recvCount));
+      },
+      [&] { return isRoot ? checkBuffer("send", send, sum(sendCounts)) : Status::ok(); },
+      [&] { return checkBuffer("recv", recv, recvCount); });
+  return impl_->submit(OpFingerprint{OpType::kScatter, dtype, ReduceOp::kSum, root, 0, 0},
+                       std::move(a), invalid);
+}
+
+std::shared_ptr<Task> Communicator::send(const void* buf, size_t count, DataType dtype, int peer,
+                                         uint32_t tag) {
+  return impl_->postP2p(true, const_cast<void*>(buf), count, dtype, peer, tag);
+}
+
+std::shared_ptr<Task> Communicator::recv(void* buf, size_t count, DataType dtype, int peer,
+                                         uint32_t tag) {
+  return impl_->postP2p(false, buf, count, dtype, peer, tag);
+}
+
+std::shared_ptr<Task> Communicator::barrier() {
+  CallArgs a;
+  a.op = OpType::kBarrier;
+  return impl_->submit(OpFingerprint{OpType::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0, 0},
+                       std::move(a), Status::ok());
+}
+
+}  // namespace nanoccl

@@ -1,0 +1,150 @@
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+
+#include "collectives/algorithm.h"
+#include "common/reduce.h"
+
+namespace nanoccl::detail {
+
+size_t CallArgs::planBytes() const {
+  const size_t es = elemSize();
+  switch (op) {
+    case OpType::kAllgather:
+    case OpType::kReduceScatter:
+    case OpType::kAlltoall:
+      return std::accumulate(counts.begin(), counts.end(), size_t{0}) * es;
+    default:
+      return count * es;
+  }
+}
+
+Pending Context::isend(int peer, uint32_t tag, const void* buf, size_t bytes) {
+  bytesSent_ += bytes;
+  Envelope env{fingerprint_, tag};
+  return Pending{transport_->isend(peer, env, buf, bytes), peer, true, tag};
+}
+
+Pending Context::irecv(int peer, uint32_t tag, void* buf, size_t bytes) {
+  bytesReceived_ += bytes;
+  Envelope env{fingerprint_, tag};
+  return Pending{transport_->irecv(peer, env, buf, bytes), peer, false, tag};
+}
+
+Status Context::wait(const Pending& p) {
+  Status s = p.req->wait(deadline_);
+  if (s.code() == StatusCode::kTimeout) {
+    // The transport's timeout says nothing about which step starved; this does.
+    return timeoutError("timed out after " + std::to_string(timeout_.count()) + " ms waiting " +
+                        (p.isSend ? "to send to rank " : "to receive from rank ") +
+                        std::to_string(p.peer) + " (tag " + std::to_string(p.tag) +
+                        "); did every rank make this call?");
+  }
+  return s;
+}
+
+Status Context::waitAll(const std::vector<Pending>& ps) {
+  for (const Pending& p : ps) NANOCCL_CHECK(wait(p));
+  return Status::ok();
+}
+
+char* Context::scratch(size_t bytes) {
+  scratch_.emplace_back(new char[std::max<size_t>(bytes, 1)]);
+  return scratch_.back().get();
+}
+
+const char kAckByte[1] = {0};
+
+char* ackSink() {
+  static char sink[1];
+  return sink;
+}
+
+std::vector<size_t> evenSplit(size_t count, int parts) {
+  std::vector<size_t> out(parts);
+  const size_t base = count / parts;
+  const size_t extra = count % parts;
+  for (int i = 0; i < parts; ++i) out[i] = base + (static_cast<size_t>(i) < extra ? 1 : 0);
+  return out;
+}
+
+std::vector<size_t> prefixOffsets(const std::vector<size_t>& counts) {
+  std::vector<size_t> out(counts.size());
+  size_t at = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    out[i] = at;
+    at += counts[i];
+  }
+  return out;
+}
+
+size_t chunkElements(const Context& ctx, size_t elemSize, size_t maxSegment, int phases) {
+  size_t ce = std::max<size_t>(1, ctx.config().chunkBytes / std::max<size_t>(elemSize, 1));
+  // Tags are 32-bit and unique per message within a call; keep well inside that.
+  constexpr uint64_t kMaxTags = uint64_t{1} << 30;
+  for (;;) {
+    const uint64_t chunks = (maxSegment + ce - 1) / ce;
+    if (static_cast<uint64_t>(ctx.size()) * chunks * static_cast<uint64_t>(phases) < kMaxTags) {
+      return ce;
+    }
+    ce *= 2;
+  }
+}
+
+uint32_t ringTags(const Context& ctx, const std::vector<size_t>& counts, size_t chunkElems) {
+  size_t maxChunks = 0;
+  for (size_t c : counts) maxChunks = std::max(maxChunks, (c + chunkElems - 1) / chunkElems);
+  return static_cast<uint32_t>((ctx.size() - 1) * maxChunks);
+}
+
+Result<const char*> premultiplied(Context& ctx, const CallArgs& args, const void* input,
+                                  size_t count, char* inPlace) {
+  if (args.redop != ReduceOp::kPremulSum) return static_cast<const char*>(input);
+  const size_t bytes = count * args.elemSize();
+  char* dst = inPlace != nullptr ? inPlace : ctx.scratch(bytes);
+  if (dst != input && bytes > 0) std::memcpy(dst, input, bytes);
+  NANOCCL_CHECK(scaleInPlace(dst, count, args.dtype, args.premulFactor));
+  return static_cast<const char*>(dst);
+}
+
+namespace {
+
+void copyBytes(void* dst, const void* src, size_t bytes) {
+  if (bytes > 0 && dst != src) std::memmove(dst, src, bytes);
+}
+
+}  // namespace
+
+Status runLocal(const CallArgs& args) {
+  const size_t es = args.elemSize();
+  auto finishReduction = [&](void* buf, size_t count) -> Status {
+    if (args.redop == ReduceOp::kPremulSum) {
+      NANOCCL_CHECK(scaleInPlace(buf, count, args.dtype, args.premulFactor));
+    }
+    if (args.redop == ReduceOp::kAvg) NANOCCL_CHECK(divideInPlace(buf, count, args.dtype, 1));
+    return Status::ok();
+  };
+  switch (args.op) {
+    case OpType::kAllreduce:
+    case OpType::kReduce:
+      return finishReduction(args.recv, args.count);
+    case OpType::kReduceScatter:
+      copyBytes(args.recv, args.send, args.counts[0] * es);
+      return finishReduction(args.recv, args.counts[0]);
+    case OpType::kAllgather:
+    case OpType::kGather:
+    case OpType::kScatter:
+      copyBytes(args.recv, args.send, args.count * es);
+      return Status::ok();
+    case OpType::kAlltoall:
+      copyBytes(args.recv, args.send, args.counts[0] * es);
+      return Status::ok();
+    case OpType::kBroadcast:
+    case OpType::kBarrier:
+      return Status::ok();
+    default:
+      return internalError(std::string("no local path for ") + opTypeName(args.op));
+  }
+}
+
+}  // namespace nanoccl::detail

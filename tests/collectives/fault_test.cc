@@ -1,0 +1,426 @@
+// Bad input and faults: every case ends with a clear Status on every rank, never a hang.
+#include <dirent.h>
+
+#include <functional>
+
+#include "tests/collectives/test_util.h"
+
+namespace nanoccl::colltest {
+namespace {
+
+using Call = std::function<std::shared_ptr<Task>(int rank, Communicator& comm)>;
+
+std::vector<Status> runCalls(const std::vector<std::shared_ptr<Communicator>>& comms,
+                             const Call& call) {
+  std::vector<std::shared_ptr<Task>> tasks;
+  for (size_t r = 0; r < comms.size(); ++r) tasks.push_back(call(static_cast<int>(r), *comms[r]));
+  // Well past the communicators' timeout: a task still running then is a hang.
+  return waitAll(tasks, std::chrono::seconds(40));
+}
+
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
+
+// Every rank failed (not by the test's own wait running out), and each message names both
+// ranks of the disagreement.
+void expectAllFailNamingBoth(const std::vector<Status>& st, int a, int b) {
+  for (size_t r = 0; r < st.size(); ++r) {
+    EXPECT_FALSE(st[r].isOk()) << "rank " << r << " succeeded";
+    EXPECT_FALSE(contains(st[r].message(), "caller's deadline")) << "rank " << r << " hung";
+    EXPECT_TRUE(contains(st[r].message(), "rank " + std::to_string(a)) &&
+                contains(st[r].message(), "rank " + std::to_string(b)))
+        << "rank " << r << ": " << st[r].toString();
+  }
+}
+
+void expectSomeMismatch(const std::vector<Status>& st) {
+  bool any = false;
+  for (const Status& s : st) any = any || s.code() == StatusCode::kMismatch;
+  EXPECT_TRUE(any) << "no rank reported kMismatch; rank 0: " << st[0].toString();
+}
+
+WorldOptions worldOf(int size, int timeoutMs = 5000, const std::string& algo = "auto") {
+  WorldOptions o;
+  o.size = size;
+  o.timeout = std::chrono::milliseconds(timeoutMs);
+  o.algo = algo;
+  return o;
+}
+
+// Buffers that outlive the tasks (a failed call may still be unwinding when the test ends
+// with the communicators, which own the buffers until then).
+struct Buffers {
+  std::vector<std::vector<char>> b;
+  explicit Buffers(int n, size_t bytes = 64 * 1024) : b(n, std::vector<char>(bytes, 1)) {}
+  void* operator[](int r) { return b[r].data(); }
+};
+
+TEST(Mismatch, Count) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(2), comms);
+  Buffers buf(2);
+  const auto st = runCalls(comms, [&](int r, Communicator& c) {
+    return c.allreduce(buf[r], r == 0 ? 1024 : 1030, DataType::kFloat32, ReduceOp::kSum);
+  });
+  expectAllFailNamingBoth(st, 0, 1);
+  expectSomeMismatch(st);
+  EXPECT_TRUE(contains(st[0].toString() + st[1].toString(), "1030"));
+}
+
+TEST(Mismatch, DataType) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(2), comms);
+  Buffers buf(2);
+  const auto st = runCalls(comms, [&](int r, Communicator& c) {
+    return c.allreduce(buf[r], 1024, r == 0 ? DataType::kFloat32 : DataType::kInt32,
+                       ReduceOp::kSum);
+  });
+  expectAllFailNamingBoth(st, 0, 1);
+  expectSomeMismatch(st);
+}
+
+TEST(Mismatch, ReductionOp) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(2), comms);
+  Buffers buf(2);
+  const auto st = runCalls(comms, [&](int r, Communicator& c) {
+    return c.allreduce(buf[r], 1024, DataType::kFloat32, r == 0 ? ReduceOp::kSum : ReduceOp::kMax);
+  });
+  expectAllFailNamingBoth(st, 0, 1);
+  expectSomeMismatch(st);
+}
+
+// Large messages take the ring: the mismatch is seen there too.
+TEST(Mismatch, CountOnTheRing) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(3), comms);
+  Buffers buf(3, 4 << 20);
+  const auto st = runCalls(comms, [&](int r, Communicator& c) {
+    return c.allreduce(buf[r], r == 2 ? 500000 : 400000, DataType::kFloat32, ReduceOp::kSum);
+  });
+  for (size_t r = 0; r < st.size(); ++r) EXPECT_FALSE(st[r].isOk()) << "rank " << r;
+  expectSomeMismatch(st);
+  EXPECT_TRUE(contains(st[2].message(), "rank 2")) << st[2].toString();
+}
+
+// Each rooted op with the ranks disagreeing about the root. Where both ranks only send in
+// their own view, the confirmation messages make the disagreement visible.
+struct RootCase {
+  const char* name;
+  std::string algo;
+  Call call;
+};
+
+class MismatchRoot : public ::testing::TestWithParam<int> {};
+
+std::vector<RootCase> rootCases(Buffers& buf) {
+  std::vector<size_t> two = {16, 16};
+  return {
+      {"broadcast_tree", "tree",
+       [&](int r, Communicator& c) { return c.broadcast(buf[r], 32, DataType::kFloat32, r); }},
+      {"broadcast_ring", "ring",
+       [&](int r, Communicator& c) { return c.broadcast(buf[r], 32, DataType::kFloat32, r); }},
+      {"reduce_tree", "tree",
+       [&](int r, Communicator& c) {
+         return c.reduce(buf[r], 32, DataType::kFloat32, ReduceOp::kSum, 1 - r);
+       }},
+      {"reduce_ring", "ring",
+       [&](int r, Communicator& c) {
+         return c.reduce(buf[r], 32, DataType::kFloat32, ReduceOp::kSum, r);
+       }},
+      {"gather", "auto",
+       [&, two](int r, Communicator& c) {
+         return c.gather(buf[r], 16, static_cast<char*>(buf[r]) + 4096, two, DataType::kFloat32,
+                         1 - r);
+       }},
+      {"scatter", "auto",
+       [&, two](int r, Communicator& c) {
+         return c.scatter(buf[r], two, static_cast<char*>(buf[r]) + 4096, 16, DataType::kFloat32,
+                          r);
+       }},
+  };
+}
+
+TEST_P(MismatchRoot, EveryRankFailsNamingBoth) {
+  Buffers buf(2);
+  const RootCase rc = rootCases(buf)[GetParam()];
+  SCOPED_TRACE(rc.name);
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(2, 5000, rc.algo), comms);
+  const auto st = runCalls(comms, rc.call);
+  expectAllFailNamingBoth(st, 0, 1);
+  expectSomeMismatch(st);
+}
+
+INSTANTIATE_TEST_SUITE_P(Ops, MismatchRoot, ::testing::Range(0, 6), [](const auto& info) {
+  Buffers b(1);
+  return std::string(rootCases(b)[info.param].name);
+});
+
+// Different collectives at the same place in the sequence: at worst a timeout, on every rank.
+TEST(Mismatch, DifferentCollectives) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(2, 3000), comms);
+  Buffers buf(2);
+  const auto st = runCalls(comms, [&](int r, Communicator& c) {
+    if (r == 0) return c.allreduce(buf[r], 256, DataType::kFloat32, ReduceOp::kSum);
+    return c.broadcast(buf[r], 256, DataType::kFloat32, 0);
+  });
+  expectAllFailNamingBoth(st, 0, 1);
+}
+
+// After a failure the communicator stays failed: later calls fail at once with the first
+// error's code and text.
+TEST(Mismatch, CommunicatorStaysFailed) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(2), comms);
+  Buffers buf(2);
+  const auto first = runCalls(comms, [&](int r, Communicator& c) {
+    return c.allreduce(buf[r], r == 0 ? 8 : 9, DataType::kInt32, ReduceOp::kSum);
+  });
+  const auto later = runCalls(comms, [&](int r, Communicator& c) {
+    return c.allreduce(buf[r], 8, DataType::kInt32, ReduceOp::kSum);
+  });
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(first[r].isOk());
+    EXPECT_EQ(later[r].code(), first[r].code()) << later[r].toString();
+    EXPECT_TRUE(contains(later[r].message(), "failed earlier")) << later[r].toString();
+    EXPECT_TRUE(contains(later[r].message(), "allreduce #2")) << later[r].toString();
+  }
+}
+
+// Rank 2 skips the allreduce and goes straight to the barrier.
+TEST(Order, SkippedCall) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(3, 3000), comms);
+  Buffers buf(3);
+  std::vector<std::shared_ptr<Task>> tasks;
+  for (int r = 0; r < 2; ++r) {
+    tasks.push_back(comms[r]->allreduce(buf[r], 1023, DataType::kFloat32, ReduceOp::kSum));
+  }
+  for (int r = 0; r < 3; ++r) tasks.push_back(comms[r]->barrier());
+  const auto st = waitAll(tasks, std::chrono::seconds(40));
+  for (size_t i = 0; i < st.size(); ++i) {
+    EXPECT_FALSE(st[i].isOk()) << "task " << i << " succeeded";
+    EXPECT_FALSE(contains(st[i].message(), "caller's deadline")) << "task " << i << " hung";
+  }
+}
+
+// A rank that never makes the call: the others time out; its own next call fails too.
+TEST(Order, MissingRankTimesOut) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(3, 1500), comms);
+  Buffers buf(3, 1 << 20);
+  std::vector<std::shared_ptr<Task>> tasks;
+  for (int r = 0; r < 2; ++r) {
+    tasks.push_back(comms[r]->allreduce(buf[r], 100000, DataType::kFloat32, ReduceOp::kSum));
+  }
+  const auto st = waitAll(tasks, std::chrono::seconds(40));
+  bool timedOut = false;
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(st[r].isOk()) << "rank " << r;
+    EXPECT_FALSE(contains(st[r].message(), "caller's deadline")) << "rank " << r << " hung";
+    timedOut = timedOut || st[r].code() == StatusCode::kTimeout;
+  }
+  EXPECT_TRUE(timedOut) << st[0].toString();
+  // The waiting ranks aborted, which rank 2 has heard by now or will within its timeout.
+  const Status late = comms[2]->barrier()->wait(Deadline::after(std::chrono::seconds(40)));
+  EXPECT_FALSE(late.isOk());
+}
+
+// A peer whose communicator is destroyed (its sockets close) while the others wait for it.
+TEST(PeerDeath, DestroyedWhileOthersWait) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(3, 20000), comms);
+  Buffers buf(3, 4 << 20);
+  std::vector<std::shared_ptr<Task>> tasks;
+  for (int r = 0; r < 2; ++r) {
+    tasks.push_back(comms[r]->allreduce(buf[r], 1 << 20, DataType::kFloat32, ReduceOp::kSum));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  comms[2].reset();
+  const auto st = waitAll(tasks, std::chrono::seconds(40));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_FALSE(st[r].isOk()) << "rank " << r;
+    // Well before the 20 s timeout: the broken connection is what ended the wait.
+    EXPECT_NE(st[r].code(), StatusCode::kTimeout) << st[r].toString();
+    EXPECT_TRUE(contains(st[r].message(), "rank 2")) << st[r].toString();
+  }
+}
+
+// A peer that aborts in the middle of a collective it takes part in.
+TEST(PeerDeath, AbortMidCollective) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(3, 20000), comms);
+  Buffers buf(3, 4 << 20);
+  std::vector<std::shared_ptr<Task>> tasks;
+  // Ranks 0 and 1 start; rank 2 aborts instead of joining.
+  for (int r = 0; r < 2; ++r) {
+    tasks.push_back(comms[r]->allreduce(buf[r], 1 << 20, DataType::kFloat32, ReduceOp::kSum));
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  comms[2]->abort(abortedError("test abort by rank 2"));
+  tasks.push_back(comms[2]->allreduce(buf[2], 1 << 20, DataType::kFloat32, ReduceOp::kSum));
+  const auto st = waitAll(tasks, std::chrono::seconds(40));
+  for (size_t r = 0; r < st.size(); ++r) {
+    EXPECT_FALSE(st[r].isOk()) << "rank " << r;
+    EXPECT_NE(st[r].code(), StatusCode::kTimeout) << st[r].toString();
+    EXPECT_TRUE(contains(st[r].message(), "test abort by rank 2")) << st[r].toString();
+  }
+}
+
+// Destroying a communicator with calls queued fails them with kAborted.
+TEST(PeerDeath, DestroyWithPendingCalls) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(2, 20000), comms);
+  Buffers buf(2);
+  auto t1 = comms[0]->allreduce(buf[0], 100, DataType::kFloat32, ReduceOp::kSum);
+  auto t2 = comms[0]->allreduce(buf[0], 100, DataType::kFloat32, ReduceOp::kSum);
+  auto rx = comms[0]->recv(buf[0], 4, DataType::kInt32, 1, 0);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  comms[0].reset();
+  for (const auto& t : {t1, t2, rx}) {
+    ASSERT_TRUE(t->test());
+    EXPECT_FALSE(t->status().isOk());
+    EXPECT_TRUE(contains(t->status().message(), "destroyed")) << t->status().toString();
+  }
+  // The survivor learns of it on its next call.
+  const Status s = comms[1]
+                       ->allreduce(buf[1], 100, DataType::kFloat32, ReduceOp::kSum)
+                       ->wait(Deadline::after(std::chrono::seconds(40)));
+  EXPECT_FALSE(s.isOk());
+}
+
+// A receive that no send ever matches fails with kTimeout within the timeout.
+TEST(PointToPoint, ReceiveThatNeverMatchesTimesOut) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(2, 1000), comms);
+  Buffers buf(2);
+  const Status s = comms[0]
+                       ->recv(buf[0], 16, DataType::kFloat32, 1, 5)
+                       ->wait(Deadline::after(std::chrono::seconds(40)));
+  EXPECT_EQ(s.code(), StatusCode::kTimeout) << s.toString();
+  EXPECT_TRUE(contains(s.message(), "rank 0")) << s.toString();
+  EXPECT_TRUE(contains(s.message(), "rank 1")) << s.toString();
+}
+
+// Argument errors fail only their own call, on the calling rank, and leave the communicator
+// working.
+TEST(InvalidArgument, FailsTheCallOnly) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(2), comms);
+  Buffers buf(2);
+  Communicator& c = *comms[0];
+  std::vector<std::pair<std::string, std::shared_ptr<Task>>> bad = {
+      {"reduce root out of range", c.reduce(buf[0], 4, DataType::kFloat32, ReduceOp::kSum, 2)},
+      {"broadcast negative root", c.broadcast(buf[0], 4, DataType::kFloat32, -1)},
+      {"allgather counts length", c.allgather(buf[0], 4, buf[1], {4}, DataType::kFloat32)},
+      {"allgather own count", c.allgather(buf[0], 4, buf[1], {5, 4}, DataType::kFloat32)},
+      {"reduce_scatter counts length",
+       c.reduceScatter(buf[0], buf[1], {1, 2, 3}, DataType::kFloat32, ReduceOp::kSum)},
+      {"alltoall counts length", c.alltoall(buf[0], {1}, buf[1], {1, 1}, DataType::kFloat32)},
+      {"gather root counts", c.gather(buf[0], 4, buf[1], {3, 4}, DataType::kFloat32, 0)},
+      {"scatter root counts", c.scatter(buf[0], {1}, buf[1], 1, DataType::kFloat32, 0)},
+      {"bxor on float32", c.allreduce(buf[0], 4, DataType::kFloat32, ReduceOp::kBxor)},
+      {"max on complex64", c.allreduce(buf[0], 4, DataType::kComplex64, ReduceOp::kMax)},
+      {"null buffer", c.allreduce(nullptr, 4, DataType::kFloat32, ReduceOp::kSum)},
+      {"send to self", c.send(buf[0], 4, DataType::kFloat32, 0, 0)},
+      {"recv from a rank that does not exist", c.recv(buf[0], 4, DataType::kFloat32, 7, 0)},
+  };
+  for (const auto& [what, task] : bad) {
+    ASSERT_TRUE(task->test()) << what << ": not failed at once";
+    EXPECT_EQ(task->status().code(), StatusCode::kInvalidArgument)
+        << what << ": " << task->status().toString();
+    EXPECT_TRUE(contains(task->status().message(), "rank 0")) << task->status().toString();
+  }
+  // Still usable, and still in step with rank 1 (no sequence number was used up).
+  std::vector<int64_t> a(8, 2), b(8, 3);
+  expectAllOk({comms[0]->allreduce(a.data(), 8, DataType::kInt64, ReduceOp::kSum),
+               comms[1]->allreduce(b.data(), 8, DataType::kInt64, ReduceOp::kSum)});
+  EXPECT_EQ(a[7], 5);
+  EXPECT_EQ(b[0], 5);
+}
+
+TEST(InvalidArgument, UnknownAlgorithmListsValidNames) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(2, 5000, "bogus"), comms);
+  Buffers buf(2);
+  const Status s = comms[0]
+                       ->allreduce(buf[0], 4, DataType::kFloat32, ReduceOp::kSum)
+                       ->wait(Deadline::after(std::chrono::seconds(5)));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
+  EXPECT_TRUE(contains(s.message(), "bogus")) << s.toString();
+  EXPECT_TRUE(contains(s.message(), "recursive_doubling")) << s.toString();
+  EXPECT_TRUE(contains(s.message(), "ring")) << s.toString();
+}
+
+// A name that only some ops have applies to those; the others stay on auto.
+TEST(InvalidArgument, ForcedNameAppliesWhereItExists) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(2, 5000, "recursive_doubling"), comms);
+  expectAllOk({comms[0]->barrier(), comms[1]->barrier()});
+}
+
+int threadCount() {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) n += e->d_name[0] != '.';
+    closedir(d);
+  }
+  return n;
+}
+
+// Destroying communicators, healthy or failed, leaves no thread behind.
+TEST(Lifecycle, NoThreadsLeft) {
+  const int before = threadCount();
+  {
+    std::vector<std::shared_ptr<Communicator>> comms;
+    NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(3), comms);
+    Buffers buf(3);
+    runCalls(comms, [&](int r, Communicator& c) {
+      return c.allreduce(buf[r], 1000, DataType::kFloat32, ReduceOp::kSum);
+    });
+    runCalls(comms, [&](int r, Communicator& c) {
+      return c.allreduce(buf[r], r == 0 ? 10 : 11, DataType::kFloat32, ReduceOp::kSum);
+    });
+  }
+  EXPECT_EQ(threadCount(), before);
+}
+
+}  // namespace
+}  // namespace nanoccl::colltest
+
+namespace nanoccl::colltest {
+namespace {
+
+// The last reference dropped inside a Task callback (on the communicator's own worker
+// thread): no self-join, and the teardown still finishes and leaves no thread behind.
+TEST(Lifecycle, DestroyedFromItsOwnCallback) {
+  const int before = threadCount();
+  {
+    std::vector<std::shared_ptr<Communicator>> comms;
+    NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(2), comms);
+    std::vector<float> a(64, 1.0f), b(64, 2.0f);
+    auto* last = new std::shared_ptr<Communicator>(std::move(comms[0]));
+    auto t0 = (*last)->allreduce(a.data(), a.size(), DataType::kFloat32, ReduceOp::kSum);
+    std::atomic<bool> released{false};
+    t0->onComplete([last, &released](const Status&) {
+      delete last;
+      released = true;
+    });
+    auto t1 = comms[1]->allreduce(b.data(), b.size(), DataType::kFloat32, ReduceOp::kSum);
+    expectAllOk({t0, t1});
+    for (int i = 0; i < 5000 && !released; ++i)
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_TRUE(released.load());
+    EXPECT_EQ(a[0], 3.0f);
+  }
+  for (int i = 0; i < 5000 && threadCount() != before; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  EXPECT_EQ(threadCount(), before);
+}
+
+}  // namespace
+}  // namespace nanoccl::colltest
