@@ -1,8 +1,10 @@
 #include "common/config.h"
 
 #include <cctype>
+#include <cerrno>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <mutex>
 
 #include "common/logging.h"
@@ -10,13 +12,18 @@
 namespace nanoccl {
 namespace {
 
-Result<int64_t> parseInt(const std::string& name, const std::string& v, int64_t min) {
+// A decimal integer in [min, max], nothing else (no sign games, spaces or suffixes).
+Result<int64_t> parseInt(const std::string& name, const std::string& v, int64_t min,
+                         int64_t max) {
+  const auto bad = [&] {
+    return invalidArgument(name + "=" + v + ": expected an integer in [" + std::to_string(min) +
+                           ", " + std::to_string(max) + "]");
+  };
+  if (v.empty() || !(std::isdigit(static_cast<unsigned char>(v[0])) || v[0] == '-')) return bad();
   char* end = nullptr;
   errno = 0;
   const long long x = std::strtoll(v.c_str(), &end, 10);
-  if (v.empty() || errno != 0 || *end != '\0' || x < min) {
-    return invalidArgument(name + "=" + v + ": expected an integer >= " + std::to_string(min));
-  }
+  if (errno != 0 || *end != '\0' || x < min || x > max) return bad();
   return static_cast<int64_t>(x);
 }
 
@@ -36,11 +43,16 @@ struct Field {
   std::function<std::string(const Config&)> get;
 };
 
+// An integer setting; the range is also clamped to what the field's type holds.
 template <typename T>
-Field intField(const char* name, T Config::*member, int64_t min) {
+Field intField(const char* name, T Config::*member, int64_t min,
+               int64_t max = std::numeric_limits<int64_t>::max()) {
+  if (static_cast<uint64_t>(max) > static_cast<uint64_t>(std::numeric_limits<T>::max())) {
+    max = static_cast<int64_t>(std::numeric_limits<T>::max());
+  }
   return {name,
           [=](Config& c, const std::string& v) {
-            NANOCCL_ASSIGN_OR_RETURN(const int64_t x, parseInt(name, v, min));
+            NANOCCL_ASSIGN_OR_RETURN(const int64_t x, parseInt(name, v, min, max));
             c.*member = static_cast<T>(x);
             return Status::ok();
           },
@@ -62,7 +74,7 @@ const std::vector<Field>& fields() {
          return Status::ok();
        },
        [](const Config& c) { return c.tcpEngine; }},
-      intField("nsocks", &Config::nsocks, 1),
+      intField("nsocks", &Config::nsocks, 1, 64),
       intField("stripe_min_bytes", &Config::stripeMinBytes, 1),
       {"algo",
        [](Config& c, const std::string& v) {
