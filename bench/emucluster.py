@@ -1,0 +1,763 @@
+#!/usr/bin/env python3
+"""The emulated nano-cluster: N nodes as network namespaces on one machine.
+
+Each node is a network namespace with loopback and one veth ("eth0") that
+plugs into a Linux bridge living in a switch namespace. Both ends of every
+veth are shaped with tc tbf, so a node's upload (egress of its eth0) and
+download (egress of the switch port towards it) are each limited to the
+line rate, like a full-duplex Ethernet link. Ranks within a node talk over
+that node's loopback (the kernel routes a node's own address through lo);
+ranks in different nodes cross two shaped links and the bridge.
+
+Everything lives in namespaces this tool creates, named after a per-run id
+(``ncl<pid>`` + ``n<i>`` / ``sw``), with addresses in 10.77.0.0/24 that
+exist only inside them. Nothing is added to the root namespace.
+
+CLI::
+
+    python bench/emucluster.py --nodes 2 --procs-per-node 2 --rate 1gbit -- script.py [args]
+    python bench/emucluster.py netcheck --nodes 2 --rate 1gbit   # TCP goodput per link
+    python bench/emucluster.py cleanup                            # leftovers of crashed runs
+
+Python::
+
+    with EmuCluster(nodes=2, procs_per_node=2, rate="1gbit") as cluster:
+        rc = cluster.run(["bench/ab_ddp.py", "--steps", "40"])
+        print(cluster.link_bytes())
+
+Without the privileges namespaces need (root or CAP_NET_ADMIN), ``up()``
+raises NoPrivilegeError and the CLI says so; ``--no-shaping`` runs the same
+launch (N torchrun agents, --nnodes N) on the host's loopback instead, with
+NANOCCL_NODE_ID set per node.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Sequence, TextIO
+
+PREFIX = "ncl"
+NODE_IFNAME = "eth0"
+BRIDGE_NAME = "br0"
+DEFAULT_SUBNET = "10.77.0"
+DEFAULT_RATE = "1gbit"
+DEFAULT_MASTER_PORT = 29500
+# Bytes on the wire per Ethernet frame that tbf never sees: preamble + SFD (8),
+# FCS (4) and inter-frame gap (12). tbf counts from the destination MAC on.
+ETH_WIRE_OVERHEAD = 24
+# tbf sees whole GSO super-packets (up to 64 KiB + headers) on a veth; a
+# bucket smaller than that would make tbf split every one of them in software.
+MIN_BURST_BYTES = 128 * 1024
+DEFAULT_LATENCY_MS = 20.0
+IP_TIMEOUT_S = 30.0
+# `ip netns exec NS` bind-mounts /etc/netns/NS/* over /etc/*: the nodes get a
+# hosts file naming each other, so c10d's reverse lookups of peers succeed.
+NETNS_ETC = Path("/etc/netns")
+STOP_GRACE_S = 10.0
+
+_NS_PATTERN = re.compile(rf"^{PREFIX}(\d+)(?:_\d+)?(?:n\d+|sw)$")
+_instances = 0
+_instances_lock = threading.Lock()
+
+
+class EmuClusterError(RuntimeError):
+    """A step of building, running or tearing down the cluster failed."""
+
+
+class NoPrivilegeError(EmuClusterError):
+    """Namespaces, veths or qdiscs cannot be made here (not root / no CAP_NET_ADMIN)."""
+
+
+_UNITS = {
+    "bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12,
+    "bps": 8, "kbps": 8 * 10**3, "mbps": 8 * 10**6, "gbps": 8 * 10**9,
+}
+
+
+def parse_rate(text: str) -> int | None:
+    """Returns bits per second for tc-style rates ('1gbit', '100mbit', '2.5gbit').
+
+    'none', 'off' and '0' mean unshaped and give None.
+    """
+    value = text.strip().lower()
+    if value in ("none", "off", "0", ""):
+        return None
+    match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([a-z]*)", value)
+    if not match or match.group(2) not in _UNITS | {"": 1}:
+        raise ValueError(f"bad rate {text!r}: use e.g. 1gbit, 100mbit, 10gbit")
+    unit = _UNITS.get(match.group(2), 1)
+    bits = int(float(match.group(1)) * unit)
+    if bits < 8000:
+        raise ValueError(f"rate {text!r} is too low")
+    return bits
+
+
+def format_rate(bits: int) -> str:
+    for unit, scale in (("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3)):
+        if bits >= scale:
+            return f"{bits / scale:g}{unit}"
+    return f"{bits}bit"
+
+
+def _run_cmd(argv: Sequence[str], check: bool = True,
+             timeout: float = IP_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError as exc:
+        raise EmuClusterError(f"{argv[0]} not found (install iproute2)") from exc
+    except subprocess.TimeoutExpired as exc:
+        raise EmuClusterError(f"timed out after {timeout:.0f}s: {' '.join(argv)}") from exc
+    if check and proc.returncode != 0:
+        message = (proc.stderr or proc.stdout).strip()
+        if "Operation not permitted" in message or "Permission denied" in message:
+            raise NoPrivilegeError(f"{' '.join(argv)}: {message}")
+        raise EmuClusterError(f"{' '.join(argv)} failed ({proc.returncode}): {message}")
+    return proc
+
+
+def list_namespaces() -> list[str]:
+    """Names of all named network namespaces (ip netns list)."""
+    if shutil.which("ip") is None:
+        return []
+    proc = _run_cmd(["ip", "netns", "list"], check=False)
+    return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        # A killed run whose parent has not reaped it yet is a zombie: gone.
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+def _kill_namespace_pids(netns: str) -> None:
+    """SIGTERM, then SIGKILL, whatever still runs inside netns."""
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        proc = _run_cmd(["ip", "netns", "pids", netns], check=False)
+        pids = [int(p) for p in proc.stdout.split() if p.isdigit() and int(p) != os.getpid()]
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + 3.0
+        while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
+            time.sleep(0.05)
+
+
+def delete_namespace(netns: str) -> None:
+    """Kills what runs inside netns, then deletes it (its veth ends go with it)."""
+    _kill_namespace_pids(netns)
+    _run_cmd(["ip", "netns", "del", netns], check=False)
+    etc = NETNS_ETC / netns
+    if etc.is_dir():
+        shutil.rmtree(etc, ignore_errors=True)
+        with contextlib.suppress(OSError):
+            NETNS_ETC.rmdir()  # only when no other namespace keeps files there
+
+
+def cleanup_leftovers(force: bool = False, out: TextIO = sys.stdout) -> list[str]:
+    """Deletes ncl* namespaces whose creating process is gone (all of them with force)."""
+    removed = []
+    # Switch namespaces last: node namespaces hold the other veth ends.
+    for netns in sorted(list_namespaces(), key=lambda n: n.endswith("sw")):
+        match = _NS_PATTERN.match(netns)
+        if not match:
+            continue
+        owner = int(match.group(1))
+        if not force and _pid_alive(owner):
+            print(f"keeping {netns}: its run (pid {owner}) is still alive (--force removes it)",
+                  file=out)
+            continue
+        delete_namespace(netns)
+        removed.append(netns)
+    return removed
+
+
+@dataclass(frozen=True)
+class Node:
+    index: int
+    netns: str | None  # None: the host namespace (--no-shaping)
+    ifname: str
+    address: str
+
+
+@dataclass
+class LinkStats:
+    tx_bytes: int
+    rx_bytes: int
+    tx_packets: int
+    rx_packets: int
+
+
+class _SignalsToExceptions:
+    """Turns SIGTERM/SIGHUP into SystemExit and SIGINT into KeyboardInterrupt, so
+    that finally blocks tear the cluster down."""
+
+    def __init__(self) -> None:
+        self._saved: dict[int, object] = {}
+
+    def __enter__(self) -> "_SignalsToExceptions":
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        for sig in (signal.SIGTERM, signal.SIGHUP):
+            self._saved[sig] = signal.signal(sig, self._raise)
+        # Also when started in the background, where the shell ignores SIGINT.
+        self._saved[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
+        return self
+
+    @staticmethod
+    def _raise(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, handler in self._saved.items():
+            signal.signal(sig, handler)  # type: ignore[arg-type]
+        self._saved.clear()
+
+
+@dataclass
+class EmuCluster:
+    """N emulated nodes; use as a context manager (up on enter, down on exit).
+
+    Not thread-safe: one thread builds, runs and tears down a cluster.
+    """
+
+    nodes: int = 2
+    procs_per_node: int = 1
+    rate: str = DEFAULT_RATE
+    shaping: bool = True  # False: no namespaces, everything on the host loopback
+    subnet: str = DEFAULT_SUBNET
+    latency_ms: float = DEFAULT_LATENCY_MS
+    burst_bytes: int | None = None
+    wire_overhead: int = ETH_WIRE_OVERHEAD
+    mtu: int = 1500
+    verbose: bool = False
+    run_id: str = ""
+    node_list: list[Node] = field(default_factory=list, init=False)
+    _created: list[str] = field(default_factory=list, init=False)
+    _procs: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False)
+    _signals: _SignalsToExceptions = field(default_factory=_SignalsToExceptions, init=False)
+    _jobs: int = field(default=0, init=False)
+
+    def __post_init__(self) -> None:
+        global _instances
+        if self.nodes < 1 or self.procs_per_node < 1:
+            raise ValueError("nodes and procs_per_node must be >= 1")
+        if self.nodes > 250:
+            raise ValueError("at most 250 nodes fit the /24")
+        self.rate_bits = parse_rate(self.rate)
+        if not self.run_id:
+            with _instances_lock:
+                k = _instances
+                _instances += 1
+            self.run_id = f"{PREFIX}{os.getpid()}" + (f"_{k}" if k else "")
+
+    # ----------------------------------------------------------------- set-up
+    @property
+    def switch_ns(self) -> str:
+        return f"{self.run_id}sw"
+
+    def tbf_params(self) -> dict[str, int | float]:
+        """The tbf rate, burst and limit applied to each direction of each link.
+
+        The rate is lowered by the Ethernet framing tbf does not count
+        (24 bytes per full frame), so that '1gbit' gives the TCP goodput of a
+        real 1 GbE port (~941 Mbit/s with MTU 1500) rather than ~956.
+        """
+        assert self.rate_bits is not None
+        frame = self.mtu + 14
+        tbf_rate = int(self.rate_bits * frame / (frame + self.wire_overhead))
+        burst = self.burst_bytes or max(MIN_BURST_BYTES, tbf_rate // 8 // 1000)  # >= 1 ms
+        limit = int(tbf_rate / 8 * self.latency_ms / 1000) + burst
+        return {"rate_bit": tbf_rate, "burst": burst, "limit": limit,
+                "latency_ms": self.latency_ms}
+
+    def _ip(self, *args: str, netns: str | None = None) -> None:
+        argv = ["ip"] + (["-n", netns] if netns else []) + list(args)
+        if self.verbose:
+            print("+", " ".join(argv), file=sys.stderr)
+        _run_cmd(argv)
+
+    def _shape(self, netns: str, dev: str) -> None:
+        params = self.tbf_params()
+        argv = ["tc", "-n", netns, "qdisc", "replace", "dev", dev, "root", "tbf",
+                "rate", f"{params['rate_bit']}bit", "burst", str(params["burst"]),
+                "limit", str(params["limit"])]
+        if self.verbose:
+            print("+", " ".join(argv), file=sys.stderr)
+        _run_cmd(argv)
+
+    def _add_netns(self, name: str) -> None:
+        _run_cmd(["ip", "netns", "add", name])
+        self._created.append(name)
+
+    def up(self) -> "EmuCluster":
+        """Builds the namespaces, bridge and shaped links; raises (after undoing) on failure."""
+        if not self.shaping:
+            self.node_list = [Node(i, None, "lo", "127.0.0.1") for i in range(self.nodes)]
+            return self
+        for tool in ("ip", "tc"):
+            if shutil.which(tool) is None:
+                raise EmuClusterError(f"'{tool}' not found: install iproute2, or use --no-shaping")
+        if os.geteuid() != 0:
+            # CAP_NET_ADMIN alone may still work; the first 'ip netns add' tells.
+            pass
+        try:
+            self._add_netns(self.switch_ns)
+            self._ip("link", "set", "lo", "up", netns=self.switch_ns)
+            self._ip("link", "add", BRIDGE_NAME, "type", "bridge", netns=self.switch_ns)
+            self._ip("link", "set", BRIDGE_NAME, "up", netns=self.switch_ns)
+            for i in range(self.nodes):
+                node_ns = f"{self.run_id}n{i}"
+                address = f"{self.subnet}.{i + 1}"
+                port = f"n{i}"
+                self._add_netns(node_ns)
+                self._ip("link", "set", "lo", "up", netns=node_ns)
+                self._ip("link", "add", port, "mtu", str(self.mtu), "type", "veth",
+                         "peer", "name", NODE_IFNAME, "mtu", str(self.mtu), "netns", node_ns,
+                         netns=self.switch_ns)
+                self._ip("link", "set", port, "master", BRIDGE_NAME, netns=self.switch_ns)
+                self._ip("link", "set", port, "up", netns=self.switch_ns)
+                self._ip("addr", "add", f"{address}/24", "dev", NODE_IFNAME, netns=node_ns)
+                self._ip("link", "set", NODE_IFNAME, "up", netns=node_ns)
+                if self.rate_bits is not None:
+                    self._shape(node_ns, NODE_IFNAME)   # the node's upload
+                    self._shape(self.switch_ns, port)   # the node's download
+                self.node_list.append(Node(i, node_ns, NODE_IFNAME, address))
+            self._write_hosts()
+            self._wait_links_up()
+        except BaseException:
+            self.down()
+            raise
+        return self
+
+    def _write_hosts(self) -> None:
+        try:
+            base = Path("/etc/hosts").read_text()
+        except OSError:
+            base = "127.0.0.1 localhost\n"
+        # c10d's store listens dual-stack, so peers show up as v4-mapped IPv6 too.
+        names = "::1 localhost ip6-localhost\n::ffff:127.0.0.1 localhost\n" + "".join(
+            f"{n.address} {n.netns} node{n.index}\n::ffff:{n.address} {n.netns} node{n.index}\n"
+            for n in self.node_list)
+        for node in self.node_list:
+            assert node.netns is not None
+            try:
+                (NETNS_ETC / node.netns).mkdir(parents=True, exist_ok=True)
+                (NETNS_ETC / node.netns / "hosts").write_text(
+                    base.rstrip("\n") + "\n# emucluster nodes\n" + names)
+            except OSError:
+                return  # cosmetic only: c10d then warns that it cannot name peers
+
+    def _wait_links_up(self) -> None:
+        """The bridge forwards only after its ports leave the listening state."""
+        deadline = time.monotonic() + 15.0
+        while time.monotonic() < deadline:
+            proc = _run_cmd(["ip", "-n", self.switch_ns, "-j", "link", "show",
+                             "master", BRIDGE_NAME], check=False)
+            try:
+                links = json.loads(proc.stdout or "[]")
+            except json.JSONDecodeError:
+                links = []
+            if len(links) == self.nodes and all(
+                    "LOWER_UP" in link.get("flags", []) for link in links):
+                return
+            time.sleep(0.05)
+        raise EmuClusterError("bridge ports did not come up within 15 s")
+
+    def down(self) -> None:
+        """Stops every process of this cluster and deletes what up() created. Idempotent."""
+        self.stop_all()
+        for netns in reversed(self._created):
+            delete_namespace(netns)
+        self._created.clear()
+        self.node_list = []
+
+    def __enter__(self) -> "EmuCluster":
+        self._signals.__enter__()
+        try:
+            return self.up()
+        except BaseException:
+            self._signals.__exit__(None, None, None)
+            raise
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            self.down()
+        finally:
+            self._signals.__exit__(exc_type, exc, tb)
+
+    # ---------------------------------------------------------------- running
+    def node_env(self, node: Node, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ)
+        env["PYTHONUNBUFFERED"] = "1"
+        # torchrun's own default (it sets 1 for every worker), minus its banner.
+        env.setdefault("OMP_NUM_THREADS", "1")
+        if node.netns is not None:
+            env["GLOO_SOCKET_IFNAME"] = node.ifname
+            env["NANOCCL_SOCKET_IFNAME"] = node.ifname
+        else:
+            # One host stands in for all nodes: say which node each rank is on.
+            env["NANOCCL_NODE_ID"] = str(node.index)
+            env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+            env.setdefault("NANOCCL_SOCKET_IFNAME", "lo")
+        env.update(extra or {})
+        return env
+
+    def in_node(self, node: Node, argv: Sequence[str]) -> list[str]:
+        """argv prefixed so that it runs inside node's namespace."""
+        if node.netns is None:
+            return list(argv)
+        return ["ip", "netns", "exec", node.netns] + list(argv)
+
+    def torchrun_argv(self, node: Node, script_argv: Sequence[str], master_port: int) -> list[str]:
+        master = self.node_list[0].address
+        return [sys.executable, "-m", "torch.distributed.run",
+                "--nnodes", str(self.nodes), "--nproc-per-node", str(self.procs_per_node),
+                "--node-rank", str(node.index), "--master-addr", master,
+                "--master-port", str(master_port), "--max-restarts", "0",
+                *script_argv]
+
+    def popen(self, node: Node, argv: Sequence[str], env: dict[str, str] | None = None,
+              **kwargs: object) -> subprocess.Popen[bytes]:
+        """Starts argv inside node (its own session, so it can be stopped as a group)."""
+        proc = subprocess.Popen(self.in_node(node, argv), env=env or self.node_env(node),
+                                start_new_session=True, **kwargs)  # type: ignore[call-overload]
+        self._procs.append(proc)
+        return proc
+
+    def run(self, script_argv: Sequence[str], timeout_s: float = 3600.0,
+            env: dict[str, str] | None = None, out: TextIO | None = None,
+            fail_grace_s: float = 30.0) -> int:
+        """Runs torchrun in every node and streams its output prefixed with the node.
+
+        Returns 0 when every node succeeded, else the first non-zero exit status
+        (124 on timeout). After one node fails, the others get fail_grace_s to
+        notice before they are stopped.
+        """
+        if not self.node_list:
+            raise EmuClusterError("cluster is not up")
+        out = out or sys.stdout
+        master_port = DEFAULT_MASTER_PORT + self._jobs if self.shaping else _free_port()
+        self._jobs += 1
+        lock = threading.Lock()
+        procs: list[subprocess.Popen[bytes]] = []
+        readers: list[threading.Thread] = []
+        try:
+            for node in self.node_list:
+                proc = self.popen(node, self.torchrun_argv(node, script_argv, master_port),
+                                  env=self.node_env(node, env), stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT)
+                procs.append(proc)
+                reader = threading.Thread(target=_pump, args=(proc, f"[n{node.index}] ", out, lock),
+                                          daemon=True)
+                reader.start()
+                readers.append(reader)
+            status = _wait_all(procs, timeout_s, fail_grace_s)
+        finally:
+            for proc in procs:
+                _stop(proc)
+            for reader in readers:
+                reader.join(timeout=5.0)
+            for proc in procs:
+                if proc in self._procs:
+                    self._procs.remove(proc)
+        return status
+
+    def stop_all(self) -> None:
+        for proc in list(self._procs):
+            _stop(proc)
+        self._procs.clear()
+        for node in self.node_list:
+            if node.netns is not None:
+                _kill_namespace_pids(node.netns)
+
+    # ----------------------------------------------------------- measurements
+    def link_bytes(self) -> dict[int, LinkStats]:
+        """Byte and packet counters of each node's eth0 (what crossed the emulated wire)."""
+        stats: dict[int, LinkStats] = {}
+        for node in self.node_list:
+            if node.netns is None:
+                continue
+            proc = _run_cmd(["ip", "-n", node.netns, "-s", "-j", "link", "show", node.ifname])
+            entry = json.loads(proc.stdout)[0]["stats64"]
+            stats[node.index] = LinkStats(entry["tx"]["bytes"], entry["rx"]["bytes"],
+                                          entry["tx"]["packets"], entry["rx"]["packets"])
+        return stats
+
+    def netcheck(self, seconds: float = 3.0, both_directions: bool = True,
+                 port: int = 5201) -> dict[str, float]:
+        """TCP goodput (Mbit/s) between node 1 and node 0 with a Python socket stream."""
+        if self.nodes < 2 or not self.shaping:
+            raise EmuClusterError("netcheck needs >= 2 namespaced nodes")
+        a, b = self.node_list[0], self.node_list[1]
+        pairs = [(b, a)] + ([(a, b)] if both_directions else [])
+        servers = [self.popen(dst, [sys.executable, __file__, "_stream-server", "--port", str(port),
+                                    "--timeout", str(seconds + 20)],
+                              stdout=subprocess.PIPE) for _, dst in pairs]
+        clients = [self.popen(src, [sys.executable, __file__, "_stream-client", "--host",
+                                    dst.address, "--port", str(port), "--seconds", str(seconds)])
+                   for src, dst in pairs]
+        results: dict[str, float] = {}
+        try:
+            for proc in clients:
+                proc.wait(timeout=seconds + 30)
+            for (src, dst), proc in zip(pairs, servers):
+                stdout, _ = proc.communicate(timeout=30)
+                report = json.loads(stdout.decode().strip().splitlines()[-1])
+                results[f"n{src.index}->n{dst.index}"] = report["mbit_s"]
+        finally:
+            for proc in servers + clients:
+                _stop(proc)
+                if proc in self._procs:
+                    self._procs.remove(proc)
+        return results
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _pump(proc: subprocess.Popen[bytes], prefix: str, out: TextIO, lock: threading.Lock) -> None:
+    assert proc.stdout is not None
+    for raw in iter(proc.stdout.readline, b""):
+        line = raw.decode(errors="replace").rstrip("\n")
+        with lock:
+            out.write(prefix + line + "\n")
+            out.flush()
+
+
+def _wait_all(procs: list[subprocess.Popen[bytes]], timeout_s: float, fail_grace_s: float) -> int:
+    deadline = time.monotonic() + timeout_s
+    first_failure: int | None = None
+    failed_at = 0.0
+    while True:
+        codes = [p.poll() for p in procs]
+        for code in codes:
+            if code not in (None, 0) and first_failure is None:
+                first_failure = code
+                failed_at = time.monotonic()
+        if all(c is not None for c in codes):
+            return first_failure or 0
+        now = time.monotonic()
+        if first_failure is not None and now - failed_at > fail_grace_s:
+            return first_failure
+        if now > deadline:
+            print(f"emucluster: timed out after {timeout_s:.0f}s, stopping", file=sys.stderr)
+            return 124
+        time.sleep(0.05)
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the process group, SIGKILL after STOP_GRACE_S."""
+    if proc.poll() is not None:
+        return
+    for sig, grace in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=grace)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+# ------------------------------------------------------ goodput stream helper
+def _stream_server(port: int, timeout: float) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("0.0.0.0", port))
+        listener.listen(1)
+        listener.settimeout(timeout)
+        conn, _ = listener.accept()
+        with conn:
+            conn.settimeout(timeout)
+            buf = bytearray(1 << 20)
+            total = 0
+            first = last = start = 0.0
+            while True:
+                n = conn.recv_into(buf)
+                if n == 0:
+                    break
+                now = time.perf_counter()
+                # The first 0.5 s hold the connection's ramp-up; measure the steady state.
+                if first == 0.0:
+                    first = now
+                if now - first < 0.5:
+                    start = now
+                    continue
+                total += n
+                last = now
+    seconds = max(last - start, 1e-9) if total else 0.0
+    print(json.dumps({"bytes": total, "seconds": seconds,
+                      "mbit_s": total * 8 / seconds / 1e6 if seconds else 0.0}), flush=True)
+    return 0
+
+
+def _stream_client(host: str, port: int, seconds: float) -> int:
+    deadline = time.monotonic() + 10.0
+    while True:
+        try:
+            sock = socket.create_connection((host, port), timeout=5.0)
+            break
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.05)
+    with sock:
+        payload = b"\x5a" * (1 << 20)
+        end = time.monotonic() + seconds + 0.5
+        while time.monotonic() < end:
+            sock.sendall(payload)
+        sock.shutdown(socket.SHUT_WR)
+    return 0
+
+
+# -------------------------------------------------------------------- the CLI
+NO_PRIVILEGE_HELP = """\
+emucluster: cannot create network namespaces here ({reason}).
+The emulated cluster needs root or CAP_NET_ADMIN (ip netns add, veth, bridge, tc tbf).
+Run as root (sudo -E env PATH=$PATH ...), or add --no-shaping to run the same launch
+(N torchrun agents, --nnodes N, NANOCCL_NODE_ID per node) on this host's loopback,
+without any rate limit."""
+
+
+def _build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="emucluster.py",
+        description="Run a torchrun job on N emulated nodes (network namespaces joined "
+                    "by a bridge, each link shaped with tc tbf).",
+        usage="%(prog)s [options] -- SCRIPT [ARGS...]\n"
+              "       %(prog)s netcheck [options]\n"
+              "       %(prog)s cleanup [--force]")
+    parser.add_argument("--nodes", type=int, default=2, help="number of nodes (default 2)")
+    parser.add_argument("--procs-per-node", "--nproc-per-node", type=int, default=1,
+                        dest="procs_per_node", help="ranks per node (default 1)")
+    parser.add_argument("--rate", default=DEFAULT_RATE,
+                        help="line rate of each node link, tc syntax; 'none' for unshaped "
+                             "(default 1gbit)")
+    parser.add_argument("--latency-ms", type=float, default=DEFAULT_LATENCY_MS,
+                        help="tbf queue length as time at the rate (default 20)")
+    parser.add_argument("--burst", type=int, default=None, help="tbf bucket in bytes")
+    parser.add_argument("--wire-overhead", type=int, default=ETH_WIRE_OVERHEAD,
+                        help="bytes per frame tbf should add for preamble/FCS/IFG (default 24)")
+    parser.add_argument("--subnet", default=DEFAULT_SUBNET, help="first 3 octets (default 10.77.0)")
+    parser.add_argument("--no-shaping", action="store_true",
+                        help="no namespaces: N torchrun agents on the host loopback")
+    parser.add_argument("--timeout", type=float, default=3600.0, help="seconds (default 3600)")
+    parser.add_argument("--verbose", "-v", action="store_true", help="print every ip/tc command")
+    parser.add_argument("--seconds", type=float, default=3.0, help="netcheck: stream duration")
+    parser.add_argument("--force", action="store_true",
+                        help="cleanup: also namespaces of live runs")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_in = list(sys.argv[1:] if argv is None else argv)
+    if args_in and args_in[0] == "_stream-server":
+        hidden = argparse.ArgumentParser()
+        hidden.add_argument("--port", type=int)
+        hidden.add_argument("--timeout", type=float)
+        h = hidden.parse_args(args_in[1:])
+        return _stream_server(h.port, h.timeout)
+    if args_in and args_in[0] == "_stream-client":
+        hidden = argparse.ArgumentParser()
+        hidden.add_argument("--host")
+        hidden.add_argument("--port", type=int)
+        hidden.add_argument("--seconds", type=float)
+        h = hidden.parse_args(args_in[1:])
+        return _stream_client(h.host, h.port, h.seconds)
+
+    command = "run"
+    if args_in and args_in[0] in ("run", "netcheck", "cleanup"):
+        command = args_in.pop(0)
+    script: list[str] = []
+    if "--" in args_in:
+        split = args_in.index("--")
+        args_in, script = args_in[:split], args_in[split + 1:]
+    parser = _build_parser()
+    args = parser.parse_args(args_in)
+
+    if command == "cleanup":
+        removed = cleanup_leftovers(force=args.force)
+        listing = (": " + " ".join(removed)) if removed else ""
+        print(f"removed {len(removed)} namespace(s){listing}")
+        return 0
+    if command == "run" and not script:
+        parser.error("give the script after '--', e.g. -- bench/ab_ddp.py --steps 20")
+
+    cluster = EmuCluster(nodes=args.nodes, procs_per_node=args.procs_per_node, rate=args.rate,
+                         shaping=not args.no_shaping, subnet=args.subnet,
+                         latency_ms=args.latency_ms, burst_bytes=args.burst,
+                         wire_overhead=args.wire_overhead, verbose=args.verbose)
+    try:
+        with cluster:
+            _describe(cluster)
+            if command == "netcheck":
+                for direction, mbit in cluster.netcheck(seconds=args.seconds).items():
+                    print(f"emucluster: TCP goodput {direction}: {mbit:.1f} Mbit/s "
+                          "(both directions at once)")
+                return 0
+            before = cluster.link_bytes()
+            status = cluster.run(script, timeout_s=args.timeout)
+            after = cluster.link_bytes()
+            for index, stats in after.items():
+                tx = stats.tx_bytes - before[index].tx_bytes
+                rx = stats.rx_bytes - before[index].rx_bytes
+                print(f"emucluster: n{index} {NODE_IFNAME} sent {tx / 1e6:.1f} MB, "
+                      f"received {rx / 1e6:.1f} MB")
+            print(f"emucluster: exit status {status}")
+            return status
+    except NoPrivilegeError as exc:
+        print(NO_PRIVILEGE_HELP.format(reason=exc), file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("emucluster: interrupted, cluster removed", file=sys.stderr)
+        return 130
+
+
+def _describe(cluster: EmuCluster) -> None:
+    if not cluster.shaping:
+        print(f"emucluster: {cluster.nodes} node(s) x {cluster.procs_per_node} rank(s) on the host "
+              "loopback, unshaped (--no-shaping)")
+        return
+    nodes = ", ".join(f"{n.netns}={n.address}" for n in cluster.node_list)
+    if cluster.rate_bits is None:
+        shaping = "unshaped links"
+    else:
+        p = cluster.tbf_params()
+        shaping = (f"links {format_rate(cluster.rate_bits)} each way (tbf rate "
+                   f"{format_rate(int(p['rate_bit']))}, burst {p['burst']} B, "
+                   f"limit {p['limit']} B)")
+    print(f"emucluster: {cluster.nodes} node(s) x {cluster.procs_per_node} rank(s): {nodes}; "
+          f"bridge in {cluster.switch_ns}; {shaping}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

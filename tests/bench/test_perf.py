@@ -1,0 +1,201 @@
+"""nanoccl-perf: option parsing, bus factors, checking, and real runs on gloo."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from bench_helpers import PERF, REPO, torchrun
+
+COLUMNS = ["size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+           "min", "median", "max"]
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("8", 8), ("1K", 1024), ("1k", 1024), ("1M", 1 << 20), ("256M", 256 << 20),
+    ("1G", 1 << 30), ("4KB", 4096), ("2MiB", 2 << 20), ("0.5K", 512), (" 32 ", 32),
+])
+def test_parse_size(perf: ModuleType, text: str, expected: int) -> None:
+    assert perf.parse_size(text) == expected
+
+
+@pytest.mark.parametrize("text", ["", "abc", "1X", "-1", "1.3"])
+def test_parse_size_rejects(perf: ModuleType, text: str) -> None:
+    with pytest.raises(ValueError):
+        perf.parse_size(text)
+
+
+def test_size_list(perf: ModuleType) -> None:
+    assert perf.size_list(1 << 20, 256 << 20, 2) == [1 << k for k in range(20, 29)]
+    assert perf.size_list(8, 128, 4) == [8, 32, 128]
+    assert perf.size_list(8, 100, 4) == [8, 32]
+    assert perf.size_list(1024, 4096, 2, step=1024) == [1024, 2048, 3072, 4096]
+    assert perf.size_list(64, 64, 2) == [64]
+    with pytest.raises(ValueError):
+        perf.size_list(128, 64, 2)
+    with pytest.raises(ValueError):
+        perf.size_list(1, 64, 1.0)
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 8])
+def test_bus_factors_match_nccl_tests(perf: ModuleType, world: int) -> None:
+    n = world
+    assert perf.bus_factor("allreduce", n) == pytest.approx(2 * (n - 1) / n)
+    for name in ("allgather", "reduce_scatter", "alltoall"):
+        assert perf.bus_factor(name, n) == pytest.approx((n - 1) / n)
+    assert perf.bus_factor("broadcast", n) == 1.0
+    assert perf.bus_factor("sendrecv", n) == 1.0
+
+
+def test_parse_collectives(perf: ModuleType) -> None:
+    assert perf.parse_collectives([]) == ["allreduce"]
+    assert perf.parse_collectives(["allreduce,all_gather", "bcast"]) == [
+        "allreduce", "allgather", "broadcast"]
+    assert perf.parse_collectives(["all"]) == list(perf.COLLECTIVES)
+    with pytest.raises(ValueError):
+        perf.parse_collectives(["allreduz"])
+
+
+def test_iteration_budget(perf: ModuleType) -> None:
+    opts = perf.Options(["allreduce"], [], perf.DTYPES["float"], "sum", 0, 1, 20,
+                        512 << 20, 3, True, torch.device("cpu"))
+    assert perf.iterations_for(1 << 20, opts) == 20
+    assert perf.iterations_for(64 << 20, opts) == 8
+    assert perf.iterations_for(256 << 20, opts) == 3  # the floor
+    opts.iter_budget = 0
+    assert perf.iterations_for(256 << 20, opts) == 20
+
+
+@pytest.mark.parametrize("dtype", ["float", "half", "bfloat16", "double", "int8", "uint8",
+                                   "int32", "int64"])
+@pytest.mark.parametrize("redop", ["sum", "prod", "min", "max"])
+def test_expected_values_match_a_local_reduction(perf: ModuleType, dtype: str,
+                                                 redop: str) -> None:
+    """The period-based reference equals reducing the ranks' actual buffers."""
+    world, count, phase = 4, 1000, 7
+    d = perf.DTYPES[dtype]
+    bufs = []
+    for r in range(world):
+        t = torch.empty(count, dtype=d.torch_dtype)
+        perf.fill_pattern(t, perf.pattern_row(r, d.torch_dtype, redop, phase))
+        bufs.append(t)
+    stacked = torch.stack([b.to(torch.float64) for b in bufs])
+    ref = {"sum": stacked.sum(0), "prod": stacked.prod(0), "min": stacked.min(0).values,
+           "max": stacked.max(0).values}[redop].to(d.torch_dtype)
+    assert perf.count_wrong(ref, perf.reduced_row(world, d.torch_dtype, redop, phase), d.rtol) == 0
+    ref[5] += 1
+    ref[999] += 1
+    assert perf.count_wrong(ref, perf.reduced_row(world, d.torch_dtype, redop, phase), d.rtol) == 2
+
+
+def test_patterns_tell_ranks_apart(perf: ModuleType) -> None:
+    rows = [perf.pattern_row(r, torch.float32, "sum") for r in range(13)]
+    for a in range(13):
+        for b in range(a + 1, 13):
+            assert not torch.equal(rows[a], rows[b])
+
+
+def test_header_and_rows_line_up(perf: ModuleType) -> None:
+    row = perf.Row("allreduce", "gloo", "gloo", 1 << 20, 1 << 18, "float", "sum", -1, 20,
+                   1234.5, 0.85, 1.27, 0, 1000.0, 1200.0, 1500.0)
+    for labels, rows in ((["gloo"], [row]), (["nanoccl", "gloo"], [row, row])):
+        header = perf.header(labels)
+        line = perf.format_rows(rows)
+        assert len(header[-1].rstrip()) <= len(line) + 8
+        fields = line.split()
+        assert fields[:5] == ["1048576", "262144", "float", "sum", "-1"]
+        if len(labels) > 1:
+            assert "speedup" in header[-2]
+            assert float(fields[-2]) == pytest.approx(1.0)
+
+
+def _parse_table(stdout: str, columns_per_side: int = 7) -> list[list[str]]:
+    return [line.split() for line in stdout.splitlines()
+            if line.strip() and not line.startswith("#") and re.match(r"^\s*\d", line)]
+
+
+def test_perf_all_collectives_on_two_ranks(tmp_path: Path) -> None:
+    out = tmp_path / "perf.json"
+    proc = torchrun(2, [str(PERF), "-c", "all", "-b", "8", "-e", "256K", "-f", "32",
+                        "-w", "1", "-n", "3", "--backend", "gloo", "--json", str(out)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    stdout = proc.stdout
+    for name in ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast",
+                 "sendrecv"):
+        assert f"# {name}" in stdout
+    header = [line for line in stdout.splitlines() if line.startswith("#") and "busbw" in line
+              and "#wrong" in line][0]
+    positions = [header.find(c) for c in COLUMNS]
+    assert all(p >= 0 for p in positions) and positions == sorted(positions), header
+    rows = _parse_table(stdout)
+    assert len(rows) == 6 * 4  # sizes 8, 256, 8K, 256K
+    for fields in rows:
+        assert fields[8] == "0", fields  # #wrong
+        assert float(fields[5]) > 0  # time
+    assert stdout.count("# Out of bounds values : 0 OK") == 6
+    assert "# Avg bus bandwidth" in stdout
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["world_size"] == 2
+    assert {r["collective"] for r in doc["rows"]} == {
+        "allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "sendrecv"}
+    for r in doc["rows"]:
+        assert r["wrong"] == 0
+        assert r["min_us"] <= r["median_us"] <= r["max_us"]
+        factor = {"allreduce": 1.0, "broadcast": 1.0, "sendrecv": 1.0}.get(r["collective"], 0.5)
+        assert r["busbw"] == pytest.approx(r["algbw"] * factor)
+
+
+def test_perf_ab_dtypes_and_ops(tmp_path: Path) -> None:
+    """--ab runs both sides interleaved; int and half types and min/prod check out."""
+    for dtype, op in (("int32", "prod"), ("half", "max")):
+        out = tmp_path / f"ab_{dtype}.json"
+        proc = torchrun(2, [str(PERF), "-c", "allreduce,reduce_scatter", "-b", "1K", "-e", "64K",
+                            "-f", "8", "-w", "0", "-n", "2", "-d", dtype, "-o", op,
+                            "--backend", "gloo", "--ab", "gloo", "--json", str(out)])
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "speedup" in proc.stdout and "gloo(ref)" in proc.stdout
+        doc = json.loads(out.read_text())
+        assert doc["meta"]["labels"] == ["gloo", "gloo(ref)"]
+        assert len(doc["speedup"]) == len(doc["rows"]) // 2 == 2 * 3
+        assert all(r["wrong"] == 0 and r["type"] == dtype for r in doc["rows"])
+        for fields in _parse_table(proc.stdout):
+            assert fields[8] == "0" and fields[15] == "0", fields
+
+
+def test_perf_single_process_without_torchrun() -> None:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    proc = subprocess.run([sys.executable, str(PERF), "-b", "64", "-e", "64", "-n", "2",
+                           "--backend", "gloo"], capture_output=True, text=True, timeout=60,
+                          env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 rank(s)" in proc.stdout and "# Out of bounds values : 0 OK" in proc.stdout
+
+
+def test_perf_rejects_bad_options() -> None:
+    proc = subprocess.run([sys.executable, str(PERF), "-b", "1X"], capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+    assert proc.returncode == 2 and "bad size" in proc.stderr
+
+
+def test_perf_as_module() -> None:
+    """`python -m nanoccl.perf` once the package imports (skipped before it is built)."""
+    env = dict(os.environ, PYTHONPATH=str(REPO / "torch_ext"))
+    probe = subprocess.run([sys.executable, "-c", "import nanoccl"], capture_output=True,
+                           text=True, timeout=60, env=env)
+    if probe.returncode != 0:
+        pytest.skip("the nanoccl package does not import yet: "
+                    + (probe.stderr.strip().splitlines() or ["?"])[-1])
+    proc = subprocess.run([sys.executable, "-m", "nanoccl.perf", "-b", "64", "-e", "64",
+                           "-n", "2", "--backend", "gloo"], capture_output=True, text=True,
+                          timeout=60, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert "# Out of bounds values : 0 OK" in proc.stdout
