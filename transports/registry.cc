@@ -7,6 +7,9 @@
 #ifdef NANOCCL_HAVE_TCP
 #include "transports/tcp/tcp_transport.h"
 #endif
+#ifdef NANOCCL_HAVE_SHM
+#include "transports/shm/shm_transport.h"
+#endif
 
 namespace nanoccl {
 namespace {
@@ -20,6 +23,9 @@ struct TransportRow {
 constexpr TransportRow kTransports[] = {
 #ifdef NANOCCL_HAVE_TCP
     {"tcp", "TCP sockets between hosts, on io_uring or epoll", tcp::createTcpTransport},
+#endif
+#ifdef NANOCCL_HAVE_SHM
+    {"shm", "POSIX shared memory between ranks of one host", shm::createShmTransport},
 #endif
 };
 

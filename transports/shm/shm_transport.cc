@@ -1,0 +1,811 @@
+#include "transports/shm/shm_transport.h"
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <vector>
+
+#include "common/logging.h"
+#include "transports/request.h"
+#include "transports/shm/segment.h"
+#include "transports/frame.h"
+
+namespace nanoccl::shm {
+namespace {
+
+// How often peers' processes are checked for life (also the longest futex sleep).
+constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
+// How long an idle progress thread polls its doorbell before it sleeps on it.
+constexpr auto kSpin = std::chrono::microseconds(5);
+
+class ShmRequest : public BasicRequest {
+ public:
+  using BasicRequest::BasicRequest;
+  uint64_t wireSeq = 0;  // send: the header's seq (the call's, or the p2p message number)
+};
+using RequestPtr = std::shared_ptr<ShmRequest>;
+
+// An incoming message with at least one chunk seen.
+struct InMsg {
+  int peer = -1;
+  FrameHeader first{};           // the first chunk's header: fingerprint and total
+  RequestPtr req;                // the matched receive, if posted
+  std::unique_ptr<char[]> heap;  // where it lands while unexpected (copied out on a match)
+  uint64_t received = 0;
+
+  bool complete() const { return received == first.total; }
+};
+using InMsgPtr = std::shared_ptr<InMsg>;
+
+struct MsgKey {
+  int peer;
+  uint64_t seq;
+  uint32_t tag;
+  auto operator<=>(const MsgKey&) const = default;
+};
+
+struct Peer {
+  std::unique_ptr<Segment> seg;  // the peer's segment: our ring to it and its doorbell
+  ProcessIdentity identity;
+  // Send side: messages go out whole and in posting order, one chunk at a time.
+  std::deque<RequestPtr> sendQueue;
+  uint64_t sentBytes = 0;  // of sendQueue.front()
+  uint64_t head = 0;       // the outgoing ring's head; this thread is its only writer
+  uint64_t p2pSent = 0;
+  // Receive side: the ring from this peer, in our segment.
+  uint64_t tail = 0;
+  InMsgPtr current;      // the message whose chunks are streaming in
+  bool deferred = false;  // the next message found no receive once: commands get a look first
+  uint64_t lastSeq = 0;  // highest collective sequence number seen from this peer
+};
+
+enum class CommandKind { kSend, kRecv, kAbort, kStop };
+struct Command {
+  CommandKind kind;
+  RequestPtr req;
+  Status why;
+};
+
+inline void cpuRelax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+class ShmTransport : public Transport {
+ public:
+  explicit ShmTransport(const TransportOptions& o)
+      : o_(o), peers_(static_cast<size_t>(o.size)), counters_(static_cast<size_t>(o.size)) {}
+
+  ~ShmTransport() override {
+    if (thread_.joinable()) {
+      post({CommandKind::kStop, nullptr,
+            abortedError("rank " + std::to_string(o_.rank) + ": communicator destroyed")});
+      thread_.join();
+    }
+    if (own_) {
+      // Peers that still read from us (or wait for us in connect) learn we are gone.
+      uint32_t open = static_cast<uint32_t>(SegmentState::kOpen);
+      own_->header().state.compare_exchange_strong(open,
+                                                   static_cast<uint32_t>(SegmentState::kClosed),
+                                                   std::memory_order_release);
+      ringPeers();
+    }
+  }
+
+  Result<std::string> listen() override {
+    if (o_.size == 1) return std::string();
+    if (own_) return invalidArgument("rank " + std::to_string(o_.rank) + ": listen() called twice");
+    removeStaleSegments();
+    NANOCCL_ASSIGN_OR_RETURN(own_, Segment::create(identity()));
+    bell_ = &own_->header().bell;
+    return own_->name();
+  }
+
+  Status connect(const std::vector<std::string>& addresses, const Deadline& deadline) override {
+    if (thread_.joinable()) return invalidArgument("connect() called twice");
+    if (o_.size > 1) {
+      if (!own_) {
+        return invalidArgument("rank " + std::to_string(o_.rank) + ": connect() before listen()");
+      }
+      if (addresses.size() != static_cast<size_t>(o_.size)) {
+        return invalidArgument("rank " + std::to_string(o_.rank) + ": " +
+                               std::to_string(addresses.size()) + " addresses for " +
+                               std::to_string(o_.size) + " ranks");
+      }
+      if (Status st = attachAll(addresses, deadline); !st.isOk()) {
+        // Peers that mapped us, or will, fail at once with the reason instead of waiting. The
+        // name stays until this transport is destroyed, so that slower peers read the reason
+        // rather than find nothing.
+        publishAbort(st.message());
+        ringPeers();
+        return st;
+      }
+      // Every peer holds a mapping: the name is no longer needed by anyone.
+      own_->unlink();
+    }
+    NANOCCL_INFO("rank " << o_.rank << ": " << describe() << " connected to " << o_.size - 1
+                         << " peers");
+    thread_ = std::thread([this] { progressLoop(); });
+    connected_.store(true, std::memory_order_release);
+    return Status::ok();
+  }
+
+  std::shared_ptr<Request> isend(int peer, const Envelope& env, const void* buf,
+                                 size_t bytes) override {
+    auto req = std::make_shared<ShmRequest>(true, peer, env,
+                                            const_cast<char*>(static_cast<const char*>(buf)),
+                                            bytes);
+    if (Status st = checkPeer(peer, false, bytes); !st.isOk()) {
+      req->complete(st, -1);
+    } else {
+      post({CommandKind::kSend, req, {}});
+    }
+    return req;
+  }
+
+  std::shared_ptr<Request> irecv(int peer, const Envelope& env, void* buf,
+                                 size_t bytes) override {
+    auto req = std::make_shared<ShmRequest>(false, peer, env, static_cast<char*>(buf), bytes);
+    const bool any = peer == kAnySource && env.fingerprint.op == OpType::kSendRecv;
+    if (Status st = checkPeer(peer, any, bytes); !st.isOk()) {
+      req->complete(st, -1);
+    } else {
+      post({CommandKind::kRecv, req, {}});
+    }
+    return req;
+  }
+
+  void abort(const Status& why) override {
+    if (!thread_.joinable()) return;
+    if (std::this_thread::get_id() == thread_.get_id()) {  // from a completion callback
+      fail(why, true);
+      return;
+    }
+    post({CommandKind::kAbort, nullptr, why});
+    std::unique_lock<std::mutex> lock(mu_);
+    // Bounded: the progress thread handles the command between two chunk copies.
+    cv_.wait_for(lock, std::chrono::seconds(30), [&] { return drained_; });
+  }
+
+  std::vector<PeerCounters> counters() const override {
+    std::lock_guard<std::mutex> lock(countersMu_);
+    return counters_;
+  }
+
+  std::string describe() const override {
+    return "shm " + std::to_string(kRingChunks) + "x" + std::to_string(kChunkBytes >> 10) + "KiB";
+  }
+
+ private:
+  Segment::Identity identity() const {
+    return Segment::Identity{o_.rank, o_.size, o_.commId, o_.secret};
+  }
+
+  Status checkPeer(int peer, bool anyAllowed, size_t bytes) const {
+    if (anyAllowed) return Status::ok();
+    if (peer < 0 || peer >= o_.size || peer == o_.rank) {
+      return invalidArgument("rank " + std::to_string(o_.rank) + ": invalid peer rank " +
+                             std::to_string(peer) + " (communicator size " +
+                             std::to_string(o_.size) + ")");
+    }
+    if (bytes > kMaxMessageBytes) {
+      return invalidArgument("message larger than the transport's limit");
+    }
+    if (!connected_.load(std::memory_order_acquire)) {
+      return invalidArgument("transport used before connect()");
+    }
+    return Status::ok();
+  }
+
+  void post(Command cmd) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      commands_.push_back(std::move(cmd));
+    }
+    bell_->ring();
+  }
+
+  void ringPeers() {
+    for (auto& p : peers_) {
+      if (p.seg) p.seg->header().bell.ring();
+    }
+  }
+
+  // Writes the reason into this rank's segment for its peers to read. Called by the one thread
+  // that owns the segment at the time (connect()'s caller, then the progress thread).
+  void publishAbort(const std::string& why) {
+    if (!own_) return;
+    SegmentHeader& h = own_->header();
+    if (h.state.load(std::memory_order_relaxed) != static_cast<uint32_t>(SegmentState::kOpen)) {
+      return;
+    }
+    const size_t n = std::min<size_t>(why.size(), kMaxAbortText);
+    std::memcpy(h.abortText, why.data(), n);
+    h.abortLength = static_cast<uint32_t>(n);
+    h.state.store(static_cast<uint32_t>(SegmentState::kAborted), std::memory_order_release);
+  }
+
+  // kPeerError if peer `p` marked its segment aborted or closed, else OK.
+  Status peerState(int p) {
+    SegmentHeader& h = peers_[p].seg->header();
+    const auto state = static_cast<SegmentState>(h.state.load(std::memory_order_acquire));
+    if (state == SegmentState::kAborted) {
+      const size_t n = std::min<size_t>(h.abortLength, kMaxAbortText);
+      return peerError("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(p) +
+                       " failed: " + std::string(h.abortText, n));
+    }
+    if (state == SegmentState::kClosed) {
+      return peerError("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(p) +
+                       " closed its shared-memory transport (it exited, crashed or destroyed "
+                       "its communicator)");
+    }
+    return Status::ok();
+  }
+
+  Status deadPeer(int p) const {
+    return peerError("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(p) + " (pid " +
+                     std::to_string(peers_[p].identity.pid) +
+                     ") died without closing its shared-memory transport (killed or crashed)");
+  }
+
+  // Maps every peer's segment, announces it in the peer's ring control, and waits until every
+  // peer has done the same with ours.
+  Status attachAll(const std::vector<std::string>& addresses, const Deadline& deadline) {
+    bool foreignNamespace = false;
+    for (int p = 0; p < o_.size; ++p) {
+      if (p == o_.rank) continue;
+      Peer& peer = peers_[p];
+      NANOCCL_ASSIGN_OR_RETURN(peer.seg, Segment::attach(addresses[p], p, identity()));
+      const SegmentHeader& h = peer.seg->header();
+      peer.identity = ProcessIdentity{h.pid, h.startTime, h.pidNamespace};
+      foreignNamespace = foreignNamespace || probe(peer.identity) == Liveness::kUnknown;
+      NANOCCL_CHECK(peerState(p));
+      peer.seg->control(o_.rank).attached.value.store(1, std::memory_order_release);
+      peer.seg->header().bell.ring();
+    }
+    if (foreignNamespace) {
+      NANOCCL_INFO("rank " << o_.rank << ": some peers run in another pid namespace: their "
+                              "death is seen only when they close their transport");
+    }
+    while (true) {
+      const uint32_t seen = bell_->seq.load(std::memory_order_acquire);
+      std::string missing;
+      for (int p = 0; p < o_.size; ++p) {
+        if (p == o_.rank) continue;
+        // A peer that mapped us may already be done, and even gone: the progress thread
+        // delivers what it sent, then reports it.
+        if (own_->control(p).attached.value.load(std::memory_order_acquire) != 0) continue;
+        NANOCCL_CHECK(peerState(p));
+        if (probe(peers_[p].identity) == Liveness::kDead) return deadPeer(p);
+        missing += std::string(missing.empty() ? "" : ", ") + std::to_string(p);
+      }
+      if (missing.empty()) return Status::ok();
+      if (deadline.expired()) {
+        return timeoutError("rank " + std::to_string(o_.rank) +
+                            ": shared-memory setup timed out waiting for rank(s) " + missing +
+                            " to map this rank's segment (did every rank of this host reach "
+                            "connect()?)");
+      }
+      const auto left = std::chrono::milliseconds(deadline.remainingMs(100));
+      bell_->sleep(seen, std::max<std::chrono::microseconds>(left, std::chrono::microseconds(1)));
+    }
+  }
+
+  // ---- progress thread ----------------------------------------------------------------
+
+  void progressLoop() {
+    bool stopping = false;
+    auto nextProbe = Clock::now() + kLivenessPeriod;
+    while (true) {
+      // Anything rung after this snapshot makes the sleep below return at once.
+      const uint32_t seen = bell_->seq.load(std::memory_order_acquire);
+      bool progressed = runCommands(&stopping);
+      if (stopping) return;
+      if (failed_.isOk()) {
+        for (int p = 0; p < o_.size && failed_.isOk(); ++p) {
+          if (p != o_.rank) progressed = pumpRx(p) || progressed;
+        }
+        for (int p = 0; p < o_.size && failed_.isOk(); ++p) {
+          if (p != o_.rank) progressed = pumpTx(p) || progressed;
+        }
+        checkPeerStates();
+        if (failed_.isOk() && Clock::now() >= nextProbe) {
+          probePeers();
+          nextProbe = Clock::now() + kLivenessPeriod;
+        }
+      }
+      updateDrained();
+      if (progressed) continue;
+      const auto spinUntil = Clock::now() + kSpin;
+      bool rung = false;
+      while (!rung && Clock::now() < spinUntil) {
+        for (int i = 0; i < 16; ++i) cpuRelax();
+        rung = bell_->seq.load(std::memory_order_relaxed) != seen;
+      }
+      if (rung) continue;
+      auto wait = std::chrono::duration_cast<std::chrono::microseconds>(nextProbe - Clock::now());
+      if (!failed_.isOk()) wait = kLivenessPeriod;  // nothing left to watch: only commands
+      wait = std::clamp<std::chrono::microseconds>(wait, std::chrono::microseconds(1),
+                                                   kLivenessPeriod);
+      bell_->sleep(seen, wait);
+    }
+  }
+
+  bool runCommands(bool* stopping) {
+    std::deque<Command> cmds;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      cmds.swap(commands_);
+    }
+    for (auto& cmd : cmds) {
+      switch (cmd.kind) {
+        case CommandKind::kSend: startSend(cmd.req); break;
+        case CommandKind::kRecv: startRecv(cmd.req); break;
+        case CommandKind::kAbort: fail(cmd.why, true); break;
+        case CommandKind::kStop:
+          *stopping = true;
+          // Peers hear the reason only if this rank still had work pending; otherwise the
+          // destructor marks the segment closed, like a tcp connection closing.
+          fail(cmd.why, hasPending());
+          break;
+      }
+    }
+    return !cmds.empty();
+  }
+
+  void startSend(const RequestPtr& req) {
+    if (!failed_.isOk()) return req->complete(failed_, -1);
+    const OpFingerprint& fp = req->env.fingerprint;
+    Peer& peer = peers_[req->peer];
+    req->wireSeq = fp.op == OpType::kSendRecv ? ++peer.p2pSent : fp.seq;
+    peer.sendQueue.push_back(req);
+  }
+
+  FrameHeader chunkFor(const ShmRequest& req, uint64_t offset, uint64_t length) const {
+    const OpFingerprint& fp = req.env.fingerprint;
+    FrameHeader h{};
+    h.magic = kMagic;
+    h.version = kVersion;
+    h.kind = FrameKind::kData;
+    h.op = fp.op;
+    h.dtype = fp.dtype;
+    h.redop = fp.redop;
+    h.root = fp.root;
+    h.tag = req.env.tag;
+    h.seq = req.wireSeq;
+    h.count = fp.count;
+    h.total = req.bytes;
+    h.offset = offset;
+    h.length = length;
+    return h;
+  }
+
+  // Writes as many chunks of the queued sends to `p` as its ring has room for.
+  bool pumpTx(int p) {
+    Peer& peer = peers_[p];
+    if (peer.sendQueue.empty()) return false;
+    RingControl& rc = peer.seg->control(o_.rank);
+    Doorbell& bell = peer.seg->header().bell;
+    uint64_t tail = rc.tail.value.load(std::memory_order_acquire);
+    bool progressed = false;
+    // At most a ring's worth per call, so that commands (abort) and other peers get their turn.
+    for (uint32_t n = 0; n < kRingChunks && !peer.sendQueue.empty(); ++n) {
+      if (peer.head - tail >= kRingChunks) {
+        tail = rc.tail.value.load(std::memory_order_acquire);
+        if (peer.head - tail >= kRingChunks) {
+          // Full: ask to be rung when a chunk is freed, then look once more (a chunk freed
+          // before the request was seen would ring nobody).
+          rc.senderWaiting.value.store(1, std::memory_order_seq_cst);
+          tail = rc.tail.value.load(std::memory_order_seq_cst);
+          if (peer.head - tail >= kRingChunks) break;
+        }
+      }
+      ShmRequest& req = *peer.sendQueue.front();
+      const uint64_t slot = peer.head % kRingChunks;
+      const uint64_t len = std::min<uint64_t>(kChunkBytes, req.bytes - peer.sentBytes);
+      const FrameHeader h = chunkFor(req, peer.sentBytes, len);
+      std::memcpy(peer.seg->chunkHeader(o_.rank, slot), &h, sizeof(h));
+      if (len > 0) std::memcpy(peer.seg->chunkData(o_.rank, slot), req.buf + peer.sentBytes, len);
+      rc.head.value.store(++peer.head, std::memory_order_release);
+      bell.ring();
+      peer.sentBytes += len;
+      progressed = true;
+      if (peer.sentBytes == req.bytes) {
+        RequestPtr done = std::move(peer.sendQueue.front());
+        peer.sendQueue.pop_front();
+        peer.sentBytes = 0;
+        {
+          std::lock_guard<std::mutex> lock(countersMu_);
+          counters_[p].bytesSent += done->bytes;
+          counters_[p].messagesSent += 1;
+        }
+        done->complete(Status::ok(), o_.rank);
+        if (!failed_.isOk()) break;  // its callback aborted the transport
+      }
+    }
+    return progressed;
+  }
+
+  // Consumes the chunks `p` has published in its ring to us.
+  bool pumpRx(int p) {
+    Peer& peer = peers_[p];
+    RingControl& rc = own_->control(p);
+    bool progressed = false;
+    // At most a ring's worth per call, so that commands (abort) and other peers get their turn.
+    for (uint32_t n = 0; n < kRingChunks && failed_.isOk(); ++n) {
+      const uint64_t head = rc.head.value.load(std::memory_order_acquire);
+      if (head == peer.tail) break;
+      if (head - peer.tail > kRingChunks) {
+        fail(protocolError("rank " + std::to_string(o_.rank) + ": the ring from rank " +
+                           std::to_string(p) + " is corrupt (head " + std::to_string(head) +
+                           ", tail " + std::to_string(peer.tail) + ")"),
+             true);
+        break;
+      }
+      const uint64_t slot = peer.tail % kRingChunks;
+      FrameHeader h;  // a private copy: the sender's memory is not trusted twice
+      std::memcpy(&h, own_->chunkHeader(p, slot), sizeof(h));
+      if (!peer.current && !peer.deferred && !hasReceiveFor(p, h)) {
+        // Its receive may sit in the command queue (posted just before the send): look there
+        // before holding the message in a buffer of its own, which costs a copy and page faults.
+        peer.deferred = true;
+        return true;
+      }
+      peer.deferred = false;
+      onChunk(p, h, own_->chunkData(p, slot));
+      rc.tail.value.store(++peer.tail, std::memory_order_seq_cst);
+      // A waiting sender is rung once half the ring is free (this loop drains it that far, at
+      // least): it then refills several chunks per wake-up while we copy out the rest.
+      if (head - peer.tail <= kRingChunks / 2 &&
+          rc.senderWaiting.value.load(std::memory_order_seq_cst) != 0 &&
+          rc.senderWaiting.value.exchange(0, std::memory_order_seq_cst) != 0) {
+        peer.seg->header().bell.ring();
+      }
+      progressed = true;
+    }
+    return progressed;
+  }
+
+  // Whether a receive for the message `h` starts is posted (no checks: onChunk does them).
+  bool hasReceiveFor(int p, const FrameHeader& h) const {
+    if (h.op != OpType::kSendRecv) return postedColl_.count(MsgKey{p, h.seq, h.tag}) != 0;
+    for (const RequestPtr& r : postedP2P_) {
+      if (r->env.tag == h.tag && (r->peer == kAnySource || r->peer == p)) return true;
+    }
+    return false;
+  }
+
+  void onChunk(int p, const FrameHeader& h, const char* data) {
+    Peer& peer = peers_[p];
+    Status st = validateFrameHeader(h);
+    if (st.isOk() && h.kind != FrameKind::kData) st = protocolError("non-data frame in a ring");
+    if (st.isOk() && h.length != std::min<uint64_t>(kChunkBytes, h.total - h.offset)) {
+      st = protocolError("chunk of " + std::to_string(h.length) + " bytes at offset " +
+                         std::to_string(h.offset) + " of a " + std::to_string(h.total) +
+                         "-byte message");
+    }
+    InMsgPtr msg = peer.current;
+    if (st.isOk() && msg) {
+      const FrameHeader& f = msg->first;
+      if (h.offset != msg->received || h.total != f.total || h.tag != f.tag || h.seq != f.seq ||
+          fingerprintOf(h) != fingerprintOf(f)) {
+        st = protocolError("chunk at offset " + std::to_string(h.offset) +
+                           " does not continue the message in progress");
+      }
+    } else if (st.isOk() && h.offset != 0) {
+      st = protocolError("chunk at offset " + std::to_string(h.offset) + " starts no message");
+    }
+    if (!st.isOk()) {
+      return fail(st.withContext("rank " + std::to_string(o_.rank) + ": from rank " +
+                                 std::to_string(p) + ": "),
+                  true);
+    }
+    if (!msg) {
+      msg = startMessage(p, h);
+      if (!msg) return;  // failed
+    }
+    if (h.length > 0) {
+      char* dest = msg->heap ? msg->heap.get() : msg->req->buf;
+      std::memcpy(dest + h.offset, data, h.length);
+    }
+    msg->received += h.length;
+    if (!msg->complete()) {
+      peer.current = msg;
+      return;
+    }
+    peer.current.reset();
+    if (msg->req) finishMessage(msg);
+  }
+
+  // The first chunk of a message from `p`: match it to a posted receive, or hold it.
+  InMsgPtr startMessage(int p, const FrameHeader& h) {
+    auto msg = std::make_shared<InMsg>();
+    msg->peer = p;
+    msg->first = h;
+    if (h.op == OpType::kSendRecv) {
+      NANOCCL_TRACE("rank " << o_.rank << ": p2p message from " << p << " tag " << h.tag);
+      if (!matchP2P(msg)) {
+        if (!holdBuffer(*msg)) return nullptr;
+        unexpectedP2P_.push_back(msg);
+      }
+      return failed_.isOk() ? msg : nullptr;
+    }
+    Peer& peer = peers_[p];
+    const MsgKey key{p, h.seq, h.tag};
+    peer.lastSeq = std::max(peer.lastSeq, h.seq);
+    if (Status st = checkSkipped(p); !st.isOk()) {
+      fail(st, true);
+      return nullptr;
+    }
+    if (inflight_.count(key) != 0) {
+      fail(protocolError("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(p) +
+                         " sent two messages for tag " + std::to_string(h.tag) + " of " +
+                         fingerprintOf(h).describe()),
+           true);
+      return nullptr;
+    }
+    if (auto it = postedColl_.find(key); it != postedColl_.end()) {
+      if (Status st = checkMatch(*it->second, h, p); !st.isOk()) {
+        fail(st, true);
+        return nullptr;
+      }
+      msg->req = it->second;
+      postedColl_.erase(it);
+    } else if (!holdBuffer(*msg)) {
+      return nullptr;
+    }
+    inflight_[key] = msg;
+    return msg;
+  }
+
+  // Allocates the buffer an unexpected message waits in; the size was validated against
+  // kMaxMessageBytes and comes from an authenticated peer.
+  bool holdBuffer(InMsg& msg) {
+    if (msg.first.total == 0) return true;
+    msg.heap.reset(new (std::nothrow) char[msg.first.total]);
+    if (msg.heap) return true;
+    fail(internalError("rank " + std::to_string(o_.rank) + ": cannot hold an early " +
+                       std::to_string(msg.first.total) + "-byte message from rank " +
+                       std::to_string(msg.peer)),
+         true);
+    return false;
+  }
+
+  void startRecv(const RequestPtr& req) {
+    if (!failed_.isOk()) return req->complete(failed_, -1);
+    if (req->env.fingerprint.op == OpType::kSendRecv) return startP2PRecv(req);
+    const MsgKey key{req->peer, req->env.fingerprint.seq, req->env.tag};
+    if (auto it = inflight_.find(key); it != inflight_.end() && !it->second->req) {
+      InMsgPtr msg = it->second;
+      if (Status st = checkMatch(*req, msg->first, req->peer); !st.isOk()) {
+        fail(st, true);
+        return req->complete(failed_, -1);  // held by no table yet: fail() cannot see it
+      }
+      return attach(msg, req);
+    }
+    if (postedColl_.count(key) != 0 || inflight_.count(key) != 0) {
+      return req->complete(internalError("rank " + std::to_string(o_.rank) +
+                                         ": two receives posted for one message of " +
+                                         req->env.fingerprint.describe()),
+                           -1);
+    }
+    // The peer writes its ring in call order: a later call already seen means this one's
+    // message is not coming.
+    if (const uint64_t last = peers_[req->peer].lastSeq; last > key.seq) {
+      fail(skippedError(*req, last), true);
+      return req->complete(failed_, -1);
+    }
+    postedColl_[key] = req;
+  }
+
+  void startP2PRecv(const RequestPtr& req) {
+    for (auto it = unexpectedP2P_.begin(); it != unexpectedP2P_.end(); ++it) {
+      const InMsg& m = **it;
+      if (m.first.tag != req->env.tag || (req->peer != kAnySource && req->peer != m.peer)) {
+        continue;
+      }
+      if (Status st = checkMatch(*req, m.first, m.peer); !st.isOk()) {
+        fail(st, true);
+        return req->complete(failed_, -1);
+      }
+      InMsgPtr msg = *it;
+      unexpectedP2P_.erase(it);
+      return attach(msg, req);
+    }
+    postedP2P_.push_back(req);
+  }
+
+  // A receive meets a message that arrived before it (whole or in part).
+  void attach(const InMsgPtr& msg, const RequestPtr& req) {
+    msg->req = req;
+    if (msg->heap) {
+      // The rest of the message, if any, streams straight into the caller's buffer.
+      std::memcpy(req->buf, msg->heap.get(), msg->received);
+      msg->heap.reset();
+    }
+    if (msg->complete()) finishMessage(msg);
+  }
+
+  bool matchP2P(const InMsgPtr& msg) {
+    for (auto it = postedP2P_.begin(); it != postedP2P_.end(); ++it) {
+      const ShmRequest& r = **it;
+      if (r.env.tag != msg->first.tag || (r.peer != kAnySource && r.peer != msg->peer)) continue;
+      if (Status st = checkMatch(r, msg->first, msg->peer); !st.isOk()) {
+        fail(st, true);
+        return true;
+      }
+      msg->req = *it;
+      postedP2P_.erase(it);
+      return true;
+    }
+    return false;
+  }
+
+  // Whether a message announced by `h` from `from` is what `req` expects.
+  Status checkMatch(const ShmRequest& req, const FrameHeader& h, int from) const {
+    const OpFingerprint theirs = fingerprintOf(h);
+    const OpFingerprint& ours = req.env.fingerprint;
+    if (theirs == ours && h.total == req.bytes) return Status::ok();
+    std::string detail;
+    if (theirs == ours) {
+      detail = " with " + std::to_string(h.total) + " bytes where rank " +
+               std::to_string(o_.rank) + " expects " + std::to_string(req.bytes);
+    }
+    return mismatchError("rank " + std::to_string(o_.rank) + " called " + ours.describe() +
+                         " but rank " + std::to_string(from) + " called " + theirs.describe() +
+                         detail);
+  }
+
+  Status skippedError(const ShmRequest& req, uint64_t theirSeq) const {
+    return mismatchError("rank " + std::to_string(o_.rank) + " waits in " +
+                         req.env.fingerprint.describe() + " for rank " + std::to_string(req.peer) +
+                         ", but rank " + std::to_string(req.peer) +
+                         " has already moved on to call #" + std::to_string(theirSeq) +
+                         " (the ranks do not make the same calls)");
+  }
+
+  // A message of a later call arrived from `p`: receives posted for earlier calls from `p`
+  // will never be satisfied.
+  Status checkSkipped(int p) const {
+    const uint64_t last = peers_[p].lastSeq;
+    const auto it = postedColl_.lower_bound(MsgKey{p, 0, 0});
+    if (it != postedColl_.end() && it->first.peer == p && it->first.seq < last) {
+      return skippedError(*it->second, last);
+    }
+    return Status::ok();
+  }
+
+  void finishMessage(const InMsgPtr& msg) {
+    if (msg->first.op != OpType::kSendRecv) {
+      inflight_.erase(MsgKey{msg->peer, msg->first.seq, msg->first.tag});
+    }
+    {
+      std::lock_guard<std::mutex> lock(countersMu_);
+      counters_[msg->peer].bytesReceived += msg->first.total;
+      counters_[msg->peer].messagesReceived += 1;
+    }
+    msg->req->complete(Status::ok(), msg->peer);
+  }
+
+  void checkPeerStates() {
+    for (int p = 0; p < o_.size && failed_.isOk(); ++p) {
+      if (p == o_.rank) continue;
+      const Status st = peerState(p);
+      if (st.isOk()) continue;
+      // Like bytes still in a closed socket: what a closing peer sent is still delivered.
+      const auto state = peers_[p].seg->header().state.load(std::memory_order_acquire);
+      if (state == static_cast<uint32_t>(SegmentState::kClosed)) {
+        while (failed_.isOk() && pumpRx(p)) {
+        }
+      }
+      fail(st, true);
+    }
+  }
+
+  void probePeers() {
+    for (int p = 0; p < o_.size && failed_.isOk(); ++p) {
+      if (p != o_.rank && probe(peers_[p].identity) == Liveness::kDead) fail(deadPeer(p), true);
+    }
+  }
+
+  bool hasPending() const {
+    if (!postedColl_.empty() || !postedP2P_.empty()) return true;
+    for (const auto& [k, m] : inflight_) {
+      if (m->req) return true;
+    }
+    for (const Peer& p : peers_) {
+      if (!p.sendQueue.empty() || (p.current && p.current->req)) return true;
+    }
+    return false;
+  }
+
+  void updateDrained() {
+    if (failed_.isOk()) return;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (drained_) return;
+      drained_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  // Fails the transport: every pending request completes with `why` (no copy is in progress:
+  // copies run on this thread), and, if asked, the peers are told through this segment.
+  void fail(const Status& why, bool notifyPeers) {
+    if (!failed_.isOk()) return;
+    failed_ = why;
+    // A peer closing while nothing is pending is the normal end of a job.
+    if (hasPending()) {
+      NANOCCL_WARN("rank " << o_.rank << ": transport failed: " << why.toString());
+    } else {
+      NANOCCL_INFO("rank " << o_.rank << ": transport closed: " << why.toString());
+    }
+    if (notifyPeers) {
+      publishAbort(why.message());
+      ringPeers();
+    }
+    // Take everything out of the tables first: callbacks run below may post new requests.
+    std::vector<RequestPtr> pending;
+    for (Peer& p : peers_) {
+      for (auto& r : p.sendQueue) pending.push_back(r);
+      p.sendQueue.clear();
+      if (p.current && p.current->req) pending.push_back(p.current->req);
+      p.current.reset();
+    }
+    for (auto& [k, r] : postedColl_) pending.push_back(r);
+    postedColl_.clear();
+    for (auto& r : postedP2P_) pending.push_back(r);
+    postedP2P_.clear();
+    for (auto& [k, m] : inflight_) {
+      if (m->req) pending.push_back(m->req);
+    }
+    inflight_.clear();
+    unexpectedP2P_.clear();
+    for (auto& r : pending) r->complete(why, -1);
+    updateDrained();
+  }
+
+  const TransportOptions o_;
+  std::unique_ptr<Segment> own_;  // this rank's segment: the rings to us and our doorbell
+  Doorbell localBell_{};          // a world of one has no segment
+  Doorbell* bell_ = &localBell_;
+  std::vector<Peer> peers_;
+  std::thread thread_;
+  std::atomic<bool> connected_{false};
+
+  std::mutex mu_;  // guards commands_, drained_
+  std::condition_variable cv_;
+  std::deque<Command> commands_;
+  bool drained_ = false;
+
+  mutable std::mutex countersMu_;
+  std::vector<PeerCounters> counters_;
+
+  // Progress-thread state.
+  Status failed_;
+  std::map<MsgKey, RequestPtr> postedColl_;
+  std::map<MsgKey, InMsgPtr> inflight_;  // collective messages seen, not yet delivered
+  std::deque<RequestPtr> postedP2P_;
+  std::deque<InMsgPtr> unexpectedP2P_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> createShmTransport(const TransportOptions& options) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return invalidArgument("shm transport: rank " + std::to_string(options.rank) +
+                           " outside a communicator of size " + std::to_string(options.size));
+  }
+  return std::unique_ptr<Transport>(std::make_unique<ShmTransport>(options));
+}
+
+}  // namespace nanoccl::shm
