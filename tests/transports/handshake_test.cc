@@ -19,7 +19,6 @@
 namespace nanoccl::testing {
 namespace {
 
-using tcp::FrameHeader;
 using tcp::Hello;
 using tcp::HelloAck;
 
@@ -41,14 +40,14 @@ bool closedByPeer(int fd, int ms = 5000) {
 
 Hello helloFor(int rank, int size, const std::string& secret, int nsocks = 1, int socket = 0) {
   Hello h{};
-  h.magic = tcp::kMagic;
-  h.version = tcp::kVersion;
+  h.magic = kMagic;
+  h.version = kVersion;
   h.socketIndex = static_cast<uint16_t>(socket);
   h.rank = rank;
   h.size = size;
   h.nsocks = nsocks;
   h.secretBytes = static_cast<uint32_t>(secret.size());
-  h.commIdHash = tcp::hashCommId("test-comm");
+  h.commIdHash = hashCommId("test-comm");
   h.stripeMinBytes = 64 * 1024;
   std::memcpy(h.secret, secret.data(), secret.size());
   return h;
@@ -134,9 +133,9 @@ class InsiderTest : public HandshakeTest {
 
   FrameHeader validHeader(uint64_t total) {
     FrameHeader h{};
-    h.magic = tcp::kMagic;
-    h.version = tcp::kVersion;
-    h.kind = tcp::FrameKind::kData;
+    h.magic = kMagic;
+    h.version = kVersion;
+    h.kind = FrameKind::kData;
     h.op = OpType::kAllreduce;
     h.dtype = DataType::kUInt8;
     h.seq = 1;
@@ -194,9 +193,9 @@ TEST_P(InsiderTest, AnAbortFrameIsReportedWithItsText) {
   auto r = t0_->irecv(1, collectiveEnvelope(1, 0, 16), dst.data(), dst.size());
   const std::string text = "rank 1: out of memory";
   FrameHeader h{};
-  h.magic = tcp::kMagic;
-  h.version = tcp::kVersion;
-  h.kind = tcp::FrameKind::kAbort;
+  h.magic = kMagic;
+  h.version = kVersion;
+  h.kind = FrameKind::kAbort;
   h.total = h.length = text.size();
   ASSERT_EQ(send(fd, &h, sizeof(h), 0), static_cast<ssize_t>(sizeof(h)));
   ASSERT_EQ(send(fd, text.data(), text.size(), 0), static_cast<ssize_t>(text.size()));

@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "transports/request.h"
 #include "transports/tcp/handshake.h"
-#include "transports/tcp/request.h"
 #include "transports/tcp/socket_ops.h"
 #include "transports/tcp/wire.h"
 
@@ -23,6 +23,13 @@ namespace {
 constexpr int kMaxSocketsPerPeer = 64;  // stripes are tracked in a 64-bit mask
 constexpr uint64_t kStripeAlign = 4096;
 
+class TcpRequest : public BasicRequest {
+ public:
+  using BasicRequest::BasicRequest;
+  // Progress-thread state.
+  size_t framesLeft = 0;   // send: frames not yet written
+  uint64_t postOrder = 0;  // receive: order of posting, for kAnySource fairness
+};
 using RequestPtr = std::shared_ptr<TcpRequest>;
 
 struct Stripe {

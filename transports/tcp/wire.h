@@ -1,26 +1,16 @@
-// The TCP transport's wire format: the handshake records and the frame header.
-//
-// Hosts of one job must share byte order (checked through the magic). Every field read from a
-// socket is validated before it is used: nothing is allocated or indexed from an unchecked
-// value (validateFrameHeader, validateHello).
+// The TCP transport's handshake records. After the handshake, a connection carries frames
+// (transports/frame.h). Nothing read from an unauthenticated connection sizes an allocation.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
-#include "common/op.h"
-#include "common/status.h"
+#include "transports/frame.h"
 
 namespace nanoccl::tcp {
 
-constexpr uint32_t kMagic = 0x4c43434e;  // "NCCL" little-endian: "NCCL" on the wire
-constexpr uint16_t kVersion = 1;
 constexpr size_t kMaxSecretBytes = 64;
-// Largest message the transport accepts (a header announcing more is a protocol error).
-constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 40;
-// Largest abort text.
-constexpr uint32_t kMaxAbortText = 4096;
 
 // First bytes on a new connection, from the connecting rank.
 struct Hello {
@@ -52,87 +42,5 @@ struct HelloAck {
   uint64_t stripeMinBytes;
 };
 static_assert(sizeof(HelloAck) == 24);
-
-enum class FrameKind : uint8_t {
-  kData = 1,
-  kAbort = 2,  // payload: the sender's error text; the sender's transport is failed
-};
-
-// One frame: a header, then `length` payload bytes that belong at `offset` of a message of
-// `total` bytes. A message is one frame, or one stripe per connection when striped.
-struct FrameHeader {
-  uint32_t magic;
-  uint16_t version;
-  FrameKind kind;
-  OpType op;
-  DataType dtype;
-  ReduceOp redop;
-  uint16_t reserved0;
-  int32_t root;
-  uint32_t tag;
-  uint32_t reserved1;
-  uint64_t seq;     // collective: the call's sequence number; p2p: the sender's message number
-  uint64_t count;   // fingerprint count
-  uint64_t total;   // message bytes
-  uint64_t offset;  // this frame's byte offset in the message
-  uint64_t length;  // this frame's payload bytes
-};
-static_assert(sizeof(FrameHeader) == 64);
-
-inline OpFingerprint fingerprintOf(const FrameHeader& h) {
-  OpFingerprint fp;
-  fp.op = h.op;
-  fp.dtype = h.dtype;
-  fp.redop = h.redop;
-  fp.root = h.root;
-  fp.count = h.count;
-  fp.seq = h.op == OpType::kSendRecv ? 0 : h.seq;
-  return fp;
-}
-
-// kProtocolError naming the bad field, or OK.
-inline Status validateFrameHeader(const FrameHeader& h) {
-  if (h.magic != kMagic) return protocolError("bad frame magic");
-  if (h.version != kVersion) {
-    return protocolError("frame version " + std::to_string(h.version) + ", expected " +
-                         std::to_string(kVersion));
-  }
-  if (h.kind == FrameKind::kAbort) {
-    if (h.length > kMaxAbortText || h.offset != 0 || h.total != h.length) {
-      return protocolError("bad abort frame length " + std::to_string(h.length));
-    }
-    return Status::ok();
-  }
-  if (h.kind != FrameKind::kData) return protocolError("unknown frame kind");
-  if (h.op == OpType::kNone || static_cast<uint32_t>(h.op) >= static_cast<uint32_t>(OpType::kNumOps)) {
-    return protocolError("bad op in frame");
-  }
-  if (static_cast<uint32_t>(h.dtype) >= static_cast<uint32_t>(DataType::kNumTypes)) {
-    return protocolError("bad dtype in frame");
-  }
-  if (static_cast<uint32_t>(h.redop) >= static_cast<uint32_t>(ReduceOp::kNumOps)) {
-    return protocolError("bad reduction in frame");
-  }
-  if (h.total > kMaxMessageBytes) {
-    return protocolError("frame announces a message of " + std::to_string(h.total) +
-                         " bytes (limit " + std::to_string(kMaxMessageBytes) + ")");
-  }
-  if (h.length > h.total || h.offset > h.total - h.length) {
-    return protocolError("frame slice [" + std::to_string(h.offset) + ", +" +
-                         std::to_string(h.length) + ") outside its message of " +
-                         std::to_string(h.total) + " bytes");
-  }
-  return Status::ok();
-}
-
-// FNV-1a: a stable 64-bit id of the communicator's id string, for the handshake.
-inline uint64_t hashCommId(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
 
 }  // namespace nanoccl::tcp

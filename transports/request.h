@@ -1,8 +1,8 @@
-// TcpRequest: one pending send or receive of the TCP transport (transport.h's Request).
+// BasicRequest: the Request that the transports share (tcp, shm): one pending send or receive.
 //
-// Created on the caller's thread; completed exactly once on the progress thread (the first
-// complete() wins), which then runs the callback outside the lock. test/wait/source may be
-// called from any thread. The fields after the constructor's are the progress thread's alone.
+// Created on the caller's thread; completed exactly once on the transport's progress thread
+// (the first complete() wins), which then runs the callback outside the lock. test/wait/source
+// may be called from any thread. A transport subclasses it for its progress-thread state.
 #pragma once
 
 #include <condition_variable>
@@ -12,11 +12,11 @@
 
 #include "transports/transport.h"
 
-namespace nanoccl::tcp {
+namespace nanoccl {
 
-class TcpRequest : public Request {
+class BasicRequest : public Request {
  public:
-  TcpRequest(bool isSend, int peer, const Envelope& env, char* buf, size_t bytes)
+  BasicRequest(bool isSend, int peer, const Envelope& env, char* buf, size_t bytes)
       : isSend(isSend), peer(peer), env(env), buf(buf), bytes(bytes) {}
 
   bool test() override {
@@ -72,9 +72,6 @@ class TcpRequest : public Request {
   const Envelope env;
   char* const buf;
   const size_t bytes;
-  // Progress-thread state.
-  size_t framesLeft = 0;   // send: frames not yet written
-  uint64_t postOrder = 0;  // receive: order of posting, for kAnySource fairness
 
  private:
   mutable std::mutex mu_;
@@ -85,4 +82,4 @@ class TcpRequest : public Request {
   std::function<void(const Status&, int)> callback_;
 };
 
-}  // namespace nanoccl::tcp
+}  // namespace nanoccl
