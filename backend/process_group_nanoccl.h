@@ -1,0 +1,199 @@
+// ProcessGroupNanoccl: nanoccl as a c10d::Backend, for torch.distributed and for libtorch C++.
+//
+// From Python, `import nanoccl` registers it as the backend "nanoccl" (devices cpu and cuda).
+// From C++ (see examples/):
+//
+//   auto store = c10::make_intrusive<c10d::FileStore>("/tmp/rdzv", size);
+//   auto opts = nanoccl::ProcessGroupNanoccl::Options::create(std::chrono::seconds(30));
+//   opts->settings["nsocks"] = "4";
+//   auto pg = c10::make_intrusive<nanoccl::ProcessGroupNanoccl>(store, rank, size, opts);
+//   std::vector<at::Tensor> t = {at::ones({1024})};
+//   pg->allreduce(t)->wait();
+//
+// Contract
+// - Every rank calls the collectives in the same order with matching arguments (as with Gloo).
+//   A mismatch (shape, dtype, root, op) fails the call on every rank with a RuntimeError that
+//   names both ranks, within the timeout. A call this rank rejects before it reaches the wire
+//   (bad root, bad dtype, a CUDA tensor...) throws here and also aborts the group, so that the
+//   other ranks fail at once instead of waiting for a partner that will never come: after any
+//   error the group is unusable, as in NCCL.
+// - Options::timeout (torch's init_process_group / new_group timeout) is every call's
+//   deadline: each Work completes, successfully or with an exception, within it.
+// - Tensors are dense CPU tensors of any dtype (reductions: the nanoccl::DataType set).
+//   Non-contiguous tensors go through a contiguous copy. CUDA tensors raise for now.
+// - Tensors passed to a call must stay untouched until its Work completes; the Work keeps them
+//   alive. Work::getFuture() completes with the output tensors (a list) or the error.
+//
+// Threads: calls may come from any thread (one at a time defines the order, as in torch).
+// Work completion, future callbacks included, runs on the communicator's worker thread: the
+// Work is marked done first, then its future (so a callback may wait on the Work).
+// shutdown() (destroy_process_group) and the destructor stop every thread and close every
+// socket of the group; later calls throw.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <utility>
+#include <vector>
+
+namespace nanoccl {
+
+class Communicator;
+
+// Bytes moved by one group, as nanoccl.stats() reports them.
+struct BackendStats {
+  struct Bytes {
+    uint64_t sent = 0;
+    uint64_t received = 0;
+  };
+  struct Peer {
+    int rank = 0;
+    std::string node;
+    bool sameNode = false;
+    Bytes bytes;
+    uint64_t messagesSent = 0;
+    uint64_t messagesReceived = 0;
+  };
+  int rank = 0;
+  int size = 0;
+  // This rank's node id: NANOCCL_NODE_ID, else torchrun's node ("group_rank:<GROUP_RANK>"),
+  // else the host and network namespace (collectives/topology.h).
+  std::string node;
+  uint64_t calls = 0;                                // calls run by the communicator
+  std::vector<Peer> peers;                           // index = rank; own entry all zero
+  std::vector<std::pair<std::string, Bytes>> perOp;  // "allreduce" -> bytes, ops with traffic
+  Bytes intraNode;
+  Bytes interNode;
+  // Calls per algorithm the planner chose ("allreduce/ring" -> n).
+  std::vector<std::pair<std::string, uint64_t>> perAlgorithm;
+};
+
+class ProcessGroupNanoccl : public c10d::Backend {
+ public:
+  static constexpr const char* kBackendName = "nanoccl";
+
+  struct Options : c10d::Backend::Options {
+    explicit Options(std::chrono::milliseconds timeout = kBackendDefaultTimeout);
+    static c10::intrusive_ptr<Options> create(
+        std::chrono::milliseconds timeout = kBackendDefaultTimeout);
+
+    // nanoccl settings by their Options/environment name ("nsocks" or "NANOCCL_NSOCKS" -> "4"),
+    // applied over the NANOCCL_* environment; see common/config.cc for the list. The
+    // timeout above, not "timeout_ms", is the deadline of every call.
+    std::map<std::string, std::string> settings;
+    // torch's group name (for messages and the communicator id) and the group's members'
+    // global ranks. Fields of our own: c10d::Backend::Options only gained equivalents in
+    // recent torch versions, and this builds against torch >= 2.11.
+    std::string groupName;
+    std::vector<int64_t> globalRanks;
+  };
+
+  // Connects to every rank of the group through `store` (blocking, bounded by
+  // options->timeout). Throws a c10::DistBackendError naming the ranks on failure.
+  ProcessGroupNanoccl(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                      c10::intrusive_ptr<Options> options = Options::create());
+  ~ProcessGroupNanoccl() override;
+
+  // torch's extended creator signature (Backend.register_backend(extended_api=True)).
+  static c10::intrusive_ptr<c10d::Backend> create(const c10d::DistributedBackendOptions& dist,
+                                                  c10::intrusive_ptr<Options> options);
+
+  const std::string getBackendName() const override { return kBackendName; }
+  const c10::intrusive_ptr<Options>& options() const { return options_; }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(
+      std::vector<at::Tensor>& tensors,
+      const c10d::BroadcastOptions& opts = c10d::BroadcastOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors,
+      const c10d::AllreduceCoalescedOptions& opts = c10d::AllreduceCoalescedOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce(
+      std::vector<at::Tensor>& tensors,
+      const c10d::ReduceOptions& opts = c10d::ReduceOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _allgather_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputLists, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts = c10d::AllgatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> gather(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::GatherOptions& opts = c10d::GatherOptions()) override;
+  c10::intrusive_ptr<c10d::Work> scatter(
+      std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ScatterOptions& opts = c10d::ScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(
+      std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts = c10d::ReduceScatterOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall_base(
+      at::Tensor& output, at::Tensor& input, std::vector<int64_t>& outputSplitSizes,
+      std::vector<int64_t>& inputSplitSizes,
+      const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> alltoall(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllToAllOptions& opts = c10d::AllToAllOptions()) override;
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dstRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int srcRank,
+                                      int tag) override;
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors, int tag) override;
+  c10::intrusive_ptr<c10d::Work> barrier(
+      const c10d::BarrierOptions& opts = c10d::BarrierOptions()) override;
+
+  void setSequenceNumberForGroup() override {}
+  uint64_t getSequenceNumberForGroup() override;
+
+  // Fails every pending Work of this rank and tells the peers; the group is unusable after.
+  void abort() override;
+  // Lets pending Works finish (bounded by the timeout), then destroys the communicator:
+  // no thread or socket of the group is left. Idempotent.
+  void shutdown() override;
+
+  BackendStats stats() const;
+  // The communicator's id in the store (distinct per group and per creation).
+  const std::string& commId() const { return commId_; }
+
+ private:
+  // The live communicator, or a throw naming `what` once shut down.
+  std::shared_ptr<Communicator> live(const char* what) const;
+  template <typename Fn>
+  c10::intrusive_ptr<c10d::Work> run(const char* what, bool collective, Fn&& fn);
+
+  c10::intrusive_ptr<Options> options_;
+  std::string groupName_;
+  std::string commId_;
+  std::vector<std::string> nodes_;  // node id per rank (the communicator's topology)
+
+  mutable std::mutex mu_;
+  std::shared_ptr<Communicator> comm_;
+  std::string closedReason_;
+  uint64_t seq_ = 0;
+  // The last collective and the point-to-point calls not known to be done: shutdown() waits
+  // for them.
+  std::vector<c10::weak_intrusive_ptr<c10d::Work>> pending_;
+};
+
+}  // namespace nanoccl

@@ -1,0 +1,147 @@
+// nanoccl._C: the Python face of backend/. The nanoccl package (torch_ext/nanoccl/) registers
+// the backend with torch.distributed in Python; nothing here runs at load time beyond defining
+// the bindings.
+//
+// Holder: torch binds c10d::Backend with an intrusive_ptr holder that drops its reference with
+// the GIL released (IntrusivePtrNoGilDestructor in torch/csrc/distributed/c10d/init.cpp); a
+// derived class must use a holder of the same shape. Releasing the GIL matters here: the last
+// reference to a ProcessGroupNanoccl joins the communicator's threads, and a future callback
+// running on them may need the GIL.
+#include <torch/csrc/utils/pybind.h>
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "backend/process_group_nanoccl.h"
+#include "common/config.h"
+
+namespace py = pybind11;
+
+namespace {
+
+template <typename T>
+class NoGilDestructor {
+ public:
+  NoGilDestructor() = default;
+  NoGilDestructor(const NoGilDestructor&) = default;
+  NoGilDestructor(NoGilDestructor&&) noexcept = default;
+  NoGilDestructor& operator=(const NoGilDestructor&) = default;
+  NoGilDestructor& operator=(NoGilDestructor&&) noexcept = default;
+  /* implicit */ NoGilDestructor(c10::intrusive_ptr<T> impl) : impl_(std::move(impl)) {}
+  // pybind11 constructs holders from raw pointers of objects it created.
+  explicit NoGilDestructor(T* impl) : impl_(c10::intrusive_ptr<T>::unsafe_steal_from_new(impl)) {}
+  ~NoGilDestructor() {
+    if (impl_) {
+      if (PyGILState_Check()) {
+        py::gil_scoped_release release;
+        impl_.reset();
+      } else {
+        impl_.reset();
+      }
+    }
+  }
+  T& operator*() const noexcept { return *impl_; }
+  T* operator->() const noexcept { return impl_.get(); }
+  T* get() const noexcept { return impl_.get(); }
+  void reset() noexcept { impl_.reset(); }
+  explicit operator bool() const noexcept { return static_cast<bool>(impl_); }
+
+ private:
+  c10::intrusive_ptr<T> impl_;
+};
+
+}  // namespace
+
+PYBIND11_DECLARE_HOLDER_TYPE(T, NoGilDestructor<T>, true)
+
+namespace {
+
+using nanoccl::ProcessGroupNanoccl;
+
+py::dict bytesDict(const nanoccl::BackendStats::Bytes& b) {
+  py::dict d;
+  d["bytes_sent"] = b.sent;
+  d["bytes_received"] = b.received;
+  return d;
+}
+
+py::dict statsDict(const nanoccl::BackendStats& s) {
+  py::dict out;
+  out["rank"] = s.rank;
+  out["size"] = s.size;
+  out["node"] = s.node;
+  out["calls"] = s.calls;
+  uint64_t sent = 0;
+  uint64_t received = 0;
+  py::list peers;
+  for (const auto& p : s.peers) {
+    py::dict d = bytesDict(p.bytes);
+    d["rank"] = p.rank;
+    d["node"] = p.node;
+    d["link"] = p.rank == s.rank ? "self" : (p.sameNode ? "intra-node" : "inter-node");
+    d["messages_sent"] = p.messagesSent;
+    d["messages_received"] = p.messagesReceived;
+    peers.append(d);
+    sent += p.bytes.sent;
+    received += p.bytes.received;
+  }
+  out["bytes_sent"] = sent;
+  out["bytes_received"] = received;
+  out["per_peer"] = peers;
+  py::dict perOp;
+  for (const auto& [name, b] : s.perOp) perOp[py::str(name)] = bytesDict(b);
+  out["per_op"] = perOp;
+  py::dict perLink;
+  perLink["intra-node"] = bytesDict(s.intraNode);
+  perLink["inter-node"] = bytesDict(s.interNode);
+  out["per_link"] = perLink;
+  py::dict perAlgorithm;
+  for (const auto& [name, calls] : s.perAlgorithm) perAlgorithm[py::str(name)] = calls;
+  out["per_algorithm"] = perAlgorithm;
+  return out;
+}
+
+NoGilDestructor<ProcessGroupNanoccl> createBackend(
+    const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int64_t timeoutMs,
+    const std::string& groupName, const std::vector<int64_t>& globalRanks,
+    const std::map<std::string, std::string>& settings) {
+  auto options = ProcessGroupNanoccl::Options::create(std::chrono::milliseconds(timeoutMs));
+  options->groupName = groupName;
+  options->globalRanks = globalRanks;
+  options->settings = settings;
+  return c10::make_intrusive<ProcessGroupNanoccl>(store, rank, size, options);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "nanoccl's C++ backend (use the nanoccl package, not this module)";
+  // The base classes must be registered before the derived ones.
+  py::module_::import("torch._C._distributed_c10d");
+
+  py::class_<ProcessGroupNanoccl, c10d::Backend, NoGilDestructor<ProcessGroupNanoccl>>(
+      m, "ProcessGroupNanoccl")
+      .def("stats", [](const ProcessGroupNanoccl& pg) { return statsDict(pg.stats()); })
+      .def_property_readonly("comm_id", &ProcessGroupNanoccl::commId);
+
+  // Connects to the group: blocks for up to the timeout, so the GIL is released (the store may
+  // be served by a thread of this process, and other Python threads should keep running).
+  m.def("create_backend", &createBackend, py::arg("store"), py::arg("rank"), py::arg("size"),
+        py::arg("timeout_ms"), py::arg("group_name"), py::arg("global_ranks"), py::arg("settings"),
+        py::call_guard<py::gil_scoped_release>());
+
+  // Validates one setting the way the backend will apply it; raises ValueError.
+  m.def(
+      "check_setting",
+      [](const std::string& name, const std::string& value) {
+        nanoccl::Config config;
+        const nanoccl::Status s = config.set(name, value);
+        if (!s.isOk()) throw py::value_error(s.message());
+      },
+      py::arg("name"), py::arg("value"));
+
+  // Every setting and its default, in the table's order.
+  m.def("default_settings", [] { return nanoccl::Config().items(); });
+}

@@ -1,0 +1,229 @@
+"""nanoccl: a torch.distributed backend for nano-clusters.
+
+``import nanoccl`` registers the backend ``"nanoccl"`` (devices cpu and cuda) with
+torch.distributed; then::
+
+    dist.init_process_group("nanoccl", timeout=timedelta(seconds=60))
+    dist.init_process_group("cpu:nanoccl,cuda:nccl")          # per device
+    dist.init_process_group("nanoccl", pg_options=nanoccl.Options(nsocks=4))
+    sub = dist.new_group([0, 1], backend="nanoccl")
+    nanoccl.stats()                                            # bytes moved, per link class
+
+Every nanoccl setting is an environment variable ``NANOCCL_<NAME>``; ``nanoccl.Options`` sets
+the same names in lower case for one group, over the environment. The process group's timeout
+is the deadline of every call.
+
+torch is not a dependency of the package on purpose (pip must never pull a torch): the
+extension is built against the torch already in the environment and works with that torch only.
+"""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any, TypedDict, Union
+
+import torch
+import torch.distributed as dist
+
+if not dist.is_available():  # pragma: no cover - torch builds without distributed
+    raise ImportError("nanoccl needs torch.distributed, which this torch build lacks")
+
+from nanoccl import _C  # noqa: E402  (after torch: the extension links against it)
+
+__all__ = [
+    "BACKEND_NAME",
+    "ByteCounts",
+    "Options",
+    "PeerStats",
+    "ProcessGroupNanoccl",
+    "Stats",
+    "get_backend",
+    "stats",
+]
+
+__version__ = "0.1.0"
+
+BACKEND_NAME = "nanoccl"
+ProcessGroupNanoccl = _C.ProcessGroupNanoccl
+
+SettingValue = Union[str, int, float, bool]
+
+
+def _normalize(name: str) -> str:
+    name = name.strip()
+    if name.upper().startswith("NANOCCL_"):
+        name = name[len("NANOCCL_") :]
+    return name.lower()
+
+
+def _to_text(value: SettingValue) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+class Options:
+    """Per-group nanoccl settings, passed as ``pg_options`` to init_process_group / new_group.
+
+    The names are those of the ``NANOCCL_*`` environment variables in lower case
+    (``nsocks`` is ``NANOCCL_NSOCKS``); values are checked at once, by the same code the
+    backend applies them with, and a bad one raises ValueError. Settings not given keep the
+    environment's value, else the default (``Options.defaults()``). The group's timeout is
+    init_process_group's ``timeout``; ``timeout_ms`` only serves plain C++ users.
+    """
+
+    def __init__(
+        self,
+        *,
+        socket_ifname: str | None = None,
+        tcp_engine: str | None = None,
+        nsocks: int | None = None,
+        stripe_min_bytes: int | None = None,
+        algo: str | None = None,
+        chunk_bytes: int | None = None,
+        small_message_bytes: int | None = None,
+        connect_timeout_ms: int | None = None,
+        node_id: str | None = None,
+        intra_transport: str | None = None,
+        **more: SettingValue,
+    ) -> None:
+        self._settings: dict[str, str] = {}
+        named: dict[str, SettingValue | None] = {
+            "socket_ifname": socket_ifname,
+            "tcp_engine": tcp_engine,
+            "nsocks": nsocks,
+            "stripe_min_bytes": stripe_min_bytes,
+            "algo": algo,
+            "chunk_bytes": chunk_bytes,
+            "small_message_bytes": small_message_bytes,
+            "connect_timeout_ms": connect_timeout_ms,
+            "node_id": node_id,
+            "intra_transport": intra_transport,
+        }
+        for name, value in {**named, **more}.items():
+            if value is not None:
+                self.set(name, value)
+
+    def set(self, name: str, value: SettingValue) -> Options:
+        """Sets one setting (validated now); returns self."""
+        text = _to_text(value)
+        _C.check_setting(name, text)  # ValueError naming the setting and what it accepts
+        self._settings[_normalize(name)] = text
+        return self
+
+    @property
+    def settings(self) -> dict[str, str]:
+        """The settings given to this object, as the backend receives them."""
+        return dict(self._settings)
+
+    @staticmethod
+    def defaults() -> dict[str, str]:
+        """Every setting and its default (the table in common/config.cc)."""
+        return dict(_C.default_settings())
+
+    def __getattr__(self, name: str) -> str:
+        settings = self.__dict__.get("_settings", {})
+        if name in settings:
+            return settings[name]
+        raise AttributeError(f"nanoccl.Options has no setting {name!r} set")
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self._settings.items())
+        return f"nanoccl.Options({inner})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Options) and other._settings == self._settings
+
+    __hash__ = None  # type: ignore[assignment]  # mutable
+
+
+def _create(dist_opts: Any, options: Any) -> ProcessGroupNanoccl:
+    """torch's creator for the backend (Backend.register_backend(extended_api=True))."""
+    if options is None:
+        options = Options()
+    elif not isinstance(options, Options):
+        raise TypeError(
+            f"the nanoccl backend takes pg_options=nanoccl.Options(...), got {type(options)!r}"
+        )
+    timeout = dist_opts.timeout
+    if isinstance(timeout, datetime.timedelta):
+        timeout_ms = int(timeout.total_seconds() * 1000)
+    else:
+        timeout_ms = int(float(timeout) * 1000)
+    return _C.create_backend(
+        dist_opts.store,
+        dist_opts.group_rank,
+        dist_opts.group_size,
+        max(1, timeout_ms),
+        dist_opts.group_id or "",
+        [int(r) for r in dist_opts.global_ranks_in_group],
+        options.settings,
+    )
+
+
+def _register() -> None:
+    dist.Backend.register_backend(
+        BACKEND_NAME, _create, extended_api=True, devices=["cpu", "cuda"]
+    )
+
+
+_register()
+
+
+def get_backend(group: dist.ProcessGroup | None = None) -> ProcessGroupNanoccl:
+    """The nanoccl backend object of `group` (default: the default group).
+
+    Raises ValueError if `group` runs no nanoccl backend on any device.
+    """
+    if group is None:
+        group = dist.distributed_c10d._get_default_group()
+    if group is dist.GroupMember.NON_GROUP_MEMBER:
+        raise ValueError("this rank is not a member of the group")
+    for device_type in group._device_types:
+        try:
+            backend = group._get_backend(torch.device(device_type))
+        except RuntimeError:
+            continue
+        if isinstance(backend, ProcessGroupNanoccl):
+            return backend
+    raise ValueError(f"group {group.group_name!r} has no nanoccl backend")
+
+
+class ByteCounts(TypedDict):
+    bytes_sent: int
+    bytes_received: int
+
+
+class PeerStats(TypedDict):
+    rank: int
+    node: str
+    link: str  # "self", "intra-node" or "inter-node"
+    bytes_sent: int
+    bytes_received: int
+    messages_sent: int
+    messages_received: int
+
+
+class Stats(TypedDict):
+    rank: int
+    size: int
+    node: str
+    calls: int
+    bytes_sent: int
+    bytes_received: int
+    per_peer: list[PeerStats]
+    per_op: dict[str, ByteCounts]
+    per_link: dict[str, ByteCounts]  # "intra-node", "inter-node"
+    per_algorithm: dict[str, int]  # calls per algorithm the planner chose: "allreduce/ring"
+
+
+def stats(group: dist.ProcessGroup | None = None) -> Stats:
+    """Payload bytes this rank moved in `group` since it was created.
+
+    Totals, per peer (with the peer's node and link class), per op, per link class
+    ("intra-node", "inter-node") and calls per algorithm. A rank's node is NANOCCL_NODE_ID
+    (or Options(node_id=...)) if set, else torchrun's GROUP_RANK, else its host name and
+    network namespace; ranks with the same node id are one node. Local: no communication.
+    """
+    result: Stats = get_backend(group).stats()
+    return result
