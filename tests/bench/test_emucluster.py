@@ -108,6 +108,55 @@ def test_allreduce_crosses_the_shaped_link(emucluster: ModuleType, can_make_name
     assert not (Path("/etc/netns") / f"{prefix}n0").exists()
 
 
+NANOCCL_SCRIPT = """\
+import json
+import os
+import torch
+import torch.distributed as dist
+import nanoccl
+
+dist.init_process_group("nanoccl")
+t = torch.ones(4 << 20)  # 16 MiB
+dist.all_reduce(t)
+assert float(t[0]) == dist.get_world_size() and float(t[-1]) == dist.get_world_size()
+s = nanoccl.stats()
+print("STATS " + json.dumps({"rank": s["rank"], "node": os.environ["GROUP_RANK"],
+                             "per_link": s["per_link"]}), flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_nanoccl_counts_what_crosses_the_nodes(emucluster: ModuleType, can_make_namespaces: None,
+                                               tmp_path: Path) -> None:
+    """2 nodes x 2 ranks: what nanoccl counts as inter-node is what the node links carried."""
+    import json
+
+    script = tmp_path / "nanoccl_allreduce.py"
+    script.write_text(NANOCCL_SCRIPT)
+    out = io.StringIO()
+    cluster = emucluster.EmuCluster(nodes=2, procs_per_node=2, rate="1gbit")
+    with cluster:
+        prefix = cluster.run_id
+        before = cluster.link_bytes()
+        status = cluster.run([str(script)], timeout_s=180, out=out)
+        after = cluster.link_bytes()
+    text = out.getvalue()
+    assert status == 0, text
+    stats = [json.loads(line.split("STATS ", 1)[1]) for line in text.splitlines()
+             if "STATS " in line]
+    assert len(stats) == 4, text
+    for node in (0, 1):
+        counted = sum(s["per_link"]["inter-node"]["bytes_sent"] for s in stats
+                      if s["node"] == str(node))
+        wire = after[node].tx_bytes - before[node].tx_bytes
+        # The wire also carries TCP/IP headers, the handshake and the rendezvous store.
+        assert counted > 0, text
+        assert 0.9 * wire <= counted <= wire, (node, counted, wire)
+    # Ranks of one node also talked to each other, and that never touched the link.
+    assert all(s["per_link"]["intra-node"]["bytes_sent"] > 0 for s in stats), text
+    assert _namespaces(prefix) == []
+
+
 def test_intra_node_traffic_stays_on_loopback(emucluster: ModuleType, can_make_namespaces: None,
                                               tmp_path: Path) -> None:
     """2 ranks in one node: the allreduce must not touch the node's link."""
