@@ -10,15 +10,25 @@
 //   still pending can never write into freed memory. The same holds for the user's buffers,
 //   which are released only when the Task completes, after that abort.
 // - On success an algorithm has waited for every request it posted.
+// - Hierarchical algorithms run their stages on the sub-communicators' transports (Hierarchy)
+//   through child Contexts that share the call's fingerprint, deadline, scratch and byte
+//   counts, inside the call: no communicator queue is involved, so a stage can never wait for
+//   work queued behind the call that runs it. A pipelined algorithm may run stages on helper
+//   threads of its own, joined before it returns: Contexts may be used from several threads at
+//   once (scratch() and the byte counts are thread-safe), each request being waited on by the
+//   thread that posted it.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
+#include "collectives/topology.h"
 #include "common/config.h"
 #include "common/deadline.h"
 #include "common/dtype.h"
@@ -62,17 +72,57 @@ struct Pending {
   uint32_t tag = 0;
 };
 
+// One sub-communicator of a hierarchical communicator: the ranks of this node ("local") or
+// the ranks with this rank's local rank on every node ("cross"). Built by Communicator::create
+// with its own comm id (so its store keys and handshakes never meet the parent's), owned by
+// the communicator; its transport is driven only by the parent's worker thread (and aborted by
+// whoever fails the parent).
+struct SubGroup {
+  std::unique_ptr<Transport> transport;  // null when size == 1 (or when it is not needed)
+  int rank = 0;
+  int size = 1;
+  std::vector<int> ranks;  // the parent rank of each member, index = rank in the group
+  std::string name;        // "intra-node stage (node 1: ranks 2 3)", prefixed to its errors
+};
+
+// What the hierarchical algorithms need besides the parent Context.
+//
+// Data is cut into `shards` parts, the smallest number of ranks on any node: local rank s
+// (s < shards) of every node carries part s across nodes, over its cross group, whose rank is
+// then the node index. Local ranks >= shards (on nodes larger than the smallest) only take part
+// in the intra-node stages and have no cross group.
+struct Hierarchy {
+  Topology topology;
+  int shards = 1;
+  SubGroup local;
+  SubGroup cross;
+};
+
 class Context {
  public:
   Context(Transport* transport, int rank, int size, const OpFingerprint& fingerprint,
-          const Deadline& deadline, std::chrono::milliseconds timeout, const Config& config)
+          const Deadline& deadline, std::chrono::milliseconds timeout, const Config& config,
+          const Hierarchy* hierarchy = nullptr)
       : transport_(transport),
         rank_(rank),
         size_(size),
         fingerprint_(fingerprint),
         deadline_(deadline),
         timeout_(timeout),
-        config_(config) {}
+        config_(config),
+        hierarchy_(hierarchy) {}
+  // One stage of a hierarchical algorithm, on a sub-communicator: the same call (fingerprint,
+  // deadline); scratch memory comes from `parent` (so it lives until the worker has aborted
+  // every transport of a failed call) and the bytes are counted in `parent` too.
+  Context(Context& parent, const SubGroup& group)
+      : transport_(group.transport.get()),
+        rank_(group.rank),
+        size_(group.size),
+        fingerprint_(parent.fingerprint_),
+        deadline_(parent.deadline_),
+        timeout_(parent.timeout_),
+        config_(parent.config_),
+        parent_(&parent) {}
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
 
@@ -80,6 +130,9 @@ class Context {
   int size() const { return size_; }
   const Config& config() const { return config_; }
   const OpFingerprint& fingerprint() const { return fingerprint_; }
+  const Deadline& deadline() const { return deadline_; }
+  // The sub-communicators, where the communicator's topology is hierarchical; else null.
+  const Hierarchy* hierarchy() const { return hierarchy_; }
 
   // Posts with this call's fingerprint and `tag`; tags must be unique per (peer, direction)
   // within one call so that matching is unambiguous.
@@ -94,8 +147,8 @@ class Context {
   // Uninitialised memory that lives until the call has ended (see the ownership note above).
   char* scratch(size_t bytes);
 
-  uint64_t bytesSent() const { return bytesSent_; }
-  uint64_t bytesReceived() const { return bytesReceived_; }
+  uint64_t bytesSent() const { return bytesSent_.load(std::memory_order_relaxed); }
+  uint64_t bytesReceived() const { return bytesReceived_.load(std::memory_order_relaxed); }
 
  private:
   Transport* transport_;
@@ -105,9 +158,12 @@ class Context {
   Deadline deadline_;
   std::chrono::milliseconds timeout_;
   const Config& config_;
+  const Hierarchy* hierarchy_ = nullptr;
+  Context* parent_ = nullptr;
+  std::mutex scratchMu_;
   std::vector<std::unique_ptr<char[]>> scratch_;
-  uint64_t bytesSent_ = 0;
-  uint64_t bytesReceived_ = 0;
+  std::atomic<uint64_t> bytesSent_{0};
+  std::atomic<uint64_t> bytesReceived_{0};
 };
 
 // The algorithm table's row type (shared/STYLE.md 3). Rows are listed per op in order of
@@ -117,10 +173,10 @@ struct AlgorithmRow {
   const char* name;
   OpType op;
   const char* description;
-  // Whether the algorithm can run this call at all.
-  bool (*supports)(const CallArgs& args, int size);
+  // Whether the algorithm can run this call at all; if not, why (quoted when it was forced).
+  Status (*supports)(const CallArgs& args, const Topology& topology);
   // Whether "auto" should pick it (small-message rows say yes up to smallMessageBytes).
-  bool (*autoWhen)(const CallArgs& args, int size, const Config& config);
+  bool (*autoWhen)(const CallArgs& args, const Topology& topology, const Config& config);
   Status (*run)(Context& ctx, const CallArgs& args);
 };
 
@@ -190,6 +246,13 @@ Status alltoallPairwise(Context& ctx, const CallArgs& args);
 Status gatherDirect(Context& ctx, const CallArgs& args);
 Status scatterDirect(Context& ctx, const CallArgs& args);
 Status barrierDissemination(Context& ctx, const CallArgs& args);
+
+// Hierarchical (hierarchical.cc): an intra-node stage, an inter-node stage run by every local
+// rank < Hierarchy::shards at once, and an intra-node stage again. Need ctx.hierarchy().
+Status allreduceHierarchical(Context& ctx, const CallArgs& args);
+Status reduceScatterHierarchical(Context& ctx, const CallArgs& args);
+Status allgatherHierarchical(Context& ctx, const CallArgs& args);
+Status broadcastHierarchical(Context& ctx, const CallArgs& args);
 
 // World size 1: the result of every op as plain local copies.
 Status runLocal(const CallArgs& args);

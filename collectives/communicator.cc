@@ -156,6 +156,13 @@ struct Communicator::Impl {
   Config config;
   std::chrono::milliseconds timeout{0};
   std::unique_ptr<Transport> transport;  // null for size 1: nothing to talk to
+  Topology topology;
+  // The sub-communicators, only where the topology is hierarchical. Set up before the threads
+  // start and torn down after they are joined; in between only the worker uses their
+  // transports (abort() is thread-safe).
+  std::unique_ptr<detail::Hierarchy> hierarchy;
+  // Calls run per row of the algorithm table (index = row - table.data()).
+  std::unique_ptr<std::atomic<uint64_t>[]> callsPerRow;
 
   std::mutex mu;
   std::condition_variable workCv;
@@ -184,13 +191,23 @@ struct Communicator::Impl {
     return Status(first.code(), what + "communicator failed earlier: " + first.message());
   }
 
-  // Records the first failure and aborts the transport, so the peers fail fast too.
+  // Every transport this communicator owns: its own and the sub-communicators'.
+  std::vector<Transport*> transports() const {
+    std::vector<Transport*> out;
+    if (transport) out.push_back(transport.get());
+    if (hierarchy && hierarchy->local.transport) out.push_back(hierarchy->local.transport.get());
+    if (hierarchy && hierarchy->cross.transport) out.push_back(hierarchy->cross.transport.get());
+    return out;
+  }
+
+  // Records the first failure and aborts every transport, so the peers fail fast too: a peer
+  // waiting in a hierarchical stage hears it on the sub-communicator it waits on.
   void fail(const Status& why) {
     {
       std::lock_guard<std::mutex> lock(mu);
       if (failed.isOk()) failed = why;
     }
-    if (transport) transport->abort(why);
+    for (Transport* t : transports()) t->abort(why);
     workCv.notify_all();
   }
 
@@ -216,7 +233,7 @@ std::shared_ptr<Task> Communicator::Impl::submit(OpFingerprint fingerprint, Call
     task->complete(invalidArgument(call + invalid.message()));
     return task;
   }
-  Result<const AlgorithmRow*> algorithm = detail::planAlgorithm(args, size, config);
+  Result<const AlgorithmRow*> algorithm = detail::planAlgorithm(args, topology, config);
   if (!algorithm.isOk()) {
     task->complete(Status(algorithm.status().code(), call + algorithm.status().message()));
     return task;
@@ -265,12 +282,14 @@ void Communicator::Impl::runCall(QueuedCall& call) {
   {
     // The deadline starts when the call starts running, not when it was queued.
     detail::Context ctx(transport.get(), rank, size, call.fingerprint, Deadline::after(timeout),
-                        timeout, config);
+                        timeout, config, hierarchy.get());
     NANOCCL_TRACE(what << "running " << (size == 1 ? "local" : call.algorithm->name));
     s = size == 1 ? detail::runLocal(call.args) : call.algorithm->run(ctx, call.args);
+    // Stages on the sub-communicators count here too (child Contexts add to ctx).
     const auto op = static_cast<size_t>(call.fingerprint.op);
     sentPerOp[op] += ctx.bytesSent();
     receivedPerOp[op] += ctx.bytesReceived();
+    if (size > 1) ++callsPerRow[call.algorithm - detail::algorithmTable().data()];
     if (!s.isOk()) {
       s = Status(s.code(), what + s.message());
       NANOCCL_WARN(s.toString());
@@ -407,6 +426,107 @@ void Communicator::Impl::watchdogLoop() {
   }
 }
 
+namespace {
+
+std::string ranksText(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) {
+    if (!s.empty()) s += ' ';
+    s += std::to_string(r);
+  }
+  return s;
+}
+
+// Creates a transport for the group whose members are the parent ranks `ranks` (this rank is
+// `rank` among them), publishes its address under "nanoccl/<commId>/addr/<rank>", reads every
+// member's and connects the full mesh.
+Result<std::unique_ptr<Transport>> connectGroup(const std::string& kind, const std::string& commId,
+                                                int rank, const std::vector<int>& ranks,
+                                                const std::string& secret,
+                                                const CommunicatorOptions& options,
+                                                const Deadline& deadline) {
+  TransportOptions topts;
+  topts.rank = rank;
+  topts.size = static_cast<int>(ranks.size());
+  topts.commId = commId;
+  topts.secret = secret;
+  topts.config = options.config;
+  NANOCCL_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport, createTransport(kind, topts));
+  PrefixStore store("nanoccl/" + commId, options.store);
+  NANOCCL_ASSIGN_OR_RETURN(const std::string address, transport->listen());
+  NANOCCL_CHECK(store.set("addr/" + std::to_string(rank), address));
+  std::vector<std::string> addresses(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    Result<std::string> a = store.get("addr/" + std::to_string(i), deadline);
+    if (!a.isOk()) {
+      return a.status().withContext("waiting for rank " + std::to_string(ranks[i]) +
+                                    "'s address: ");
+    }
+    addresses[i] = std::move(a).value();
+  }
+  NANOCCL_CHECK(transport->connect(addresses, deadline));
+  return transport;
+}
+
+// The sub-communicators of a hierarchical topology (see Hierarchy in algorithm.h). Every rank
+// connects its local group first, then its cross group: the same order everywhere, and each
+// group only waits for its own members, so setup cannot deadlock.
+Result<std::unique_ptr<detail::Hierarchy>> connectHierarchy(const CommunicatorOptions& options,
+                                                            const Topology& topo,
+                                                            const std::string& secret,
+                                                            const Deadline& deadline) {
+  auto h = std::make_unique<detail::Hierarchy>();
+  h->topology = topo;
+  h->shards = topo.minLocalSize();
+  const int node = topo.nodeOf[options.rank];
+  const int lr = topo.localRankOf[options.rank];
+
+  detail::SubGroup& local = h->local;
+  local.ranks = topo.nodeRanks[node];
+  local.rank = lr;
+  local.size = static_cast<int>(local.ranks.size());
+  // The transports name ranks by their place in the group; the name maps them back.
+  local.name = "intra-node stage among ranks " + ranksText(local.ranks) + " (node " +
+               std::to_string(node) + "; below, rank i is the i-th of them)";
+  if (local.size > 1) {
+    const std::string commId = options.commId + "/local/" + std::to_string(node);
+    std::string kind = options.config.intraTransport;
+    if (kind == "auto") {
+      // shm where this build has it (every rank runs the same build, so all agree), else tcp.
+      // Creating a transport only builds an object; nothing is opened until listen().
+      TransportOptions probe;
+      kind = createTransport("shm", probe).isOk() ? "shm" : "tcp";
+    }
+    Result<std::unique_ptr<Transport>> t =
+        connectGroup(kind, commId, lr, local.ranks, secret, options, deadline);
+    if (!t.isOk()) {
+      return t.status().withContext("connecting the " + local.name + " over " + kind + ": ");
+    }
+    local.transport = std::move(t).value();
+  }
+
+  // Only local ranks below the smallest node's size carry a shard across nodes.
+  if (lr < h->shards) {
+    detail::SubGroup& cross = h->cross;
+    for (int k = 0; k < topo.numNodes(); ++k) cross.ranks.push_back(topo.nodeRanks[k][lr]);
+    cross.rank = node;
+    cross.size = topo.numNodes();
+    cross.name = "inter-node stage among ranks " + ranksText(cross.ranks) + " (local rank " +
+                 std::to_string(lr) + " of every node; below, rank i is the i-th of them)";
+    Result<std::unique_ptr<Transport>> t =
+        connectGroup(options.transport, options.commId + "/cross/" + std::to_string(lr), node,
+                     cross.ranks, secret, options, deadline);
+    if (!t.isOk()) {
+      return t.status().withContext("connecting the " + cross.name + " over " + options.transport +
+                                    ": ");
+    }
+    cross.transport = std::move(t).value();
+  }
+  return h;
+}
+
+}  // namespace
+
 Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOptions& options) {
   if (!options.store) return invalidArgument("communicator: no store given");
   if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
@@ -421,6 +541,11 @@ Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOpt
   impl->commId = options.commId;
   impl->config = options.config;
   impl->timeout = options.timeout;
+  impl->callsPerRow = std::make_unique<std::atomic<uint64_t>[]>(detail::algorithmTable().size());
+  const std::string nodeId = !options.config.nodeId.empty() ? options.config.nodeId
+                             : !options.nodeId.empty()      ? options.nodeId
+                                                            : defaultNodeId();
+  impl->topology = Topology::fromNodeIds({nodeId});
 
   if (options.size > 1) {
     const std::string where =
@@ -437,36 +562,43 @@ Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOpt
       secret = std::move(got).value();
     }
 
-    TransportOptions topts;
-    topts.rank = options.rank;
-    topts.size = options.size;
-    topts.commId = options.commId;
-    topts.secret = secret;
-    topts.config = options.config;
-    Result<std::unique_ptr<Transport>> transport = createTransport(options.transport, topts);
+    NANOCCL_CHECK(store->set("node/" + std::to_string(options.rank), nodeId).withContext(where));
+    std::vector<std::string> nodeIds(options.size);
+    for (int r = 0; r < options.size; ++r) {
+      Result<std::string> id = store->get("node/" + std::to_string(r), deadline);
+      if (!id.isOk()) {
+        return id.status().withContext(where + "waiting for rank " + std::to_string(r) +
+                                       "'s node id: ");
+      }
+      nodeIds[r] = std::move(id).value();
+    }
+    impl->topology = Topology::fromNodeIds(std::move(nodeIds));
+
+    std::vector<int> all(options.size);
+    std::iota(all.begin(), all.end(), 0);
+    Result<std::unique_ptr<Transport>> transport = connectGroup(
+        options.transport, options.commId, options.rank, all, secret, options, deadline);
     if (!transport.isOk()) return transport.status().withContext(where);
     impl->transport = std::move(transport).value();
 
-    Result<std::string> address = impl->transport->listen();
-    if (!address.isOk()) return address.status().withContext(where);
-    NANOCCL_CHECK(
-        store->set("addr/" + std::to_string(options.rank), address.value()).withContext(where));
-    std::vector<std::string> addresses(options.size);
-    for (int r = 0; r < options.size; ++r) {
-      Result<std::string> a = store->get("addr/" + std::to_string(r), deadline);
-      if (!a.isOk()) {
-        return a.status().withContext(where + "waiting for rank " + std::to_string(r) +
-                                      "'s address: ");
-      }
-      addresses[r] = std::move(a).value();
+    if (impl->topology.hierarchical()) {
+      Result<std::unique_ptr<detail::Hierarchy>> h =
+          connectHierarchy(options, impl->topology, secret, deadline);
+      if (!h.isOk()) return h.status().withContext(where);
+      impl->hierarchy = std::move(h).value();
     }
-    NANOCCL_CHECK(impl->transport->connect(addresses, deadline).withContext(where));
   }
 
   impl->config.logOnce();
+  std::string over = impl->transport ? " over " + impl->transport->describe() : "";
+  if (const detail::Hierarchy* h = impl->hierarchy.get()) {
+    over += "; " + impl->topology.describe() + ", intra-node over " +
+            (h->local.transport ? h->local.transport->describe() : "nothing (one rank)") +
+            ", inter-node over " +
+            (h->cross.transport ? h->cross.transport->describe() : "nothing (no shard)");
+  }
   NANOCCL_INFO("rank " << options.rank << "/" << options.size << ": communicator '"
-                       << options.commId << "' ready"
-                       << (impl->transport ? " over " + impl->transport->describe() : ""));
+                       << options.commId << "' ready" << over);
   Impl* raw = impl.get();
   impl->worker = std::thread([raw] { raw->workerLoop(); });
   if (options.size > 1) impl->watchdog = std::thread([raw] { raw->watchdogLoop(); });
@@ -502,11 +634,14 @@ void Communicator::Impl::shutdown() {
   }
   // Only a communicator with work in flight aborts (and so tells its peers); an idle one just
   // closes its connections below.
-  if (pending && transport) transport->abort(destroyedStatus);
+  if (pending) {
+    for (Transport* t : transports()) t->abort(destroyedStatus);
+  }
   workCv.notify_all();
   watchCv.notify_all();
   if (worker.joinable()) worker.join();
   if (watchdog.joinable()) watchdog.join();
+  hierarchy.reset();
   transport.reset();
   std::map<uint64_t, P2pCall> left;
   {
@@ -521,6 +656,7 @@ void Communicator::Impl::shutdown() {
 int Communicator::rank() const { return impl_->rank; }
 int Communicator::size() const { return impl_->size; }
 const Config& Communicator::config() const { return impl_->config; }
+const Topology& Communicator::topology() const { return impl_->topology; }
 
 void Communicator::abort(const Status& why) {
   impl_->fail(why.isOk()
@@ -539,6 +675,35 @@ CommStats Communicator::stats() const {
     s.bytesReceivedPerOp[i] = impl_->receivedPerOp[i].load();
   }
   s.calls = impl_->calls.load();
+
+  // The sub-communicators' traffic under the parent ranks of their members.
+  if (const detail::Hierarchy* h = impl_->hierarchy.get()) {
+    for (const detail::SubGroup* g : {&h->local, &h->cross}) {
+      if (!g->transport) continue;
+      const std::vector<PeerCounters> c = g->transport->counters();
+      for (size_t i = 0; i < c.size() && i < g->ranks.size(); ++i) {
+        PeerCounters& p = s.perPeer[g->ranks[i]];
+        p.bytesSent += c[i].bytesSent;
+        p.bytesReceived += c[i].bytesReceived;
+        p.messagesSent += c[i].messagesSent;
+        p.messagesReceived += c[i].messagesReceived;
+      }
+    }
+  }
+  const Topology& topo = impl_->topology;
+  for (int r = 0; r < static_cast<int>(s.perPeer.size()) && r < topo.size(); ++r) {
+    if (r == impl_->rank) continue;
+    const bool intra = topo.sameNode(r, impl_->rank);
+    (intra ? s.intraNodeBytesSent : s.interNodeBytesSent) += s.perPeer[r].bytesSent;
+    (intra ? s.intraNodeBytesReceived : s.interNodeBytesReceived) += s.perPeer[r].bytesReceived;
+  }
+  const std::vector<AlgorithmRow>& table = detail::algorithmTable();
+  for (size_t i = 0; i < table.size(); ++i) {
+    if (const uint64_t n = impl_->callsPerRow[i].load(); n > 0) {
+      s.callsPerAlgorithm.emplace_back(std::string(opTypeName(table[i].op)) + "/" + table[i].name,
+                                       n);
+    }
+  }
   return s;
 }
 

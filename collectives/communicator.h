@@ -18,19 +18,28 @@
 //   deadlock) and match by (peer, tag) in order; kAnySource receives from whoever sends first.
 // - Every Task completes within the communicator's timeout: done, or failed with a Status.
 // - The destructor aborts pending Tasks, joins the threads and closes every socket.
+//
+// Topology (collectives/topology.h)
+// - create() exchanges every rank's node id through the store. Where the topology is
+//   hierarchical (several nodes, some with several ranks) it also connects two internal
+//   sub-communicators: "local" (the ranks of this node; over shm when built in, else tcp;
+//   NANOCCL_INTRA_TRANSPORT forces one) and "cross" (local rank l of every node; over
+//   options.transport). Only the worker thread drives them, inside the "hierarchical"
+//   algorithms; they share this communicator's sequence numbers, timeout and failure state.
 #pragma once
 
 #include <chrono>
 #include <condition_variable>
-#include <mutex>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
 #include "collectives/store.h"
+#include "collectives/topology.h"
 #include "common/config.h"
 #include "common/dtype.h"
 #include "common/op.h"
@@ -77,16 +86,29 @@ struct CommunicatorOptions {
   Config config;
   // Every call's deadline; also bounds connection setup.
   std::chrono::milliseconds timeout{300000};
+  // The transport between all ranks (and, in hierarchical collectives, between nodes).
   std::string transport = "tcp";
+  // This rank's node; config.nodeId (NANOCCL_NODE_ID) overrides it. Empty: defaultNodeId().
+  std::string nodeId;
 };
 
 // Bytes moved, as the study reports them.
 struct CommStats {
-  std::vector<PeerCounters> perPeer;  // index = rank
+  // Payload per peer (index = rank), whichever transport carried it: the sub-communicators'
+  // traffic is counted under the parent ranks of their members.
+  std::vector<PeerCounters> perPeer;
   // Bytes sent/received by this rank per op type (index = OpType).
   std::vector<uint64_t> bytesSentPerOp;
   std::vector<uint64_t> bytesReceivedPerOp;
   uint64_t calls = 0;
+  // perPeer summed by link class: peers on this rank's node (intra) and on other nodes (inter).
+  uint64_t intraNodeBytesSent = 0;
+  uint64_t intraNodeBytesReceived = 0;
+  uint64_t interNodeBytesSent = 0;
+  uint64_t interNodeBytesReceived = 0;
+  // Collective calls run per algorithm, as ("allreduce/hierarchical", calls): what the planner
+  // chose. Only algorithms that ran are listed; calls on a one-rank communicator are not.
+  std::vector<std::pair<std::string, uint64_t>> callsPerAlgorithm;
 };
 
 class Communicator : public std::enable_shared_from_this<Communicator> {
@@ -99,6 +121,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   int rank() const;
   int size() const;
   const Config& config() const;
+  // Which ranks share a node; the same on every rank.
+  const Topology& topology() const;
 
   // In place on `buf` (count elements). kPremulSum multiplies this rank's input by
   // `premulFactor` first. kAvg divides the sum by size() (integer division for integers).
@@ -120,17 +144,15 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Rank r's part of `send` (sendCounts[r] elements, back to back) goes to rank r; `recv`
   // gets recvCounts[r] elements from rank r, back to back.
   std::shared_ptr<Task> alltoall(const void* send, const std::vector<size_t>& sendCounts,
-                                 void* recv, const std::vector<size_t>& recvCounts,
-                                 DataType dtype);
+                                 void* recv, const std::vector<size_t>& recvCounts, DataType dtype);
   // On root, `recv` gets recvCounts[r] elements from rank r, back to back (ignored elsewhere).
   std::shared_ptr<Task> gather(const void* send, size_t sendCount, void* recv,
                                const std::vector<size_t>& recvCounts, DataType dtype, int root);
   // From root's `send` (sendCounts[r] elements for rank r, back to back), rank r receives
   // sendCounts[r] == recvCount elements.
-  std::shared_ptr<Task> scatter(const void* send, const std::vector<size_t>& sendCounts,
-                                void* recv, size_t recvCount, DataType dtype, int root);
-  std::shared_ptr<Task> send(const void* buf, size_t count, DataType dtype, int peer,
-                             uint32_t tag);
+  std::shared_ptr<Task> scatter(const void* send, const std::vector<size_t>& sendCounts, void* recv,
+                                size_t recvCount, DataType dtype, int root);
+  std::shared_ptr<Task> send(const void* buf, size_t count, DataType dtype, int peer, uint32_t tag);
   // peer may be kAnySource; Task::source() tells who sent.
   std::shared_ptr<Task> recv(void* buf, size_t count, DataType dtype, int peer, uint32_t tag);
   std::shared_ptr<Task> barrier();

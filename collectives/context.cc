@@ -20,13 +20,17 @@ size_t CallArgs::planBytes() const {
 }
 
 Pending Context::isend(int peer, uint32_t tag, const void* buf, size_t bytes) {
-  bytesSent_ += bytes;
+  for (Context* c = this; c != nullptr; c = c->parent_) {
+    c->bytesSent_.fetch_add(bytes, std::memory_order_relaxed);
+  }
   Envelope env{fingerprint_, tag};
   return Pending{transport_->isend(peer, env, buf, bytes), peer, true, tag};
 }
 
 Pending Context::irecv(int peer, uint32_t tag, void* buf, size_t bytes) {
-  bytesReceived_ += bytes;
+  for (Context* c = this; c != nullptr; c = c->parent_) {
+    c->bytesReceived_.fetch_add(bytes, std::memory_order_relaxed);
+  }
   Envelope env{fingerprint_, tag};
   return Pending{transport_->irecv(peer, env, buf, bytes), peer, false, tag};
 }
@@ -49,6 +53,8 @@ Status Context::waitAll(const std::vector<Pending>& ps) {
 }
 
 char* Context::scratch(size_t bytes) {
+  if (parent_ != nullptr) return parent_->scratch(bytes);
+  std::lock_guard<std::mutex> lock(scratchMu_);
   scratch_.emplace_back(new char[std::max<size_t>(bytes, 1)]);
   return scratch_.back().get();
 }

@@ -6,12 +6,27 @@
 namespace nanoccl::detail {
 namespace {
 
-bool anyCall(const CallArgs&, int) { return true; }
-bool autoAlways(const CallArgs&, int, const Config&) { return true; }
-bool autoNever(const CallArgs&, int, const Config&) { return false; }
+Status anyCall(const CallArgs&, const Topology&) { return Status::ok(); }
+bool autoAlways(const CallArgs&, const Topology&, const Config&) { return true; }
+bool autoNever(const CallArgs&, const Topology&, const Config&) { return false; }
 // Latency-bound sizes: log2(size) rounds beat the ring's 2 x (size - 1) steps.
-bool autoSmall(const CallArgs& args, int, const Config& config) {
+bool autoSmall(const CallArgs& args, const Topology&, const Config& config) {
   return args.planBytes() <= config.smallMessageBytes;
+}
+
+// A hierarchical algorithm needs an intra-node stage and an inter-node stage to split into.
+Status hierarchicalTopology(const CallArgs&, const Topology& topology) {
+  if (topology.hierarchical()) return Status::ok();
+  return invalidArgument(
+      "the topology is flat (" + topology.describe() +
+      "): hierarchical algorithms need more than one node and a node with more than one rank "
+      "(ranks with equal NANOCCL_NODE_ID are one node)");
+}
+// Bandwidth-bound sizes on a hierarchical topology: each byte crosses the node links once per
+// node instead of once per rank. Small messages stay on the flat latency-optimal rows, whose
+// log2(size) rounds beat the hierarchy's three stages.
+bool autoLargeHierarchical(const CallArgs& args, const Topology& topology, const Config& config) {
+  return topology.hierarchical() && args.planBytes() > config.smallMessageBytes;
 }
 
 }  // namespace
@@ -23,6 +38,10 @@ const std::vector<AlgorithmRow>& algorithmTable() {
       {"recursive_doubling", OpType::kAllreduce,
        "log2(size) exchanges of the whole buffer; non-power-of-two sizes fold the extra ranks",
        anyCall, autoSmall, allreduceRecursiveDoubling},
+      {"hierarchical", OpType::kAllreduce,
+       "intra-node reduce-scatter, inter-node allreduce of each shard by its local rank on every "
+       "node at once, intra-node allgather",
+       hierarchicalTopology, autoLargeHierarchical, allreduceHierarchical},
       {"ring", OpType::kAllreduce,
        "ring reduce-scatter + allgather, chunked and pipelined (bandwidth-optimal)", anyCall,
        autoAlways, allreduceRing},
@@ -35,11 +54,23 @@ const std::vector<AlgorithmRow>& algorithmTable() {
 
       {"tree", OpType::kBroadcast, "binomial tree from the root", anyCall, autoSmall,
        broadcastTree},
+      {"hierarchical", OpType::kBroadcast,
+       "the root hands one shard to each local rank, each shard is broadcast across nodes by "
+       "its local rank at once, intra-node allgather",
+       hierarchicalTopology, autoLargeHierarchical, broadcastHierarchical},
       {"ring", OpType::kBroadcast, "pipelined chain of chunks from the root", anyCall, autoAlways,
        broadcastRing},
 
+      {"hierarchical", OpType::kAllgather,
+       "each node's pieces sharded over its local ranks, inter-node allgather of each shard by "
+       "its local rank on every node at once, intra-node allgather",
+       hierarchicalTopology, autoLargeHierarchical, allgatherHierarchical},
       {"ring", OpType::kAllgather, "ring, chunked and pipelined; uneven counts", anyCall,
        autoAlways, allgatherRing},
+      {"hierarchical", OpType::kReduceScatter,
+       "intra-node reduce-scatter of every node's shards, inter-node reduce-scatter of each "
+       "shard by its local rank on every node at once, shards to their ranks within the node",
+       hierarchicalTopology, autoLargeHierarchical, reduceScatterHierarchical},
       {"ring", OpType::kReduceScatter, "ring, chunked and pipelined; uneven counts", anyCall,
        autoAlways, reduceScatterRing},
       {"pairwise", OpType::kAlltoall, "every receive posted, then sends to rank+1, rank+2, ...",
@@ -54,7 +85,8 @@ const std::vector<AlgorithmRow>& algorithmTable() {
   return table;
 }
 
-Result<const AlgorithmRow*> planAlgorithm(const CallArgs& args, int size, const Config& config) {
+Result<const AlgorithmRow*> planAlgorithm(const CallArgs& args, const Topology& topology,
+                                          const Config& config) {
   const std::vector<AlgorithmRow>& table = algorithmTable();
   const std::string& want = config.algo;
   const bool forced = !(want.empty() || want == "auto");
@@ -69,10 +101,11 @@ Result<const AlgorithmRow*> planAlgorithm(const CallArgs& args, int size, const 
       if (want == row.name) named = &row;
     }
     if (named != nullptr) {
-      if (named->supports(args, size)) return named;
+      const Status why = named->supports(args, topology);
+      if (why.isOk()) return named;
       return invalidArgument("algorithm '" + want + "' (NANOCCL_ALGO) cannot run this " +
-                             opTypeName(args.op) + "; valid for " + opTypeName(args.op) + ": auto" +
-                             forOp);
+                             opTypeName(args.op) + ": " + why.message() + "; valid for " +
+                             opTypeName(args.op) + ": auto" + forOp);
     }
     if (!known) {
       std::vector<std::string> names;
@@ -89,7 +122,8 @@ Result<const AlgorithmRow*> planAlgorithm(const CallArgs& args, int size, const 
     // Known, but only for other ops: this op stays on "auto".
   }
   for (const AlgorithmRow& row : table) {
-    if (row.op == args.op && row.autoWhen(args, size, config) && row.supports(args, size)) {
+    if (row.op == args.op && row.autoWhen(args, topology, config) &&
+        row.supports(args, topology).isOk()) {
       return &row;
     }
   }

@@ -1,7 +1,8 @@
 // The planner: picks one row of the algorithm table (planner.cc) for each collective call.
 //
-// The choice is a pure function of the call's arguments, the world size and the Config, so
-// every rank of a matching call picks the same row without talking to the others. It runs on
+// The choice is a pure function of the call's arguments, the topology (the same on every rank)
+// and the Config, so every rank of a matching call picks the same row without talking to the
+// others. It runs on
 // the calling thread, before the call is queued, so a bad NANOCCL_ALGO is an argument error of
 // that call and does not break the communicator.
 #pragma once
@@ -18,9 +19,13 @@ namespace nanoccl::detail {
 const std::vector<AlgorithmRow>& algorithmTable();
 
 // config.algo == "auto" (or empty): the first row of args.op whose autoWhen() and supports()
-// hold. A name: that op's row of that name; kInvalidArgument (listing the valid names) when
-// no row anywhere has the name or the op's row cannot run this call. A name that exists only
-// for other ops (NANOCCL_ALGO=ring and a barrier) leaves this op on "auto", as NCCL_ALGO does.
-Result<const AlgorithmRow*> planAlgorithm(const CallArgs& args, int size, const Config& config);
+// hold: on a hierarchical topology, "hierarchical" for messages above smallMessageBytes, flat
+// rows otherwise. A name: that op's row of that name; kInvalidArgument (listing the valid
+// names, and saying why) when no row anywhere has the name or the op's row cannot run this
+// call. A name that exists only for other ops (NANOCCL_ALGO=ring and a barrier) leaves this op
+// on "auto", as NCCL_ALGO does. Every name but "hierarchical" is flat: NANOCCL_ALGO=ring forces
+// the flat ring on a hierarchical topology.
+Result<const AlgorithmRow*> planAlgorithm(const CallArgs& args, const Topology& topology,
+                                          const Config& config);
 
 }  // namespace nanoccl::detail

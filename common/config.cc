@@ -86,6 +86,19 @@ const std::vector<Field>& fields() {
       intField("small_message_bytes", &Config::smallMessageBytes, 0),
       intField("timeout_ms", &Config::timeoutMs, 1),
       intField("connect_timeout_ms", &Config::connectTimeoutMs, 1),
+      {"node_id",
+       [](Config& c, const std::string& v) {
+         c.nodeId = v;
+         return Status::ok();
+       },
+       [](const Config& c) { return c.nodeId; }},
+      {"intra_transport",
+       [](Config& c, const std::string& v) {
+         NANOCCL_CHECK(oneOf("intra_transport", v, {"auto", "shm", "tcp"}));
+         c.intraTransport = v;
+         return Status::ok();
+       },
+       [](const Config& c) { return c.intraTransport; }},
   };
   return table;
 }

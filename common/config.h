@@ -35,6 +35,12 @@ struct Config {
   int64_t timeoutMs = 300000;
   // Deadline of connection setup (handshakes, store look-ups) when the caller gives none.
   int64_t connectTimeoutMs = 60000;
+  // Which node this rank is on (ranks with equal ids are one node). Empty: the embedding
+  // layer's id, else "<hostname>/netns:<inode>" (collectives/topology.h).
+  std::string nodeId;
+  // Transport between the ranks of one node in hierarchical collectives: "auto" (shm when it is
+  // built in, else tcp), "shm" or "tcp".
+  std::string intraTransport = "auto";
 
   // Reads every NANOCCL_* variable over the defaults; a malformed value is an error.
   static Result<Config> fromEnv();

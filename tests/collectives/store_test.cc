@@ -163,14 +163,15 @@ TEST(Planner, AutoPicksBySizeAndForcedNamesApply) {
   detail::CallArgs large = small;
   large.count = 1 << 20;
   Config c;
-  EXPECT_STREQ(detail::planAlgorithm(small, 4, c).value()->name, "recursive_doubling");
-  EXPECT_STREQ(detail::planAlgorithm(large, 4, c).value()->name, "ring");
+  const Topology flat = Topology::singleNode(4);
+  EXPECT_STREQ(detail::planAlgorithm(small, flat, c).value()->name, "recursive_doubling");
+  EXPECT_STREQ(detail::planAlgorithm(large, flat, c).value()->name, "ring");
   c.algo = "tree";
-  EXPECT_STREQ(detail::planAlgorithm(large, 4, c).value()->name, "tree");
+  EXPECT_STREQ(detail::planAlgorithm(large, flat, c).value()->name, "tree");
   c.algo = "pairwise";  // an alltoall algorithm: allreduce stays on auto
-  EXPECT_STREQ(detail::planAlgorithm(large, 4, c).value()->name, "ring");
+  EXPECT_STREQ(detail::planAlgorithm(large, flat, c).value()->name, "ring");
   c.algo = "nope";
-  auto bad = detail::planAlgorithm(small, 4, c);
+  auto bad = detail::planAlgorithm(small, flat, c);
   EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("dissemination"), std::string::npos);
 }

@@ -29,6 +29,9 @@ struct WorldOptions {
   std::string algo = "auto";
   size_t chunkBytes = 0;  // 0: the default
   std::chrono::milliseconds timeout{10000};
+  // Emulated topology: rank r's node id (empty: every rank derives the same one, one node).
+  std::vector<std::string> nodeIds;
+  std::string intraTransport = "auto";
 };
 
 inline Config worldConfig(const WorldOptions& o) {
@@ -37,6 +40,7 @@ inline Config worldConfig(const WorldOptions& o) {
   c.tcpEngine = o.engine;
   c.algo = o.algo;
   if (o.chunkBytes != 0) c.chunkBytes = o.chunkBytes;
+  c.intraTransport = o.intraTransport;
   return c;
 }
 
@@ -59,6 +63,7 @@ inline Status makeWorld(const WorldOptions& o, std::vector<std::shared_ptr<Commu
       co.commId = commId;
       co.config = worldConfig(o);
       co.timeout = o.timeout;
+      if (!o.nodeIds.empty()) co.nodeId = o.nodeIds[r];
       results[r] = Communicator::create(co);
     });
   }

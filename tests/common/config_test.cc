@@ -44,9 +44,10 @@ class ScopedEnv {
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
-const char* kNames[] = {"socket_ifname",     "tcp_engine",          "nsocks",
-                        "stripe_min_bytes",  "algo",                "chunk_bytes",
-                        "small_message_bytes", "timeout_ms",        "connect_timeout_ms"};
+const char* kNames[] = {"socket_ifname",       "tcp_engine", "nsocks",
+                        "stripe_min_bytes",    "algo",       "chunk_bytes",
+                        "small_message_bytes", "timeout_ms", "connect_timeout_ms",
+                        "node_id",             "intra_transport"};
 
 std::string envName(const std::string& field) {
   std::string s = "NANOCCL_";

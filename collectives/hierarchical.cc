@@ -1,0 +1,553 @@
+// Hierarchical collectives: an intra-node stage, an inter-node stage and an intra-node stage
+// again, so that each byte crosses the slow node links once per node instead of once per rank,
+// and every local rank drives its own share of the node's inter-node traffic at the same time.
+//
+// Threads and sub-communicators (see SubGroup, Hierarchy in algorithm.h)
+//   The sub-communicators are bare transports owned by the parent communicator, not
+//   communicators with queues and workers of their own: each stage below runs the flat
+//   building blocks (ring reduce-scatter, ring allgather, ...) synchronously inside the
+//   parent's call, through a child Context on the sub-communicator's transport. Nothing is
+//   queued on any communicator, so no stage can wait for work that sits behind the call
+//   running it; a failed stage fails the call, and the worker then aborts the parent's and
+//   both sub-communicators' transports before the scratch memory goes away. The messages carry
+//   the parent call's fingerprint (its sequence number included), so a disagreement is still
+//   reported as a mismatch; errors are prefixed with the stage and the parent ranks of the
+//   group, because the transport names ranks by their number within the group.
+//   The large allreduce pipelines its stages over blocks (see kPipelineBlockBytes): the
+//   worker thread reduces in the node while two helper threads, started and joined within the
+//   call, cross nodes and gather; each stage has its own tag range per block. The other
+//   collectives run their stages one after another.
+//
+// Shards and uneven nodes
+//   Data is cut into S = min over nodes of the local size shards; local rank s < S of every
+//   node carries shard s across nodes in its cross group (whose rank is the node index), and
+//   local ranks >= S hold empty shards. With equal nodes that is the textbook plan (L shards,
+//   every local rank on the node links at once). With uneven nodes (2+1) or one-rank nodes it
+//   degenerates gracefully towards the leader-based plan (S = 1: reduce to local rank 0,
+//   leaders exchange, local broadcast, where the "reduce" and "broadcast" are the ring
+//   reduce-scatter and allgather with one non-empty segment: pipelined chains). Either way
+//   the inter-node bytes per node are the optimum, 2(m-1)/m x size for an allreduce over m
+//   nodes; what uneven nodes lose is only the parallelism of the extra local ranks.
+//
+// Reductions: kPremulSum scales this rank's input once, at the start; kAvg divides the final
+// sum by the world size once, where the reduced shard first exists. The stages reduce as kSum.
+// Results are identical on every rank (each shard is reduced in one fixed order by one group
+// and then copied), and equal the flat algorithms' up to floating-point reordering.
+#include <algorithm>
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include "collectives/algorithm.h"
+#include "common/reduce.h"
+
+namespace nanoccl::detail {
+namespace {
+
+// A run of elements [start, start + count) of some node's block.
+struct Range {
+  size_t start = 0;
+  size_t count = 0;
+};
+
+Range intersect(Range a, Range b) {
+  const size_t lo = std::max(a.start, b.start);
+  const size_t hi = std::min(a.start + a.count, b.start + b.count);
+  return hi > lo ? Range{lo, hi - lo} : Range{lo, 0};
+}
+
+Status inStage(const SubGroup& group, const Status& s) {
+  return s.isOk() ? s : s.withContext(group.name + ": ");
+}
+
+// Segments (pointers) of `counts` laid out back to back from `base`.
+std::vector<char*> segmentsOf(char* base, const std::vector<size_t>& counts, size_t es) {
+  std::vector<char*> out(counts.size());
+  size_t at = 0;
+  for (size_t i = 0; i < counts.size(); ++i) {
+    out[i] = base + at * es;
+    at += counts[i];
+  }
+  return out;
+}
+
+size_t maxOf(const std::vector<size_t>& v) {
+  return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
+}
+
+// The pieces of an allgather / reduce_scatter (counts[r] elements per rank, in rank order in
+// the caller's buffers), seen per node: node k's block is the pieces of its ranks back to back
+// in local-rank order, cut into S shards (evenSplit). The staging buffer holds shard 0 of every
+// block (node order), then shard 1 of every block, ...: so what local rank s handles in the
+// intra-node stage is one contiguous region, and node k's shard s one contiguous run in it.
+struct ShardLayout {
+  std::vector<size_t> rankStart;                // [rank]: offset in the caller's buffer
+  std::vector<std::vector<size_t>> pieceStart;  // [node][local rank]: offset in the block
+  std::vector<std::vector<size_t>> shardStart;  // [node][shard]: offset in the block
+  std::vector<std::vector<size_t>> shardCount;  // [node][shard]
+  std::vector<size_t> regionStart;              // [shard]: offset in staging
+  std::vector<size_t> regionCount;              // [shard]
+  std::vector<std::vector<size_t>> staged;      // [shard][node]: offset in staging
+
+  ShardLayout(const Topology& topo, const std::vector<size_t>& counts, int shards) {
+    const int m = topo.numNodes();
+    rankStart = prefixOffsets(counts);
+    pieceStart.resize(m);
+    shardStart.resize(m);
+    shardCount.resize(m);
+    for (int k = 0; k < m; ++k) {
+      size_t block = 0;
+      for (int q : topo.nodeRanks[k]) {
+        pieceStart[k].push_back(block);
+        block += counts[q];
+      }
+      shardCount[k] = evenSplit(block, shards);
+      shardStart[k] = prefixOffsets(shardCount[k]);
+    }
+    regionStart.resize(shards);
+    regionCount.resize(shards);
+    staged.assign(shards, std::vector<size_t>(m));
+    size_t at = 0;
+    for (int s = 0; s < shards; ++s) {
+      regionStart[s] = at;
+      for (int k = 0; k < m; ++k) {
+        staged[s][k] = at;
+        at += shardCount[k][s];
+      }
+      regionCount[s] = at - regionStart[s];
+    }
+  }
+
+  // Copies every shard between the caller's rank-ordered buffer and staging.
+  void copy(const Topology& topo, const std::vector<size_t>& counts, size_t es,
+            const char* rankOrdered, char* staging) const {
+    move(topo, counts, es, const_cast<char*>(rankOrdered), staging, true);
+  }
+  void uncopy(const Topology& topo, const std::vector<size_t>& counts, size_t es,
+              const char* staging, char* rankOrdered) const {
+    move(topo, counts, es, rankOrdered, const_cast<char*>(staging), false);
+  }
+
+ private:
+  void move(const Topology& topo, const std::vector<size_t>& counts, size_t es, char* ranked,
+            char* staging, bool toStaging) const {
+    for (int k = 0; k < topo.numNodes(); ++k) {
+      for (size_t s = 0; s < regionStart.size(); ++s) {
+        const Range shard{shardStart[k][s], shardCount[k][s]};
+        for (size_t j = 0; j < topo.nodeRanks[k].size(); ++j) {
+          const int q = topo.nodeRanks[k][j];
+          const Range ov = intersect(shard, Range{pieceStart[k][j], counts[q]});
+          if (ov.count == 0) continue;
+          char* a = ranked + (rankStart[q] + ov.start - pieceStart[k][j]) * es;
+          char* b = staging + (staged[s][k] + ov.start - shard.start) * es;
+          if (toStaging) {
+            std::memcpy(b, a, ov.count * es);
+          } else {
+            std::memcpy(a, b, ov.count * es);
+          }
+        }
+      }
+    }
+  }
+};
+
+// Within the node: local rank i holds the block run have[i] (at `mine`, this rank's own) and
+// wants want[i] (into `into`); every overlap moves directly between the two local ranks.
+// Both sides compute the same overlaps, so empty ones are skipped on both.
+Status exchangeRuns(Context& local, const std::vector<Range>& have, const char* mine,
+                    const std::vector<Range>& want, char* into, size_t es, uint32_t tag) {
+  const int me = local.rank();
+  std::vector<Pending> ps;
+  for (int i = 0; i < local.size(); ++i) {
+    if (i == me) continue;
+    const Range in = intersect(have[i], want[me]);
+    if (in.count > 0) {
+      ps.push_back(local.irecv(i, tag, into + (in.start - want[me].start) * es, in.count * es));
+    }
+  }
+  for (int i = 0; i < local.size(); ++i) {
+    if (i == me) continue;
+    const Range out = intersect(have[me], want[i]);
+    if (out.count > 0) {
+      ps.push_back(local.isend(i, tag, mine + (out.start - have[me].start) * es, out.count * es));
+    }
+  }
+  const Range self = intersect(have[me], want[me]);
+  if (self.count > 0) {
+    std::memmove(into + (self.start - want[me].start) * es,
+                 mine + (self.start - have[me].start) * es, self.count * es);
+  }
+  return local.waitAll(ps);
+}
+
+// The flat allreduce the cross groups run on their shard: latency-optimal for small shards,
+// the ring otherwise (both give every member the same bits).
+Status crossAllreduce(Context& cross, const CallArgs& shard) {
+  if (shard.planBytes() <= cross.config().smallMessageBytes) {
+    return allreduceRecursiveDoubling(cross, shard);
+  }
+  return allreduceRing(cross, shard);
+}
+
+// Large allreduces run their three stages as a pipeline over blocks of about this size: while
+// block b crosses the node links, block b + 1 is reduced and block b - 1 gathered inside the
+// node, so the intra-node stages hide behind the inter-node one (the slow one) instead of
+// adding to it. Few blocks keep the per-block latency (ring steps) small against the data.
+constexpr size_t kPipelineBlockBytes = size_t{4} << 20;
+constexpr int kMaxPipelineBlocks = 16;
+
+// Hands block numbers from one pipeline stage to the next. close() (on a failure) makes every
+// pop() return at once; finish() says no more blocks will come.
+class BlockQueue {
+ public:
+  void push(int block) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      blocks_.push_back(block);
+    }
+    cv_.notify_all();
+  }
+  void finish() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      finished_ = true;
+    }
+    cv_.notify_all();
+  }
+  void close() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      closed_ = true;
+    }
+    cv_.notify_all();
+  }
+  // The next block, or -1 when there are no more (finished, or closed). kTimeout when the
+  // call's deadline passes first.
+  Status pop(const Deadline& deadline, int* block) {
+    std::unique_lock<std::mutex> lock(mu_);
+    *block = -1;
+    auto ready = [&] { return closed_ || finished_ || !blocks_.empty(); };
+    if (deadline.at() == Clock::time_point::max()) {
+      cv_.wait(lock, ready);
+    } else if (!cv_.wait_until(lock, deadline.at(), ready)) {
+      return timeoutError("timed out waiting for the previous pipeline stage");
+    }
+    if (closed_ || blocks_.empty()) return Status::ok();
+    *block = blocks_.front();
+    blocks_.pop_front();
+    return Status::ok();
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<int> blocks_;
+  bool finished_ = false;
+  bool closed_ = false;
+};
+
+// The ring allreduce of `count` elements at `buf` over `ctx`, with tags from `tagBase` (the
+// table's allreduceRing always starts at tag 0; the blocks of one call need their own tags).
+Status ringAllreduceAt(Context& ctx, char* buf, size_t count, DataType dtype, ReduceOp op,
+                       size_t chunkElems, uint32_t tagBase) {
+  const size_t es = dataTypeSize(dtype);
+  const std::vector<size_t> counts = evenSplit(count, ctx.size());
+  const std::vector<char*> seg = segmentsOf(buf, counts, es);
+  const std::vector<const char*> src(seg.begin(), seg.end());
+  NANOCCL_CHECK(ringReduceScatter(ctx, counts, src, seg, dtype, op, chunkElems, tagBase));
+  return ringAllgather(ctx, counts, seg, es, chunkElems,
+                       tagBase + ringTags(ctx, counts, chunkElems));
+}
+
+}  // namespace
+
+Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
+  if (args.count == 0) return Status::ok();
+  const Hierarchy& h = *ctx.hierarchy();
+  const size_t es = args.elemSize();
+  const ReduceOp op = kernelOp(args.redop);
+  char* buf = static_cast<char*>(args.recv);
+  NANOCCL_CHECK(premultiplied(ctx, args, buf, args.count, buf).status());
+
+  // Blocks of the buffer, each cut into shards: shard s of a block is reduced over the node
+  // into local rank s, then across nodes by local rank s of every node; local ranks >= S
+  // hold empty shards.
+  const int lr = h.local.rank;
+  const int blocks = static_cast<int>(std::clamp<size_t>(args.count * es / kPipelineBlockBytes, 1,
+                                                         static_cast<size_t>(kMaxPipelineBlocks)));
+  const std::vector<size_t> blockCounts = evenSplit(args.count, blocks);
+  const std::vector<size_t> blockStarts = prefixOffsets(blockCounts);
+  std::vector<std::vector<size_t>> counts(blocks);
+  std::vector<std::vector<char*>> seg(blocks);
+  for (int b = 0; b < blocks; ++b) {
+    counts[b] = evenSplit(blockCounts[b], h.shards);
+    counts[b].resize(h.local.size, 0);
+    seg[b] = segmentsOf(buf + blockStarts[b] * es, counts[b], es);
+  }
+
+  // Chunking and tag ranges from the largest block (the first), the same on every member of
+  // each group: block b uses [2b, 2b + 2) x the tags of one ring pass, on either group.
+  Context local(ctx, h.local);
+  Context cross(ctx, h.cross);
+  size_t localChunk = 1, crossChunk = 1;
+  uint32_t localTags = 0, crossTags = 0;
+  if (h.local.size > 1) {
+    localChunk = chunkElements(local, es, counts[0][0], 2 * blocks);
+    localTags = ringTags(local, counts[0], localChunk);
+  }
+  if (lr < h.shards) {
+    const std::vector<size_t> shardSplit = evenSplit(counts[0][lr], h.cross.size);
+    crossChunk = chunkElements(cross, es, shardSplit[0], 2 * blocks);
+    crossTags = ringTags(cross, shardSplit, crossChunk);
+  }
+
+  auto reduceInNode = [&](int b) -> Status {
+    if (h.local.size == 1) return Status::ok();
+    const std::vector<const char*> src(seg[b].begin(), seg[b].end());
+    return inStage(h.local, ringReduceScatter(local, counts[b], src, seg[b], args.dtype, op,
+                                              localChunk, 2 * b * localTags));
+  };
+  auto reduceAcrossNodes = [&](int b) -> Status {
+    if (lr >= h.shards) return Status::ok();
+    if (blocks == 1) {
+      CallArgs shard = args;
+      shard.redop = op;  // the scaling is done here, once
+      shard.send = shard.recv = seg[b][lr];
+      shard.count = counts[b][lr];
+      NANOCCL_CHECK(inStage(h.cross, crossAllreduce(cross, shard)));
+    } else {
+      NANOCCL_CHECK(inStage(h.cross, ringAllreduceAt(cross, seg[b][lr], counts[b][lr], args.dtype,
+                                                     op, crossChunk, 2 * b * crossTags)));
+    }
+    if (args.redop == ReduceOp::kAvg) {
+      NANOCCL_CHECK(divideInPlace(seg[b][lr], counts[b][lr], args.dtype, ctx.size()));
+    }
+    return Status::ok();
+  };
+  auto gatherInNode = [&](int b) -> Status {
+    if (h.local.size == 1) return Status::ok();
+    return inStage(
+        h.local, ringAllgather(local, counts[b], seg[b], es, localChunk, (2 * b + 1) * localTags));
+  };
+
+  if (blocks == 1) {
+    NANOCCL_CHECK(reduceInNode(0));
+    NANOCCL_CHECK(reduceAcrossNodes(0));
+    return gatherInNode(0);
+  }
+
+  // The pipeline: this thread reduces in the node, one helper crosses nodes, one gathers. The
+  // first failure aborts both sub-communicators' transports (the call has failed; the worker
+  // would abort them next anyway), which ends every other stage's waits at once.
+  std::mutex failMu;
+  Status failure;
+  BlockQueue reduced, crossed;
+  auto fail = [&](const Status& s) {
+    bool first = false;
+    {
+      std::lock_guard<std::mutex> lock(failMu);
+      if (failure.isOk()) {
+        failure = s;
+        first = true;
+      }
+    }
+    if (first) {
+      for (const SubGroup* g : {&h.local, &h.cross}) {
+        if (g->transport) g->transport->abort(s);
+      }
+    }
+    reduced.close();
+    crossed.close();
+  };
+  auto stage = [&](BlockQueue& in, BlockQueue* out, auto&& work) {
+    for (;;) {
+      int b = -1;
+      Status s = in.pop(ctx.deadline(), &b);
+      if (s.isOk() && b >= 0) s = work(b);
+      if (!s.isOk()) {
+        fail(s);
+        break;
+      }
+      if (b < 0) break;
+      if (out != nullptr) out->push(b);
+    }
+    if (out != nullptr) out->finish();
+  };
+  std::thread crossThread([&] { stage(reduced, &crossed, reduceAcrossNodes); });
+  std::thread gatherThread([&] { stage(crossed, nullptr, gatherInNode); });
+  for (int b = 0; b < blocks; ++b) {
+    const Status s = reduceInNode(b);
+    if (!s.isOk()) {
+      fail(s);
+      break;
+    }
+    reduced.push(b);
+  }
+  reduced.finish();
+  crossThread.join();
+  gatherThread.join();
+  return failure;
+}
+
+Status reduceScatterHierarchical(Context& ctx, const CallArgs& args) {
+  const size_t total = std::accumulate(args.counts.begin(), args.counts.end(), size_t{0});
+  if (total == 0) return Status::ok();
+  const Hierarchy& h = *ctx.hierarchy();
+  const Topology& topo = h.topology;
+  const size_t es = args.elemSize();
+  const ReduceOp op = kernelOp(args.redop);
+  const int node = topo.nodeOf[ctx.rank()];
+  const int lr = h.local.rank;
+  const int S = h.shards;
+  const ShardLayout lay(topo, args.counts, S);
+
+  // The input is const and laid out by rank: stage a copy by shard, scaled once.
+  char* z = ctx.scratch(total * es);
+  lay.copy(topo, args.counts, es, static_cast<const char*>(args.send), z);
+  if (args.redop == ReduceOp::kPremulSum) {
+    NANOCCL_CHECK(scaleInPlace(z, total, args.dtype, args.premulFactor));
+  }
+
+  // 1. Over the node: local rank s gets the node's sum of shard s of every node's block.
+  Context local(ctx, h.local);
+  uint32_t exchangeTag = 0;
+  if (h.local.size > 1) {
+    std::vector<size_t> counts(h.local.size, 0);
+    std::copy(lay.regionCount.begin(), lay.regionCount.end(), counts.begin());
+    const std::vector<char*> acc = segmentsOf(z, counts, es);
+    const std::vector<const char*> src(acc.begin(), acc.end());
+    const size_t ce = chunkElements(local, es, maxOf(counts), 1);
+    NANOCCL_CHECK(
+        inStage(h.local, ringReduceScatter(local, counts, src, acc, args.dtype, op, ce, 0)));
+    exchangeTag = ringTags(local, counts, ce);
+  }
+  // 2. Across nodes: local rank s of node k gets the total of shard s of node k's block.
+  if (lr < S) {
+    Context cross(ctx, h.cross);
+    const int m = topo.numNodes();
+    std::vector<size_t> counts(m);
+    std::vector<char*> acc(m);
+    for (int k = 0; k < m; ++k) {
+      counts[k] = lay.shardCount[k][lr];
+      acc[k] = z + lay.staged[lr][k] * es;
+    }
+    const std::vector<const char*> src(acc.begin(), acc.end());
+    const size_t ce = chunkElements(cross, es, maxOf(counts), 1);
+    NANOCCL_CHECK(
+        inStage(h.cross, ringReduceScatter(cross, counts, src, acc, args.dtype, op, ce, 0)));
+  }
+  // 3. Within the node: each rank collects its piece from the shards that overlap it.
+  std::vector<Range> have(h.local.size), want(h.local.size);
+  for (int i = 0; i < h.local.size; ++i) {
+    want[i] = {lay.pieceStart[node][i], args.counts[topo.nodeRanks[node][i]]};
+    if (i < S) have[i] = {lay.shardStart[node][i], lay.shardCount[node][i]};
+  }
+  const char* mine = lr < S ? z + lay.staged[lr][node] * es : z;
+  NANOCCL_CHECK(inStage(h.local, exchangeRuns(local, have, mine, want,
+                                              static_cast<char*>(args.recv), es, exchangeTag)));
+  if (args.redop == ReduceOp::kAvg) {
+    NANOCCL_CHECK(divideInPlace(args.recv, args.counts[ctx.rank()], args.dtype, ctx.size()));
+  }
+  return Status::ok();
+}
+
+Status allgatherHierarchical(Context& ctx, const CallArgs& args) {
+  const size_t total = std::accumulate(args.counts.begin(), args.counts.end(), size_t{0});
+  if (total == 0) return Status::ok();
+  const Hierarchy& h = *ctx.hierarchy();
+  const Topology& topo = h.topology;
+  const size_t es = args.elemSize();
+  const int node = topo.nodeOf[ctx.rank()];
+  const int lr = h.local.rank;
+  const int S = h.shards;
+  const ShardLayout lay(topo, args.counts, S);
+  char* z = ctx.scratch(total * es);
+
+  // 1. Within the node: local rank s collects shard s of this node's block from the pieces.
+  Context local(ctx, h.local);
+  std::vector<Range> have(h.local.size), want(h.local.size);
+  for (int i = 0; i < h.local.size; ++i) {
+    have[i] = {lay.pieceStart[node][i], args.counts[topo.nodeRanks[node][i]]};
+    if (i < S) want[i] = {lay.shardStart[node][i], lay.shardCount[node][i]};
+  }
+  char* myShard = lr < S ? z + lay.staged[lr][node] * es : z;
+  NANOCCL_CHECK(inStage(h.local, exchangeRuns(local, have, static_cast<const char*>(args.send),
+                                              want, myShard, es, 0)));
+  // 2. Across nodes: local rank s gets shard s of every node's block.
+  if (lr < S) {
+    Context cross(ctx, h.cross);
+    const int m = topo.numNodes();
+    std::vector<size_t> counts(m);
+    std::vector<char*> bufs(m);
+    for (int k = 0; k < m; ++k) {
+      counts[k] = lay.shardCount[k][lr];
+      bufs[k] = z + lay.staged[lr][k] * es;
+    }
+    const size_t ce = chunkElements(cross, es, maxOf(counts), 1);
+    NANOCCL_CHECK(inStage(h.cross, ringAllgather(cross, counts, bufs, es, ce, 0)));
+  }
+  // 3. Over the node: every local rank gets every shard.
+  if (h.local.size > 1) {
+    std::vector<size_t> counts(h.local.size, 0);
+    std::copy(lay.regionCount.begin(), lay.regionCount.end(), counts.begin());
+    const size_t ce = chunkElements(local, es, maxOf(counts), 1);
+    NANOCCL_CHECK(
+        inStage(h.local, ringAllgather(local, counts, segmentsOf(z, counts, es), es, ce, 1)));
+  }
+  lay.uncopy(topo, args.counts, es, z, static_cast<char*>(args.recv));
+  return Status::ok();
+}
+
+Status broadcastHierarchical(Context& ctx, const CallArgs& args) {
+  if (args.count == 0) return Status::ok();
+  const Hierarchy& h = *ctx.hierarchy();
+  const Topology& topo = h.topology;
+  const size_t es = args.elemSize();
+  const int lr = h.local.rank;
+  const int rootNode = topo.nodeOf[args.root];
+  const int rootLocal = topo.localRankOf[args.root];
+  char* buf = static_cast<char*>(args.recv);
+  std::vector<size_t> counts = evenSplit(args.count, h.shards);
+  counts.resize(h.local.size, 0);
+  const std::vector<char*> seg = segmentsOf(buf, counts, es);
+
+  // 1. On the root's node: the root hands shard s to local rank s. Every receiver confirms
+  //    (algorithm.h), so ranks that disagree about the root meet a mismatch, not silence.
+  Context local(ctx, h.local);
+  if (topo.nodeOf[ctx.rank()] == rootNode && h.local.size > 1) {
+    if (lr == rootLocal) {
+      std::vector<Pending> ps;
+      for (int s = 0; s < h.shards; ++s) {
+        if (s == lr) continue;
+        ps.push_back(local.irecv(s, 0, ackSink(), 0));
+        ps.push_back(local.isend(s, 0, seg[s], counts[s] * es));
+      }
+      NANOCCL_CHECK(inStage(h.local, local.waitAll(ps)));
+    } else if (lr < h.shards) {
+      NANOCCL_CHECK(
+          inStage(h.local, local.wait(local.irecv(rootLocal, 0, seg[lr], counts[lr] * es))));
+      NANOCCL_CHECK(inStage(h.local, local.wait(local.isend(rootLocal, 0, kAckByte, 0))));
+    }
+  }
+  // 2. Across nodes: local rank s of the root's node broadcasts shard s to local rank s of
+  //    every other node.
+  if (lr < h.shards) {
+    Context cross(ctx, h.cross);
+    CallArgs shard = args;
+    shard.send = shard.recv = seg[lr];
+    shard.count = counts[lr];
+    shard.root = rootNode;
+    NANOCCL_CHECK(inStage(h.cross, broadcastRing(cross, shard)));
+  }
+  // 3. Over every node: every local rank gets every shard.
+  if (h.local.size > 1) {
+    const size_t ce = chunkElements(local, es, counts[0], 1);
+    NANOCCL_CHECK(inStage(h.local, ringAllgather(local, counts, seg, es, ce, 1)));
+  }
+  return Status::ok();
+}
+
+}  // namespace nanoccl::detail
