@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import HERE, free_port, run_job
+from job_runner import HERE, free_port, run_job
 
 REPO = HERE.parent.parent
 
