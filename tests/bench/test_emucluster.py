@@ -120,8 +120,9 @@ t = torch.ones(4 << 20)  # 16 MiB
 dist.all_reduce(t)
 assert float(t[0]) == dist.get_world_size() and float(t[-1]) == dist.get_world_size()
 s = nanoccl.stats()
-print("STATS " + json.dumps({"rank": s["rank"], "node": os.environ["GROUP_RANK"],
-                             "per_link": s["per_link"]}), flush=True)
+# A file per rank: ranks of one node share torchrun's output stream, where lines interleave.
+with open(os.path.join(os.environ["STATS_DIR"], f"stats-{s['rank']}.json"), "w") as f:
+    json.dump({"rank": s["rank"], "node": os.environ["GROUP_RANK"], "per_link": s["per_link"]}, f)
 dist.destroy_process_group()
 """
 
@@ -135,15 +136,18 @@ def test_nanoccl_counts_what_crosses_the_nodes(emucluster: ModuleType, can_make_
     script.write_text(NANOCCL_SCRIPT)
     out = io.StringIO()
     cluster = emucluster.EmuCluster(nodes=2, procs_per_node=2, rate="1gbit")
-    with cluster:
-        prefix = cluster.run_id
-        before = cluster.link_bytes()
-        status = cluster.run([str(script)], timeout_s=180, out=out)
-        after = cluster.link_bytes()
+    os.environ["STATS_DIR"] = str(tmp_path)
+    try:
+        with cluster:
+            prefix = cluster.run_id
+            before = cluster.link_bytes()
+            status = cluster.run([str(script)], timeout_s=180, out=out)
+            after = cluster.link_bytes()
+    finally:
+        del os.environ["STATS_DIR"]
     text = out.getvalue()
     assert status == 0, text
-    stats = [json.loads(line.split("STATS ", 1)[1]) for line in text.splitlines()
-             if "STATS " in line]
+    stats = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("stats-*.json"))]
     assert len(stats) == 4, text
     for node in (0, 1):
         counted = sum(s["per_link"]["inter-node"]["bytes_sent"] for s in stats

@@ -1094,8 +1094,9 @@ def main() -> int:
     p.add_argument("--deadline", type=float, default=120.0)
     a = p.parse_args()
     a.result = (a.result or "result-{rank}.json").replace("{rank}", str(a.rank))
-    # A hung rank prints where it hangs and dies before the harness kills it.
-    faulthandler.dump_traceback_later(a.deadline, exit=True)
+    # A hung rank prints its Python stacks and stays alive, so that the harness can attach a
+    # debugger for the native ones before it kills the job.
+    faulthandler.dump_traceback_later(a.deadline, exit=False)
     ck = Checks(a.rank)
     try:
         SCENARIOS[a.scenario](a, ck)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -23,6 +24,23 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 JOBS = HERE / "dist_jobs.py"
+
+
+def native_stacks(pid: int) -> str:
+    """Every thread's native stack of a hung rank (a hang in C++ shows no Python frame)."""
+    gdb = shutil.which("gdb")
+    if gdb is None:
+        return "[no gdb: native stacks not captured]"
+    try:
+        proc = subprocess.run(
+            [gdb, "-p", str(pid), "-batch", "-nx", "-ex", "thread apply all bt 30"],
+            capture_output=True, text=True, timeout=60,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"[gdb failed: {exc}]"
+    frames = [line for line in proc.stdout.splitlines()
+              if line.startswith(("Thread ", "#"))]
+    return "native stacks (gdb):\n" + "\n".join(frames)
 
 
 def free_port() -> int:
@@ -150,16 +168,18 @@ def run_job(
         except subprocess.TimeoutExpired:
             pass
     timed_out = set()
+    native: dict[int, str] = {}
     for rank, (proc, _, _) in enumerate(procs):
         if proc.poll() is None:
             timed_out.add(rank)
+            native[rank] = native_stacks(proc.pid)
             proc.kill()
             proc.wait()
     ranks: list[RankResult] = []
     for rank, (proc, out_path, res_path) in enumerate(procs):
         output = out_path.read_text(errors="replace")
         if rank in timed_out:
-            output += f"\n[killed by the test harness after {timeout} s]"
+            output += f"\n[killed by the test harness after {timeout} s]\n{native[rank]}"
         result = json.loads(res_path.read_text()) if res_path.exists() else None
         ranks.append(RankResult(rank, proc.returncode, rank in timed_out, output, result))
     return JobResult(ranks, time.monotonic() - start)
