@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of nanoccl: scripts/setup.sh (idempotent), then the C++ suites (GoogleTest,
-# through ctest) and the Python suites (pytest: tests/torch, tests/bench). Exits non-zero if anything failed;
-# the last line is the summary, "test.sh: N passed, N failed, N skipped".
+# through ctest) and the Python suites (pytest: tests/torch, tests/bench, tests/study). Exits
+# non-zero if anything failed; the last line is the summary, "test.sh: N passed, N failed, N skipped".
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -40,7 +40,7 @@ cpp_passed=$((cpp_total - cpp_failed - cpp_skipped))
 
 # ---- Python ------------------------------------------------------------------------------
 py_rc=0 py_passed=0 py_failed=0 py_skipped=0 py_note=""
-PY_SUITES=(tests/torch tests/bench)
+PY_SUITES=(tests/torch tests/bench tests/study)
 if compgen -G "tests/torch/test_*.py" >/dev/null || compgen -G "tests/bench/test_*.py" >/dev/null
 then
   echo "test.sh: Python tests (pytest ${PY_SUITES[*]}, ${TEST_TIMEOUT} s per test)"

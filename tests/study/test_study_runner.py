@@ -1,0 +1,185 @@
+"""bench/study.py: plan, dilation, report, and short end-to-end runs."""
+
+from __future__ import annotations
+
+import csv
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from study_helpers import REPO, run_study  # noqa: E402
+
+import study  # noqa: E402  (bench/ is on sys.path through study_helpers)
+import study_report  # noqa: E402
+import study_seeds  # noqa: E402
+
+
+def _can_make_namespaces() -> bool:
+    return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
+
+
+def test_published_table_and_derived_references() -> None:
+    assert study_seeds.nano_row("2x1", "dp").scaling == 0.11  # type: ignore[union-attr]
+    assert study_seeds.nano_row("2x2", "tp").net_volume_gb == 1171.79  # type: ignore[union-attr]
+    assert 29.0 < study_seeds.NANO_GPT2_SMALL_1X1_KTOK < 30.0
+    ref = study_seeds.DILATION_REFERENCES["gpt"]
+    assert ref.step_s == pytest.approx(16 * 1024 / 29.44e3, rel=0.01)
+    assert ref.comm_s == pytest.approx(3.98, rel=0.01)
+    assert study_seeds.net_scaling("gpt2-large (708M)", 2, 1) == pytest.approx(0.61, abs=0.01)
+
+
+def test_dilation_keeps_the_reference_ratio() -> None:
+    dil = study.compute_dilation("gpt2-tiny", "auto", 10**9, step_s=0.1, params=1_000_000)
+    assert dil.rate_bits is not None
+    comm_s = 4e6 * 8 / dil.rate_bits  # fp32 gradients over the dilated link
+    assert 0.1 / comm_s == pytest.approx(study_seeds.DILATION_REFERENCES["gpt"].ratio, rel=1e-3)
+    assert dil.factor == pytest.approx(10**9 / dil.rate_bits)
+    assert "D = " in dil.text
+    assert study.compute_dilation("x", "none", 10**9, None, None).rate_bits == 10**9
+    assert study.compute_dilation("x", "10", 10**9, None, None).rate_bits == 10**8
+    assert study.compute_dilation("x", "auto", None, None, None).rate_bits is None
+    with pytest.raises(ValueError):
+        study.compute_dilation("x", "auto", 10**9, None, None)
+
+
+def test_quick_plan() -> None:
+    plan = study.build_plan(study.PROFILES["quick"], check_backends=False)
+    keys = {(r.setup.name, r.strategy, r.backend, r.batch) for r in plan.runs}
+    for setup in ("1x2", "2x1"):
+        for strategy in ("dp", "tp", "pp", "zero1"):
+            for backend in ("gloo", "nanoccl"):
+                assert (setup, strategy, backend, 16) in keys
+    assert all(r.setup.world > 1 for r in plan.runs)
+    # The calibration baseline (alone, reference batch) comes first; each block brings its
+    # own T_1 under the same sharing.
+    first = plan.baselines[0]
+    assert (first.concurrency, first.batch, first.rep) == (1, 16, 0)
+    assert all(b.concurrency == blk.setup.world for blk in plan.blocks for b in blk.baselines)
+
+
+def test_plan_leaves_out_what_cannot_run() -> None:
+    prof = study.apply_overrides(study.PROFILES["quick"], study.parse_args(
+        ["--models", "resnet18", "--strategies", "dp,tp", "--setups", "1x1,1x2",
+         "--batches", "6", "--backends", "gloo"]))
+    plan = study.build_plan(prof, check_backends=False)
+    assert {r.strategy for r in plan.runs} == {"dp"}
+    assert any("tp" in n and "GPT" in n for n in plan.notes)
+
+
+def test_summarize_scaling_and_volume() -> None:
+    base = {"model": "m", "batch": 8, "unit": "tokens", "status": "ok", "timed_steps": 4,
+            "step_time_mean_s": 0.1}
+    records = [
+        {**base, "kind": "baseline", "strategy": "single", "backend": "-", "setup": "1x1",
+         "world": 1, "nodes": 1, "concurrency": 1, "units_per_s": 1000.0},
+        {**base, "kind": "baseline", "strategy": "single", "backend": "-", "setup": "1x1",
+         "world": 1, "nodes": 1, "concurrency": 2, "for_setup": "2x1", "units_per_s": 800.0},
+        {**base, "kind": "train", "strategy": "dp", "backend": "gloo", "setup": "2x1",
+         "world": 2, "nodes": 2, "units_per_s": 400.0, "window_s": 2.0, "rep": 0,
+         "link_tx_bytes": 8e6, "link_rx_bytes": 8e6, "rate_bits": 1e8, "dilation": 10.0},
+        {**base, "kind": "train", "strategy": "dp", "backend": "gloo", "setup": "2x1",
+         "world": 2, "nodes": 2, "units_per_s": 480.0, "window_s": 2.0, "rep": 1,
+         "link_tx_bytes": 8e6, "link_rx_bytes": 8e6, "rate_bits": 1e8, "dilation": 10.0},
+    ]
+    rows = {(s.setup, s.strategy): s for s in study_report.summarize(records)}
+    dp = rows[("2x1", "dp")]
+    assert dp.reps == 2 and dp.throughput == pytest.approx(440.0)
+    assert dp.scaling == pytest.approx(440.0 / (2 * 800.0))
+    assert dp.scaling_iso == pytest.approx(440.0 / (2 * 1000.0))
+    assert dp.volume_mb_step == pytest.approx(2.0)  # 8 MB over 4 steps
+    assert dp.net_mbps == pytest.approx(32.0)  # (8 + 8) MB x 8 / 2 nodes / 2 s
+    assert dp.net_gbps_ref == pytest.approx(0.32)
+    assert dp.link_util == pytest.approx(0.16)
+    assert rows[("1x1", "single")].scaling == pytest.approx(1.0)
+
+
+@pytest.mark.timeout(60)
+def test_dry_run_quick() -> None:
+    proc = run_study(["--profile", "quick", "--dry-run"], timeout_s=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "profile quick" in proc.stdout
+    assert "--strategy tp" in proc.stdout and "--strategy pp" in proc.stdout
+    assert "dilation auto" in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_cluster_profile_prints_commands() -> None:
+    proc = run_study(["--profile", "cluster", "--master-addr", "10.0.0.1", "--setups", "2x2",
+                      "--netif", "eth0", "--reps", "1"], timeout_s=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "torchrun --nnodes 2 --nproc-per-node 2 --node-rank 1 --master-addr 10.0.0.1" \
+        in proc.stdout
+    assert "--netif eth0" in proc.stdout and "--collect" in proc.stdout
+
+
+def _check_outputs(out: Path) -> list[dict[str, str]]:
+    for name in ("runs.csv", "summary.csv", "report.md", "meta.json"):
+        assert (out / name).is_file(), name
+    assert list(out.glob("*.png"))
+    with (out / "runs.csv").open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert rows and all(r["status"] == "ok" for r in rows), rows
+    report = (out / "report.md").read_text()
+    assert "| Setup | Parallelism | Backend | Sample Thrp." in report
+    assert "study S" in report
+    return rows
+
+
+@pytest.mark.timeout(150)
+def test_smoke_profile_end_to_end(tmp_path: Path) -> None:
+    out = tmp_path / "smoke"
+    proc = run_study(["--profile", "smoke", "--no-shaping", "--out", str(out)], timeout_s=140)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = _check_outputs(out)
+    assert {r["strategy"] for r in rows} == {"single", "dp", "zero1"}
+    assert "[  1/" in proc.stderr  # the progress display
+    assert study_report.build(out).is_file()  # the report rebuilds from the CSV
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.skipif(not _can_make_namespaces(), reason="needs root and iproute2 (network "
+                    "namespaces, tc) for the emulated cluster")
+def test_emulated_two_nodes_count_link_bytes(tmp_path: Path) -> None:
+    out = tmp_path / "emu"
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO / "bench" / "study.py"), "--profile", "smoke", "--setups",
+         "1x1,2x1", "--strategies", "dp", "--out", str(out)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=REPO)
+    try:
+        stdout, stderr = proc.communicate(timeout=140)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate(timeout=10)
+    assert proc.returncode == 0, stdout[-2000:] + stderr[-3000:]
+    rows = _check_outputs(out)
+    dp = [r for r in rows if r["strategy"] == "dp"]
+    assert dp and all(int(r["link_tx_bytes"]) > 0 for r in dp)
+    assert "time dilation for gpt2-nano: D = " in stdout
+    # The study's clusters are gone (their namespaces are named after its pid).
+    listing = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True,
+                             timeout=30).stdout
+    assert f"ncl{proc.pid}" not in listing
+
+
+@pytest.mark.timeout(150)
+def test_cluster_inside_torchrun(tmp_path: Path) -> None:
+    out = tmp_path / "inside"
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME="lo")
+    proc = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+         "--max-restarts", "0", str(REPO / "bench" / "study.py"), "--profile", "cluster",
+         "--inside", "--models", "gpt2-nano", "--strategies", "dp", "--backends", "gloo",
+         "--setups", "1x2", "--batches", "8", "--reps", "1", "--steps", "3", "--warmup", "1",
+         "--device", "cpu", "--out", str(out)],
+        capture_output=True, text=True, timeout=140, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = _check_outputs(out)
+    assert {(r["kind"], r["concurrency"]) for r in rows} == {("baseline", "2"), ("train", "1")}

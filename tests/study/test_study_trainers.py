@@ -1,0 +1,195 @@
+"""The reference trainers: every strategy at world size 2 on loopback with Gloo, and the
+data-parallel strategies against one rank on the same global batches."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from study_helpers import Launch, launch  # noqa: E402
+
+from trainers import backends  # noqa: E402
+from trainers.data import SyntheticImages, SyntheticTokens, make_source, shard  # noqa: E402
+from trainers.models import (GPT_CONFIGS, build_model, count_params,  # noqa: E402
+                             gpt_flops_per_token)
+from trainers.strategies import split_layers  # noqa: E402
+
+COMMON = ["--model", "gpt2-nano", "--batch", "8", "--steps", "3", "--warmup-steps", "1",
+          "--backend", "gloo", "--print-every", "0"]
+# Data-parallel strategies see the same global batch split in two: their loss must be the
+# single rank's up to float reordering (Adam amplifies it a little after step 1).
+LOSS_RTOL = 2e-4
+
+_cache: dict[str, Launch] = {}
+
+
+def _run(name: str, world: int, args: list[str], tmp_root: Path) -> Launch:
+    if name not in _cache:
+        _cache[name] = launch(world, args, tmp_root / name)
+    return _cache[name]
+
+
+@pytest.fixture(scope="module")
+def tmp_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("study_trainers")
+
+
+@pytest.fixture(scope="module")
+def single(tmp_root: Path) -> dict[str, Any]:
+    res = _run("single", 1, COMMON + ["--strategy", "single"], tmp_root)
+    assert res.ok, res.output[-3000:]
+    assert res.result is not None
+    return res.result
+
+
+STRATEGY_CASES = {
+    "dp": ["--strategy", "dp"],
+    "dp-bucket": ["--strategy", "dp", "--bucket-cap-mb", "0.05"],
+    "zero1": ["--strategy", "zero1"],
+    "zero2": ["--strategy", "zero2"],
+    "zero3": ["--strategy", "zero3"],
+    "tp": ["--strategy", "tp"],
+    "pp-1f1b": ["--strategy", "pp", "--schedule", "1f1b", "--microbatches", "4"],
+    "pp-gpipe": ["--strategy", "pp", "--schedule", "gpipe"],
+}
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("case", list(STRATEGY_CASES))
+def test_strategy_world2(case: str, tmp_root: Path) -> None:
+    res = _run(case, 2, COMMON + STRATEGY_CASES[case], tmp_root)
+    if not res.ok:
+        refusal = res.refused_on_cpu()
+        if refusal and case.split("-")[0] in ("tp", "pp"):
+            pytest.skip(f"torch refuses {case} on CPU: {refusal}")
+    assert res.ok, res.output[-3000:]
+    doc = res.result
+    assert doc is not None
+    assert doc["kind"] == "nanoccl_train_result"
+    assert doc["world_size"] == 2 and doc["timed_steps"] == 2
+    assert doc["samples_per_s"] > 0 and doc["tokens_per_s"] == pytest.approx(
+        doc["samples_per_s"] * 32)
+    assert all(v is not None and math.isfinite(v) for v in doc["losses"])
+    assert doc["peak_rss_mb_max"] > 0
+    assert "step 3/3" not in res.output  # --print-every 0
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("case", ["dp", "dp-bucket", "zero1", "zero2", "zero3", "tp"])
+def test_same_loss_as_one_rank(case: str, single: dict[str, Any], tmp_root: Path) -> None:
+    """DP / ZeRO split the same global batch (TP computes it whole): same losses."""
+    res = _run(case, 2, COMMON + STRATEGY_CASES[case], tmp_root)
+    if not res.ok and case == "tp" and res.refused_on_cpu():
+        pytest.skip(f"torch refuses tp on CPU: {res.refused_on_cpu()}")
+    assert res.ok, res.output[-3000:]
+    assert res.result is not None
+    assert res.result["losses"] == pytest.approx(single["losses"], rel=LOSS_RTOL)
+
+
+@pytest.mark.timeout(120)
+def test_pipeline_first_loss_matches(single: dict[str, Any], tmp_root: Path) -> None:
+    """PP starts from the same weights (its untied LM head a copy of the embedding)."""
+    res = _run("pp-1f1b", 2, COMMON + STRATEGY_CASES["pp-1f1b"], tmp_root)
+    if not res.ok and res.refused_on_cpu():
+        pytest.skip(f"torch refuses pp on CPU: {res.refused_on_cpu()}")
+    assert res.ok, res.output[-3000:]
+    assert res.result is not None
+    assert res.result["losses"][0] == pytest.approx(single["losses"][0], rel=1e-5)
+    assert res.result["microbatches"] == 4
+
+
+@pytest.mark.timeout(120)
+def test_resnet_dp_world2(tmp_path: Path) -> None:
+    res = launch(2, ["--model", "resnet18", "--strategy", "dp", "--batch", "4", "--steps", "2",
+                     "--warmup-steps", "1", "--print-every", "0"], tmp_path)
+    assert res.ok, res.output[-3000:]
+    assert res.result is not None
+    assert res.result["unit"] == "images" and res.result["images_per_s"] > 0
+
+
+@pytest.mark.timeout(60)
+def test_unsupported_combinations_fail_cleanly(tmp_path: Path) -> None:
+    res = launch(1, ["--model", "resnet18", "--strategy", "tp", "--steps", "2"], tmp_path)
+    assert res.returncodes == [3]
+    assert "GPT models only" in res.output
+    res = launch(1, ["--backend", "nanoccl+zstd", "--steps", "2"], tmp_path)
+    assert res.returncodes == [2]
+    assert "nanoccl" in res.output
+
+
+# ----------------------------------------------------------------------- in-process units
+def test_synthetic_batches_are_deterministic_and_split() -> None:
+    a = SyntheticTokens(512, 64, 8, seed=3)
+    b = SyntheticTokens(512, 64, 8, seed=3)
+    x0, y0 = a.global_batch(5)
+    x1, y1 = b.global_batch(5)
+    assert torch.equal(x0, x1) and torch.equal(y0, y1)
+    assert not torch.equal(a.global_batch(6)[0], x0)
+    assert torch.equal(x0[:, 1:], y0[:, :-1])  # next-token targets
+    parts = [shard((x0, y0), r, 4) for r in range(4)]
+    assert torch.equal(torch.cat([p[0] for p in parts]), x0)
+    with pytest.raises(ValueError):
+        shard((x0, y0), 0, 3)
+    img = SyntheticImages(6, seed=1)
+    xi, yi = img.global_batch(0)
+    assert xi.shape == (6, 3, 32, 32) and yi.shape == (6,)
+    assert torch.equal(SyntheticImages(6, seed=1).global_batch(0)[1], yi)
+
+
+def test_real_sources(tmp_path: Path) -> None:
+    text = tmp_path / "corpus.txt"
+    text.write_text("hello nano-cluster " * 50)
+    src = make_source("gpt2-tiny", 4, 16, 512, 0, str(text))
+    x, y = src.global_batch(0)
+    assert x.shape == (4, 16) and int(x.max()) < 256
+    with pytest.raises(ValueError):
+        make_source("gpt2-nano", 4, 16, 256 - 1, 0, str(text))
+    folder = tmp_path / "imgs"
+    for k in range(2):
+        (folder / f"class{k}").mkdir(parents=True)
+        for i in range(3):
+            import numpy as np
+
+            np.save(folder / f"class{k}" / f"{i}.npy",
+                    np.full((32, 32, 3), 10 * i + k, dtype=np.uint8))
+    images = make_source("resnet18", 5, 0, 0, 0, str(folder))
+    xi, yi = images.global_batch(1)
+    assert xi.shape == (5, 3, 32, 32) and set(yi.tolist()) <= {0, 1}
+
+
+def test_model_sizes() -> None:
+    assert count_params(build_model("resnet18", 0)) == pytest.approx(11.17e6, rel=0.01)
+    small = GPT_CONFIGS["gpt2-small"]
+    # 124M (tied) = 12 x 12 C^2 + biases/LN + (V + ctx) x C.
+    approx = (12 * small.n_layer * small.n_embd ** 2
+              + (small.vocab_size + small.block_size) * small.n_embd)
+    assert approx == pytest.approx(124e6, rel=0.01)
+    assert gpt_flops_per_token(small, 1024) > 6 * 85e6
+    tiny = build_model("gpt2-tiny", 0)
+    assert count_params(tiny) < 2e6
+    logits = tiny(torch.zeros(2, 8, dtype=torch.long))
+    assert logits.shape == (2, 8, 512)
+
+
+def test_split_layers() -> None:
+    assert [len(r) for r in split_layers(4, 2)] == [2, 2]
+    assert [len(r) for r in split_layers(2, 4)] == [0, 1, 1, 0]
+    assert [len(r) for r in split_layers(5, 2)] == [3, 2]
+    ranges = split_layers(7, 3)
+    assert [i for r in ranges for i in r] == list(range(7))
+
+
+def test_parse_backend() -> None:
+    assert backends.parse_backend("gloo").name == "gloo"
+    spec = backends.parse_backend("nanoccl+int8")
+    assert (spec.name, spec.codec, spec.is_nanoccl) == ("nanoccl", "int8", True)
+    for bad in ("mpi", "gloo+int8", "nanoccl+"):
+        with pytest.raises(ValueError):
+            backends.parse_backend(bad)

@@ -1,0 +1,1 @@
+"""Reference DP / TP / PP / ZeRO trainers of the nanoccl study (see trainers/README.md)."""

@@ -1,0 +1,132 @@
+"""Backend selection by flag: gloo | nccl | nanoccl | nanoccl+<codec>.
+
+``nanoccl+int8`` means the nanoccl backend with ``nanoccl.Options(compression="int8")``;
+it is refused with a clear message while nanoccl has no ``compression`` setting.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+class BackendUnavailable(RuntimeError):
+    """The requested backend (or codec) cannot be used here."""
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    text: str  # as given, e.g. "nanoccl+int8"
+    name: str  # the torch.distributed backend name
+    codec: str | None = None
+
+    @property
+    def is_nanoccl(self) -> bool:
+        return self.name == "nanoccl"
+
+
+def parse_backend(text: str) -> BackendSpec:
+    value = text.strip().lower()
+    name, _, codec = value.partition("+")
+    if name not in ("gloo", "nccl", "nanoccl"):
+        raise ValueError(f"unknown backend {text!r}: gloo, nccl, nanoccl or nanoccl+<codec>")
+    if codec and name != "nanoccl":
+        raise ValueError(f"{text!r}: only nanoccl takes a codec (nanoccl+int8, ...)")
+    if "+" in value and not codec:
+        raise ValueError(f"{text!r}: give a codec after '+', e.g. nanoccl+int8")
+    return BackendSpec(value, name, codec or None)
+
+
+def import_nanoccl() -> Any:
+    """The nanoccl package (installed, else the source tree's torch_ext/)."""
+    try:
+        import nanoccl
+    except ImportError:
+        sys.path.append(str(REPO / "torch_ext"))
+        try:
+            import nanoccl
+        except Exception as exc:
+            raise BackendUnavailable(f"import nanoccl failed: {type(exc).__name__}: {exc}") from exc
+    except Exception as exc:
+        raise BackendUnavailable(f"import nanoccl failed: {type(exc).__name__}: {exc}") from exc
+    if "nanoccl" not in dist.Backend.backend_list:
+        raise BackendUnavailable("nanoccl imported but registered no 'nanoccl' backend")
+    return nanoccl
+
+
+def compression_setting(nanoccl: Any) -> str | None:
+    """The name of nanoccl's codec setting, or None where it has none yet."""
+    defaults = nanoccl.Options.defaults()
+    for name in ("compression", "codec"):
+        if name in defaults:
+            return name
+    return None
+
+
+def pg_options(spec: BackendSpec) -> Any:
+    """The pg_options for init_process_group (None for the stock backends)."""
+    if not spec.is_nanoccl:
+        return None
+    nanoccl = import_nanoccl()
+    if spec.codec is None:
+        return None
+    setting = compression_setting(nanoccl)
+    if setting is None:
+        raise BackendUnavailable(
+            f"backend {spec.text!r}: nanoccl has no compression option yet "
+            "(nanoccl.Options.defaults() lists no 'compression'); codecs are not available")
+    try:
+        return nanoccl.Options(**{setting: spec.codec})
+    except ValueError as exc:
+        raise BackendUnavailable(f"backend {spec.text!r}: {exc}") from exc
+
+
+def check_available(spec: BackendSpec) -> None:
+    """Raises BackendUnavailable unless `spec` can be initialised here (no group is made)."""
+    if spec.name == "nccl":
+        import torch
+
+        if not (torch.cuda.is_available() and dist.is_nccl_available()):
+            raise BackendUnavailable("backend 'nccl' needs CUDA GPUs and a torch built with NCCL")
+    pg_options(spec)
+
+
+def init(spec: BackendSpec, timeout_s: float, standalone: bool = False) -> None:
+    """init_process_group under torchrun (env://); a one-rank group on a HashStore without
+    it, or when `standalone`."""
+    options = pg_options(spec)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    kwargs: dict[str, Any] = {"backend": spec.name, "timeout": timeout}
+    if options is not None:
+        kwargs["pg_options"] = options
+    if not standalone and "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        dist.init_process_group(**kwargs)
+    else:
+        dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+
+
+def nanoccl_stats(spec: BackendSpec) -> dict[str, int] | None:
+    """Bytes this rank moved through nanoccl so far (totals and per link class)."""
+    if not spec.is_nanoccl:
+        return None
+    try:
+        stats = import_nanoccl().stats()
+    except Exception:  # the stats API is optional to the study
+        return None
+    per_link = stats.get("per_link", {})
+    return {
+        "sent": int(stats.get("bytes_sent", 0)),
+        "received": int(stats.get("bytes_received", 0)),
+        "inter_sent": int(per_link.get("inter-node", {}).get("bytes_sent", 0)),
+        "inter_received": int(per_link.get("inter-node", {}).get("bytes_received", 0)),
+        "intra_sent": int(per_link.get("intra-node", {}).get("bytes_sent", 0)),
+        "calls": int(stats.get("calls", 0)),
+    }

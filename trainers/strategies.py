@@ -1,0 +1,345 @@
+"""Parallelism strategies on stock PyTorch, over whatever backend the default group runs.
+
+Each strategy wraps the same model (same seed, same initial weights) and trains it on the
+same global batches; they differ only in how the work and the state are split:
+
+  single  one rank, plain training (the 1x1 baseline)
+  dp      DistributedDataParallel; the global batch is split across ranks
+  zero1   DDP + ZeroRedundancyOptimizer (optimizer state sharded)
+  zero2   FSDP2 fully_shard, reshard_after_forward=False (optimizer state + gradients)
+  zero3   FSDP2 fully_shard, reshard_after_forward=True (+ parameters)
+  tp      DTensor tensor parallel: q/k/v and MLP fc column-wise, attention and MLP
+          projections row-wise; every rank sees the whole global batch (GPT only)
+  pp      torch.distributed.pipelining, one stage per rank, GPipe or 1F1B over
+          microbatches of the global batch (GPT only)
+
+A strategy's ``train_step(step)`` runs one optimizer step on global batch ``step`` and
+returns this rank's loss (the mean over the samples it saw), or None where the rank
+computes no loss (pipeline stages before the last).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+from trainers.data import Source, shard
+from trainers.models import (GPT, BasicBlock, Block, GPTEmbedding, GPTHead, build_model,
+                             count_params, gpt_config, gpt_loss, is_gpt)
+
+STRATEGIES = ("single", "dp", "tp", "pp", "zero1", "zero2", "zero3")
+# How the global batch reaches a rank (the studies' Table II).
+BATCH_SPLIT = {"single": "whole", "dp": "split", "zero1": "split", "zero2": "split",
+               "zero3": "split", "tp": "whole", "pp": "microbatches"}
+
+
+class StrategyError(RuntimeError):
+    """The strategy cannot run with these arguments (world size, model, torch version)."""
+
+
+@dataclass
+class TrainConfig:
+    model: str
+    strategy: str
+    global_batch: int
+    seq_len: int
+    lr: float = 3e-4
+    seed: int = 1234
+    bucket_cap_mb: float | None = None
+    microbatches: int | None = None
+    schedule: str = "1f1b"
+    device: str = "cpu"
+
+
+def _loss_fn(model_name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+    if is_gpt(model_name):
+        return gpt_loss
+    return nn.functional.cross_entropy
+
+
+def _optimizer(params: object, lr: float) -> torch.optim.Optimizer:
+    # foreach=False: DTensor and plain tensors may be mixed (tensor parallelism).
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=False)  # type: ignore[arg-type]
+
+
+class Strategy:
+    name = "base"
+
+    def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int) -> None:
+        self.cfg, self.source, self.rank, self.world = cfg, source, rank, world
+        self.device = torch.device(cfg.device)
+        self.loss_fn = _loss_fn(cfg.model)
+        self.params = 0  # parameters of the whole model
+
+    def _batch(self, step: int, split: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        batch = self.source.global_batch(step)
+        if split:
+            batch = shard(batch, self.rank, self.world)
+        return batch[0].to(self.device), batch[1].to(self.device)
+
+    def train_step(self, step: int) -> float | None:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        return self.name
+
+
+class _WholeModel(Strategy):
+    """Shared by the strategies that hold a (possibly wrapped) full model per rank."""
+
+    split_batch = True
+
+    def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int) -> None:
+        super().__init__(cfg, source, rank, world)
+        self.model = build_model(cfg.model, cfg.seed).to(self.device)
+        self.params = count_params(self.model)
+        self.module: nn.Module = self.model
+        self.optim: torch.optim.Optimizer | None = None
+
+    def train_step(self, step: int) -> float | None:
+        assert self.optim is not None
+        x, y = self._batch(step, self.split_batch)
+        self.optim.zero_grad(set_to_none=True)
+        loss = self.loss_fn(self.module(x), y)
+        loss.backward()
+        self.optim.step()
+        return float(loss.detach())
+
+
+class Single(_WholeModel):
+    name = "single"
+    split_batch = False
+
+    def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int) -> None:
+        if world != 1:
+            raise StrategyError("strategy 'single' runs on one rank; use dp for more")
+        super().__init__(cfg, source, rank, world)
+        self.optim = _optimizer(self.model.parameters(), cfg.lr)
+
+
+def _ddp(model: nn.Module, cfg: TrainConfig) -> nn.Module:
+    from torch.nn.parallel import DistributedDataParallel
+
+    kwargs: dict[str, object] = {}
+    if cfg.bucket_cap_mb is not None:
+        kwargs["bucket_cap_mb"] = cfg.bucket_cap_mb
+    if cfg.device.startswith("cuda"):
+        kwargs["device_ids"] = [torch.device(cfg.device).index]
+    return DistributedDataParallel(model, **kwargs)  # type: ignore[arg-type]
+
+
+class DataParallel(_WholeModel):
+    name = "dp"
+
+    def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int) -> None:
+        super().__init__(cfg, source, rank, world)
+        self.module = _ddp(self.model, cfg)
+        self.optim = _optimizer(self.module.parameters(), cfg.lr)
+
+    def describe(self) -> str:
+        cap = self.cfg.bucket_cap_mb
+        return f"dp (DDP, bucket_cap_mb={cap if cap is not None else 'default 25'})"
+
+
+class Zero1(_WholeModel):
+    name = "zero1"
+
+    def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int) -> None:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
+        super().__init__(cfg, source, rank, world)
+        self.module = _ddp(self.model, cfg)
+        self.optim = ZeroRedundancyOptimizer(
+            self.module.parameters(), optimizer_class=torch.optim.AdamW, lr=cfg.lr,
+            weight_decay=0.0, foreach=False)
+
+    def describe(self) -> str:
+        return "zero1 (DDP + ZeroRedundancyOptimizer)"
+
+
+def _units(model: nn.Module) -> list[nn.Module]:
+    """The modules FSDP2 shards one by one (transformer blocks / residual blocks)."""
+    return [m for m in model.modules() if isinstance(m, (Block, BasicBlock))]
+
+
+class Zero23(_WholeModel):
+    """FSDP2: stage 2 keeps parameters gathered between forward and backward, 3 reshards."""
+
+    def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int,
+                 stage: int) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        super().__init__(cfg, source, rank, world)
+        self.name = f"zero{stage}"
+        mesh = init_device_mesh(self.device.type, (world,))
+        reshard = stage == 3
+        for unit in _units(self.model):
+            fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(self.model, mesh=mesh, reshard_after_forward=reshard)
+        self.optim = _optimizer(self.model.parameters(), cfg.lr)
+
+    def describe(self) -> str:
+        reshard = self.name == "zero3"
+        return f"{self.name} (FSDP2 fully_shard, reshard_after_forward={reshard})"
+
+
+class TensorParallel(_WholeModel):
+    name = "tp"
+    split_batch = False
+
+    def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                       parallelize_module)
+
+        if not is_gpt(cfg.model):
+            raise StrategyError("tensor parallelism is implemented for the GPT models only")
+        if world < 2:
+            raise StrategyError("tensor parallelism needs at least 2 ranks")
+        gcfg = gpt_config(cfg.model)
+        if gcfg.n_head % world or (4 * gcfg.n_embd) % world:
+            raise StrategyError(f"{cfg.model}: {gcfg.n_head} heads do not split over {world} ranks")
+        super().__init__(cfg, source, rank, world)
+        mesh = init_device_mesh(self.device.type, (world,))
+        plan = {
+            "attn.q_proj": ColwiseParallel(), "attn.k_proj": ColwiseParallel(),
+            "attn.v_proj": ColwiseParallel(), "attn.c_proj": RowwiseParallel(),
+            "mlp.c_fc": ColwiseParallel(), "mlp.c_proj": RowwiseParallel(),
+        }
+        assert isinstance(self.model, GPT)
+        for block in self.model.blocks:
+            parallelize_module(block, mesh, plan)  # type: ignore[arg-type]
+        self.optim = _optimizer(self.model.parameters(), cfg.lr)
+
+    def describe(self) -> str:
+        return "tp (DTensor: q/k/v, fc colwise; attn proj, mlp proj rowwise)"
+
+
+class GPTStage(nn.Module):
+    """A contiguous slice of GPT: optional embedding, some blocks, optional head."""
+
+    def __init__(self, embed: GPTEmbedding | None, blocks: list[Block],
+                 head: GPTHead | None) -> None:
+        super().__init__()
+        self.embed = embed
+        self.blocks = nn.ModuleList(blocks)
+        self.head = head
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.embed is not None:
+            x = self.embed(x)
+        for block in self.blocks:
+            x = block(x)
+        if self.head is not None:
+            x = self.head(x)
+        return x
+
+
+def split_layers(n_layer: int, stages: int) -> list[range]:
+    """Blocks per stage: as even as possible, the extra ones to the middle stages.
+
+    The first stage also runs the embedding and the last the LM head, so they get the
+    smaller share first.
+    """
+    base, extra = divmod(n_layer, stages)
+    order = sorted(range(stages), key=lambda s: (s in (0, stages - 1), s))
+    counts = [base] * stages
+    for s in order[:extra]:
+        counts[s] += 1
+    ranges, start = [], 0
+    for c in counts:
+        ranges.append(range(start, start + c))
+        start += c
+    return ranges
+
+
+class PipelineParallel(Strategy):
+    name = "pp"
+
+    def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int) -> None:
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+        if not is_gpt(cfg.model):
+            raise StrategyError("pipeline parallelism is implemented for the GPT models only")
+        if world < 2:
+            raise StrategyError("pipeline parallelism needs at least 2 ranks")
+        super().__init__(cfg, source, rank, world)
+        self.microbatches = cfg.microbatches or world  # the study's setting: m = p
+        if cfg.global_batch % self.microbatches:
+            raise StrategyError(f"global batch {cfg.global_batch} is not divisible by "
+                                f"{self.microbatches} microbatches")
+        # Built whole on every rank from one seed, then cut: every stage starts from the
+        # weights the single-rank model has. The LM head cannot share the embedding's
+        # weight across stages, so both start equal. (The tied model's shared weight is
+        # the LM head's draw: the init visits lm_head after wte.)
+        full = build_model(cfg.model, cfg.seed, tie_weights=False)
+        assert isinstance(full, GPT)
+        with torch.no_grad():
+            full.embed.wte.weight.copy_(full.head.lm_head.weight)
+        self.params = count_params(full)
+        layers = split_layers(full.cfg.n_layer, world)[rank]
+        self.layers = layers
+        first, last = rank == 0, rank == world - 1
+        self.is_last = last
+        self.stage_module = GPTStage(full.embed if first else None,
+                                     [full.blocks[i] for i in layers],
+                                     full.head if last else None).to(self.device)
+        del full
+        stage = PipelineStage(self.stage_module, rank, world, self.device)
+        kind = cfg.schedule.lower()
+        if kind == "gpipe":
+            self.schedule = ScheduleGPipe(stage, self.microbatches, loss_fn=gpt_loss)
+        elif kind == "1f1b":
+            self.schedule = Schedule1F1B(stage, self.microbatches, loss_fn=gpt_loss)
+        else:
+            raise StrategyError(f"unknown pipeline schedule {cfg.schedule!r} (gpipe, 1f1b)")
+        self.optim = _optimizer(self.stage_module.parameters(), cfg.lr)
+
+    def train_step(self, step: int) -> float | None:
+        x, y = self._batch(step, split=False)
+        self.optim.zero_grad(set_to_none=True)
+        if self.rank == 0:
+            self.schedule.step(x)
+            loss = None
+        elif self.is_last:
+            losses: list[torch.Tensor] = []
+            self.schedule.step(target=y, losses=losses)
+            loss = float(torch.stack([v.detach() for v in losses]).mean())
+        else:
+            self.schedule.step()
+            loss = None
+        self.optim.step()
+        return loss
+
+    def describe(self) -> str:
+        return (f"pp ({self.cfg.schedule}, {self.microbatches} microbatches, this stage: blocks "
+                f"{self.layers.start}..{self.layers.stop - 1}"
+                f"{' + embedding' if self.rank == 0 else ''}"
+                f"{' + head' if self.is_last else ''})")
+
+
+def make_strategy(cfg: TrainConfig, source: Source, rank: int, world: int) -> Strategy:
+    name = cfg.strategy
+    if name == "single":
+        return Single(cfg, source, rank, world)
+    if name == "dp":
+        return DataParallel(cfg, source, rank, world)
+    if name == "zero1":
+        return Zero1(cfg, source, rank, world)
+    if name in ("zero2", "zero3"):
+        return Zero23(cfg, source, rank, world, stage=int(name[-1]))
+    if name == "tp":
+        return TensorParallel(cfg, source, rank, world)
+    if name == "pp":
+        return PipelineParallel(cfg, source, rank, world)
+    raise StrategyError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
+
+
+def check_batch(strategy: str, global_batch: int, world: int) -> None:
+    if BATCH_SPLIT.get(strategy) == "split" and global_batch % world:
+        raise StrategyError(f"global batch {global_batch} is not divisible by {world} ranks "
+                            f"({strategy} splits it)")

@@ -1,0 +1,309 @@
+"""One training run of the study: a model, a strategy, a backend (run under torchrun).
+
+    torchrun --nproc-per-node 2 -m trainers.train --model gpt2-tiny --strategy dp \\
+        --backend gloo --steps 20 --batch 16
+    python -m trainers.train --model gpt2-tiny --strategy single --steps 5   # one rank
+
+Prints one line per step (time, loss) from the rank that sees the loss and, at the end,
+one JSON line (``"kind": "nanoccl_train_result"``) with samples/s (tokens/s for GPT,
+images/s for ResNet), mean/std step time, the final loss, peak memory (maxrss), and the
+bytes moved: nanoccl.stats() when the backend is nanoccl, and the node's network interface
+counters (/sys/class/net/<if>/statistics) when the ranks run in emulated nodes.
+
+Timing: the first --warmup-steps steps are left out; the timed window opens and closes
+with a barrier on a separate gloo group, throughput = global samples x timed steps /
+window. Step time per step is the slowest rank's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Sequence
+
+if __package__ in (None, ""):  # run as a file (torchrun trainers/train.py)
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from trainers import backends  # noqa: E402
+from trainers.data import make_source  # noqa: E402
+from trainers.models import MODEL_NAMES, gpt_config, gpt_flops_per_token, is_gpt  # noqa: E402
+from trainers.strategies import (STRATEGIES, StrategyError, TrainConfig,  # noqa: E402
+                                 check_batch, make_strategy)
+
+RESULT_KIND = "nanoccl_train_result"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m trainers.train",
+                                description="One study training run (DP/TP/PP/ZeRO) under torchrun.")
+    p.add_argument("--model", default="gpt2-tiny", choices=MODEL_NAMES)
+    p.add_argument("--strategy", default="dp", choices=STRATEGIES)
+    p.add_argument("--backend", default="gloo",
+                   help="gloo | nccl | nanoccl | nanoccl+<codec> (default gloo)")
+    p.add_argument("--steps", type=int, default=20, help="optimizer steps, warm-up included")
+    p.add_argument("--warmup-steps", type=int, default=None,
+                   help="steps left out of the timing (default min(2, steps - 1))")
+    p.add_argument("--batch", type=int, default=None,
+                   help="global batch in samples (default 16 for GPT, 32 for ResNet)")
+    p.add_argument("--seq-len", type=int, default=None, help="GPT context (default: the model's)")
+    p.add_argument("--lr", type=float, default=3e-4)
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--bucket-cap-mb", type=float, default=None, help="DDP bucket size (dp, zero1)")
+    p.add_argument("--microbatches", type=int, default=None,
+                   help="pipeline microbatches (default: the number of stages)")
+    p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b"), help="pp schedule")
+    p.add_argument("--data", default=None,
+                   help="real data: a text file (GPT, bytes as tokens) or a folder of .npy "
+                        "images (ResNet); default synthetic")
+    p.add_argument("--threads", type=int, default=None,
+                   help="torch threads per rank (default OMP_NUM_THREADS, else 1)")
+    p.add_argument("--device", default=None, help="cpu or cuda (default: cuda for nccl, else cpu)")
+    p.add_argument("--timeout", type=float, default=600.0, help="process group timeout, s")
+    p.add_argument("--netif", default=None,
+                   help="interface whose counters measure the node's traffic (default "
+                        "GLOO_SOCKET_IFNAME unless it is lo)")
+    p.add_argument("--standalone", action="store_true",
+                   help="one rank on its own, ignoring a surrounding torchrun's environment")
+    p.add_argument("--json", default=None, help="also write the result here (rank 0)")
+    p.add_argument("--print-every", type=int, default=1, help="step lines every N steps (0: none)")
+    return p
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _read_counters(ifname: str | None) -> tuple[int, int] | None:
+    if not ifname:
+        return None
+    base = Path("/sys/class/net") / ifname / "statistics"
+    try:
+        return int((base / "tx_bytes").read_text()), int((base / "rx_bytes").read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        spec = backends.parse_backend(args.backend)
+    except ValueError as exc:
+        print(f"train: {exc}", file=sys.stderr)
+        return 2
+    gpt = is_gpt(args.model)
+    batch = args.batch or (16 if gpt else 32)
+    seq_len = args.seq_len or (gpt_config(args.model).block_size if gpt else 0)
+    if gpt and seq_len > gpt_config(args.model).block_size:
+        print(f"train: --seq-len {seq_len} exceeds {args.model}'s context "
+              f"{gpt_config(args.model).block_size}", file=sys.stderr)
+        return 2
+    warmup = args.warmup_steps if args.warmup_steps is not None else min(2, args.steps - 1)
+    if args.steps < 1 or not 0 <= warmup < args.steps:
+        print("train: need --steps >= 1 and 0 <= --warmup-steps < --steps", file=sys.stderr)
+        return 2
+    threads = args.threads or _env_int("OMP_NUM_THREADS", 1)
+    torch.set_num_threads(max(1, threads))
+    device = args.device or ("cuda" if spec.name == "nccl" else "cpu")
+    local_rank = _env_int("LOCAL_RANK", 0)
+    if args.standalone and args.strategy != "single":
+        print("train: --standalone runs strategy 'single' only", file=sys.stderr)
+        return 2
+    if device == "cuda":
+        device = f"cuda:{local_rank}"
+        torch.cuda.set_device(local_rank)
+
+    try:
+        backends.init(spec, args.timeout, standalone=args.standalone)
+    except backends.BackendUnavailable as exc:
+        print(f"train: {exc}", file=sys.stderr)
+        return 2
+    try:
+        return _run(args, spec, batch, seq_len, warmup, threads, device, local_rank)
+    except StrategyError as exc:
+        print(f"train: {exc}", file=sys.stderr)
+        return 3
+    finally:
+        # The strategy's objects (DDP, ZeroRedundancyOptimizer, ...) hold the process group
+        # in reference cycles; freed at interpreter exit, gloo's threads outlive Python and
+        # the process aborts ("terminate called without an active exception"). Free them
+        # now, before the group goes.
+        gc.collect()
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        gc.collect()
+
+
+def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_len: int,
+         warmup: int, threads: int, device: str, local_rank: int) -> int:
+    rank, world = dist.get_rank(), dist.get_world_size()
+    local_world = world if args.standalone else _env_int("LOCAL_WORLD_SIZE", world)
+    nodes = max(1, world // max(1, local_world))
+    check_batch(args.strategy, batch, world)
+    ctrl = dist.new_group(backend="gloo") if spec.name != "gloo" else None
+    gpt = is_gpt(args.model)
+    vocab = gpt_config(args.model).vocab_size if gpt else 0
+    source = make_source(args.model, batch, seq_len, vocab, args.seed, args.data)
+    cfg = TrainConfig(model=args.model, strategy=args.strategy, global_batch=batch,
+                      seq_len=seq_len, lr=args.lr, seed=args.seed,
+                      bucket_cap_mb=args.bucket_cap_mb, microbatches=args.microbatches,
+                      schedule=args.schedule, device=device)
+    strategy = make_strategy(cfg, source, rank, world)
+    unit = "tokens" if gpt else "images"
+    per_sample = seq_len if gpt else 1
+    reporter = world - 1 if args.strategy == "pp" else 0
+    if rank == 0:
+        print(f"train: {args.model} ({strategy.params / 1e6:.2f} M params), "
+              f"{strategy.describe()}, backend {spec.text}, {world} rank(s) on {nodes} node(s), "
+              f"global batch {batch}" + (f" x {seq_len} tokens" if gpt else " images")
+              + f", {args.steps} steps ({warmup} warm-up), {threads} thread(s)/rank", flush=True)
+
+    ifname = args.netif
+    if ifname is None:
+        candidate = os.environ.get("GLOO_SOCKET_IFNAME", "")
+        ifname = candidate if candidate and candidate != "lo" else None
+    count_link = local_rank == 0 and ifname is not None
+
+    step_s: list[float] = []
+    losses: list[float | None] = []
+    t_start = t_end = 0.0
+    counters_start = counters_end = None
+    stats_start = stats_end = None
+    for step in range(args.steps):
+        if step == warmup:
+            dist.barrier(group=ctrl)
+            counters_start = _read_counters(ifname) if count_link else None
+            stats_start = backends.nanoccl_stats(spec)
+            t_start = time.perf_counter()
+        begin = time.perf_counter()
+        loss = strategy.train_step(step)
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
+        elapsed = time.perf_counter() - begin
+        step_s.append(elapsed)
+        losses.append(loss)
+        if (rank == reporter and args.print_every > 0
+                and ((step + 1) % args.print_every == 0 or step + 1 == args.steps)):
+            shown = f"{loss:.4f}" if loss is not None else "-"
+            print(f"step {step + 1}/{args.steps} loss {shown} time {elapsed * 1000:.1f} ms"
+                  + (" (warm-up)" if step < warmup else ""), flush=True)
+    dist.barrier(group=ctrl)
+    t_end = time.perf_counter()
+    counters_end = _read_counters(ifname) if count_link else None
+    stats_end = backends.nanoccl_stats(spec)
+
+    link: tuple[int, int] | None = None
+    if counters_start is not None and counters_end is not None:
+        link = (counters_end[0] - counters_start[0], counters_end[1] - counters_start[1])
+    moved: dict[str, int] | None = None
+    if stats_start is not None and stats_end is not None:
+        moved = {k: stats_end[k] - stats_start[k] for k in stats_end}
+    mine = {"rank": rank, "step_s": step_s, "losses": losses, "peak_rss_mb": _peak_rss_mb(),
+            "link": link, "ifname": ifname if count_link else None, "nanoccl": moved,
+            "window_s": t_end - t_start,
+            "cuda_peak_mb": (torch.cuda.max_memory_allocated() / 2**20
+                             if device.startswith("cuda") else None)}
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, mine, group=ctrl)
+    if rank == 0:
+        result = summarize(args, spec, strategy, gathered, batch, seq_len, warmup, unit,
+                           per_sample, nodes, local_world, threads)
+        line = json.dumps(result)
+        print(line, flush=True)
+        if args.json:
+            path = Path(args.json)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(line + "\n")
+    dist.barrier(group=ctrl)
+    return 0
+
+
+def combine_losses(strategy: str, per_rank: list[list[float | None]]) -> list[float | None]:
+    """The global loss per step: the mean over data-parallel ranks (equal slices),
+    the one value tensor/pipeline ranks agree on."""
+    steps = len(per_rank[0])
+    out: list[float | None] = []
+    for s in range(steps):
+        values = [r[s] for r in per_rank if r[s] is not None]
+        if not values:
+            out.append(None)
+        elif strategy in ("dp", "zero1", "zero2", "zero3", "single"):
+            out.append(statistics.fmean(values))  # type: ignore[arg-type]
+        else:
+            out.append(values[0])
+    return out
+
+
+def summarize(args: argparse.Namespace, spec: backends.BackendSpec, strategy: Any,
+              gathered: list[dict[str, Any]], batch: int, seq_len: int, warmup: int, unit: str,
+              per_sample: int, nodes: int, local_world: int, threads: int) -> dict[str, Any]:
+    steps = args.steps
+    timed = steps - warmup
+    step_max = [max(g["step_s"][s] for g in gathered) for s in range(steps)]
+    timed_steps = step_max[warmup:]
+    window = max(g["window_s"] for g in gathered)
+    samples_per_s = batch * timed / window if window > 0 else 0.0
+    losses = combine_losses(args.strategy, [g["losses"] for g in gathered])
+    links = [g for g in gathered if g["link"] is not None]
+    link_doc = None
+    if links:
+        tx = sum(g["link"][0] for g in links)
+        rx = sum(g["link"][1] for g in links)
+        link_doc = {"ifname": links[0]["ifname"], "tx_bytes": tx, "rx_bytes": rx,
+                    "per_node": [{"rank": g["rank"], "tx_bytes": g["link"][0],
+                                  "rx_bytes": g["link"][1]} for g in links]}
+    moved = [g["nanoccl"] for g in gathered if g["nanoccl"] is not None]
+    nanoccl_doc = None
+    if moved:
+        nanoccl_doc = {k: sum(m[k] for m in moved) for k in moved[0]}
+    gpt = unit == "tokens"
+    flops = None
+    if gpt:
+        flops = gpt_flops_per_token(gpt_config(args.model), seq_len) * batch * seq_len
+    return {
+        "kind": RESULT_KIND,
+        "model": args.model, "strategy": args.strategy, "backend": spec.text,
+        "world_size": len(gathered), "nodes": nodes, "procs_per_node": local_world,
+        "params": strategy.params, "description": strategy.describe(),
+        "global_batch": batch, "seq_len": seq_len if gpt else None, "unit": unit,
+        "steps": steps, "warmup_steps": warmup, "timed_steps": timed, "threads": threads,
+        "microbatches": getattr(strategy, "microbatches", None),
+        "schedule": args.schedule if args.strategy == "pp" else None,
+        "bucket_cap_mb": args.bucket_cap_mb, "data": args.data or "synthetic",
+        "window_s": window,
+        "samples_per_s": samples_per_s,
+        f"{unit}_per_s": samples_per_s * per_sample,
+        "units_per_s": samples_per_s * per_sample,
+        "step_time_mean_s": statistics.fmean(timed_steps),
+        "step_time_std_s": statistics.pstdev(timed_steps) if len(timed_steps) > 1 else 0.0,
+        "step_time_s": step_max,
+        "flops_per_step": flops,
+        "final_loss": next((v for v in reversed(losses) if v is not None), None),
+        "losses": losses,
+        "peak_rss_mb_max": max(g["peak_rss_mb"] for g in gathered),
+        "peak_rss_mb_sum": sum(g["peak_rss_mb"] for g in gathered),
+        "cuda_peak_mb_max": max((g["cuda_peak_mb"] or 0.0) for g in gathered) or None,
+        "nanoccl_bytes": nanoccl_doc,
+        "link_bytes": link_doc,
+        "torch": torch.__version__,
+    }
+
+
+if __name__ == "__main__":
+    sys.exit(main())
