@@ -10,6 +10,7 @@
 #include <mutex>
 #include <string>
 
+#include "transports/frame.h"
 #include "transports/transport.h"
 
 namespace nanoccl {
@@ -81,5 +82,49 @@ class BasicRequest : public Request {
   int source_ = -1;
   std::function<void(const Status&, int)> callback_;
 };
+
+// The checks both transports make on a request and on the message that meets it, worded once
+// so that tcp and shm report the same situation in the same words.
+
+// A peer rank a request may name (kAnySource only where `anyAllowed`), a size the frame
+// format can carry, and a transport that is connected.
+inline Status checkRequestPeer(int rank, int size, int peer, bool anyAllowed, size_t bytes,
+                               bool connected) {
+  if (anyAllowed) return Status::ok();
+  if (peer < 0 || peer >= size || peer == rank) {
+    return invalidArgument("rank " + std::to_string(rank) + ": invalid peer rank " +
+                           std::to_string(peer) + " (communicator size " + std::to_string(size) +
+                           ")");
+  }
+  if (bytes > kMaxMessageBytes) return invalidArgument("message larger than the transport's limit");
+  if (!connected) return invalidArgument("transport used before connect()");
+  return Status::ok();
+}
+
+// Whether a message announced by `h` from rank `from` is what `req` (posted on `rank`) expects:
+// kMismatch naming both ranks and both calls otherwise.
+inline Status checkMessageMatch(int rank, const BasicRequest& req, const FrameHeader& h,
+                                int from) {
+  const OpFingerprint theirs = fingerprintOf(h);
+  const OpFingerprint& ours = req.env.fingerprint;
+  if (theirs == ours && h.total == req.bytes) return Status::ok();
+  std::string detail;
+  if (theirs == ours) {
+    detail = " with " + std::to_string(h.total) + " bytes where rank " + std::to_string(rank) +
+             " expects " + std::to_string(req.bytes);
+  }
+  return mismatchError("rank " + std::to_string(rank) + " called " + ours.describe() +
+                       " but rank " + std::to_string(from) + " called " + theirs.describe() +
+                       detail);
+}
+
+// `req`'s sender has already sent call #theirSeq on the way `req`'s message had to take.
+inline Status skippedCallError(int rank, const BasicRequest& req, uint64_t theirSeq) {
+  return mismatchError("rank " + std::to_string(rank) + " waits in " +
+                       req.env.fingerprint.describe() + " for rank " + std::to_string(req.peer) +
+                       ", but rank " + std::to_string(req.peer) +
+                       " has already moved on to call #" + std::to_string(theirSeq) +
+                       " (the ranks do not make the same calls)");
+}
 
 }  // namespace nanoccl

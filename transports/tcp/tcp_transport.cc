@@ -211,15 +211,7 @@ class TcpTransport : public Transport {
 
  private:
   Status checkPeer(int peer, bool anyAllowed, size_t bytes) const {
-    if (anyAllowed) return Status::ok();
-    if (peer < 0 || peer >= o_.size || peer == o_.rank) {
-      return invalidArgument("rank " + std::to_string(o_.rank) + ": invalid peer rank " +
-                             std::to_string(peer) + " (communicator size " +
-                             std::to_string(o_.size) + ")");
-    }
-    if (bytes > kMaxMessageBytes) return invalidArgument("message larger than the transport's limit");
-    if (!thread_.joinable()) return invalidArgument("transport used before connect()");
-    return Status::ok();
+    return checkRequestPeer(o_.rank, o_.size, peer, anyAllowed, bytes, thread_.joinable());
   }
 
   void post(Command cmd) {
@@ -396,26 +388,12 @@ class TcpTransport : public Transport {
     postedP2P_.push_back(req);
   }
 
-  // Whether a message announced by `h` from `from` is what `req` expects.
   Status checkMatch(const TcpRequest& req, const FrameHeader& h, int from) const {
-    const OpFingerprint theirs = fingerprintOf(h);
-    const OpFingerprint& ours = req.env.fingerprint;
-    if (theirs == ours && h.total == req.bytes) return Status::ok();
-    std::string detail;
-    if (theirs == ours) {
-      detail = " with " + std::to_string(h.total) + " bytes where rank " +
-               std::to_string(o_.rank) + " expects " + std::to_string(req.bytes);
-    }
-    return mismatchError("rank " + std::to_string(o_.rank) + " called " + ours.describe() +
-                         " but rank " + std::to_string(from) + " called " + theirs.describe() +
-                         detail);
+    return checkMessageMatch(o_.rank, req, h, from);
   }
 
   Status skippedError(const TcpRequest& req, uint64_t theirSeq) const {
-    return mismatchError("rank " + std::to_string(o_.rank) + " waits in " +
-                         req.env.fingerprint.describe() + " for rank " + std::to_string(req.peer) +
-                         ", but rank " + std::to_string(req.peer) + " has already moved on to call #" +
-                         std::to_string(theirSeq) + " (the ranks do not make the same calls)");
+    return skippedCallError(o_.rank, req, theirSeq);
   }
 
   void postHeaderRecv(Conn& c) {
