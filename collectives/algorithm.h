@@ -28,6 +28,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/codec/codec.h"
 #include "collectives/topology.h"
 #include "common/config.h"
 #include "common/deadline.h"
@@ -57,6 +58,13 @@ struct CallArgs {
   size_t count = 0;
   std::vector<size_t> counts;
   std::vector<size_t> recvCounts;
+  // Compression of the inter-node leg (allreduce, reduce_scatter; float32 only): null for a
+  // lossless call. Set by the communicator only where a lossy row of the table runs the call.
+  const codec::Codec* codec = nullptr;
+  codec::CodecParams codecParams;
+  // Error feedback (allreduce only, may be null): `count` floats owned by the caller; what this
+  // rank's encodings lose is kept here and added to what it encodes next time.
+  float* residual = nullptr;
 
   size_t elemSize() const { return dataTypeSize(dtype); }
   // The size the planner decides by: the bytes one rank contributes to / receives from the
@@ -178,6 +186,9 @@ struct AlgorithmRow {
   // Whether "auto" should pick it (small-message rows say yes up to smallMessageBytes).
   bool (*autoWhen)(const CallArgs& args, const Topology& topology, const Config& config);
   Status (*run)(Context& ctx, const CallArgs& args);
+  // Whether run() honours args.codec (compresses the inter-node leg). A call with a codec
+  // runs on the first lossy row that supports it; a forced lossless row runs it lossless.
+  bool lossy = false;
 };
 
 // ---- Confirmations ----
@@ -253,6 +264,69 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args);
 Status reduceScatterHierarchical(Context& ctx, const CallArgs& args);
 Status allgatherHierarchical(Context& ctx, const CallArgs& args);
 Status broadcastHierarchical(Context& ctx, const CallArgs& args);
+
+// Compressed (compressed.cc): the inter-node leg under args.codec. Every rank of `ctx` is on a
+// node of its own (the flat rows, and the cross stage of the hierarchical ones).
+//
+// Allreduce of `count` float32 at `data`: direct reduce-scatter of encoded segments, float32
+// accumulation by the segment's owner, then the owner encodes its reduced segment once and
+// every rank (the owner too) decodes those bytes, so all ranks end with the same bits. Not
+// averaged (the caller divides). `residual` (null, or `count` floats at the same positions)
+// is the error feedback. Chunked: encoding, the network and decoding overlap. Uses tags
+// [tagBase, tagBase + tags(ctx, codec, params, count)).
+//
+// In three steps, so that a pipeline can start the next block's exchange before this one's
+// allgather has arrived: start() posts every receive and sends the encoded segments; reduce()
+// adds what arrived for this rank's segment, sends the encoded sum and decodes it; finish()
+// decodes everyone else's sums and waits for the sends. Each once, in that order, on one
+// thread; scratch comes from ctx.
+class CompressedAllreduce {
+ public:
+  CompressedAllreduce(Context& ctx, const codec::Codec& codec, const codec::CodecParams& params,
+                      float* data, size_t count, float* residual, uint32_t tagBase);
+  Status start();
+  Status reduce();
+  Status finish();
+  static uint32_t tags(const Context& ctx, const codec::Codec& codec,
+                       const codec::CodecParams& params, size_t count);
+
+  // One chunk of one segment: where its float32 live and where its encoded stream goes.
+  struct Piece {
+    float* data;
+    size_t count;
+    char* stream;
+    size_t bytes;
+  };
+
+ private:
+  Status encode(const Piece& p);
+
+  Context& ctx_;
+  const codec::Codec& codec_;
+  codec::CodecParams params_;
+  float* data_;
+  float* residual_;
+  uint32_t tagBase_;
+  uint32_t half_;  // the allgather's tags start at tagBase_ + half_
+  size_t maxChunks_ = 0;
+  std::vector<std::vector<Piece>> out_, in_, gathered_;  // [peer][chunk]
+  std::vector<Piece> reduced_;                           // this rank's segment
+  std::vector<std::vector<Pending>> rsRecv_, agRecv_;
+  std::vector<Pending> sends_;
+};
+// All three steps at once.
+Status compressedAllreduce(Context& ctx, const codec::Codec& codec,
+                           const codec::CodecParams& params, float* data, size_t count,
+                           float* residual, uint32_t tagBase);
+// Reduce-scatter: segment i (counts[i] float32 at seg[i]) goes to rank i, encoded; this rank
+// accumulates what it receives into seg[rank] (which holds its own contribution). The other
+// segments are only read. Tags [tagBase, tagBase + chunks of the largest segment).
+Status compressedReduceScatter(Context& ctx, const codec::Codec& codec,
+                               const codec::CodecParams& params, const std::vector<size_t>& counts,
+                               const std::vector<float*>& seg, uint32_t tagBase);
+// The flat rows: every node has one rank.
+Status allreduceCompressed(Context& ctx, const CallArgs& args);
+Status reduceScatterCompressed(Context& ctx, const CallArgs& args);
 
 // World size 1: the result of every op as plain local copies.
 Status runLocal(const CallArgs& args);

@@ -212,6 +212,10 @@ struct Communicator::Impl {
   }
 
   std::shared_ptr<Task> submit(OpFingerprint fingerprint, CallArgs args, const Status& invalid);
+  // Sets args.codec where the call is to be compressed: `request` from allreduceCompressed, else
+  // the config's codec for calls of at least compressionMinBytes. An explicit request the call
+  // cannot honour (dtype, reduction) is an argument error.
+  Status chooseCodec(CallArgs& args, const CompressionRequest* request) const;
   void workerLoop();
   void runCall(QueuedCall& call);
   std::shared_ptr<Task> postP2p(bool isSend, void* buf, size_t count, DataType dtype, int peer,
@@ -238,6 +242,11 @@ std::shared_ptr<Task> Communicator::Impl::submit(OpFingerprint fingerprint, Call
     task->complete(Status(algorithm.status().code(), call + algorithm.status().message()));
     return task;
   }
+  if (!algorithm.value()->lossy) {  // e.g. NANOCCL_ALGO=ring: lossless, the residual untouched
+    args.codec = nullptr;
+    args.residual = nullptr;
+  }
+  fingerprint.codec = args.codec != nullptr ? static_cast<uint8_t>(args.codec->id) : 0;
   {
     std::unique_lock<std::mutex> lock(mu);
     fingerprint.seq = nextSeq++;
@@ -304,6 +313,33 @@ void Communicator::Impl::runCall(QueuedCall& call) {
   }
   ++calls;
   completeTask(*call.task, s);
+}
+
+Status Communicator::Impl::chooseCodec(CallArgs& args, const CompressionRequest* request) const {
+  const std::string& name = request != nullptr ? request->codec : config.compression;
+  if (name == "none" || (request == nullptr && args.planBytes() < config.compressionMinBytes)) {
+    return Status::ok();
+  }
+  const bool floatSum = args.dtype == DataType::kFloat32 &&
+                        (args.redop == ReduceOp::kSum || args.redop == ReduceOp::kAvg ||
+                         args.redop == ReduceOp::kPremulSum);
+  if (!floatSum) {
+    if (request == nullptr) return Status::ok();  // integers, MIN, MAX...: lossless
+    return invalidArgument(std::string("compressed allreduce takes float32 with sum, avg or "
+                                       "premul_sum, got ") +
+                           dataTypeName(args.dtype) + " with " + reduceOpName(args.redop));
+  }
+  NANOCCL_ASSIGN_OR_RETURN(const codec::Codec* c, codec::findCodec(name));
+  codec::CodecParams params;
+  params.blockSize = request != nullptr && request->blockSize != 0
+                         ? request->blockSize
+                         : static_cast<uint32_t>(config.compressionBlock);
+  NANOCCL_CHECK(codec::resolveBlockSize(*c, params).status());
+  if (topology.numNodes() < 2 || size < 2) return Status::ok();  // no inter-node leg
+  args.codec = c;
+  args.codecParams = params;
+  if (request != nullptr) args.residual = request->residual;
+  return Status::ok();
 }
 
 std::shared_ptr<Task> Communicator::Impl::postP2p(bool isSend, void* buf, size_t count,
@@ -771,7 +807,28 @@ std::shared_ptr<Task> Communicator::allreduce(void* buf, size_t count, DataType 
   a.count = count;
   const Status invalid =
       firstError([&] { return checkDataType(dtype); }, [&] { return checkReduction(op, dtype); },
-                 [&] { return checkBuffer("", buf, count); });
+                 [&] { return checkBuffer("", buf, count); },
+                 [&] { return impl_->chooseCodec(a, nullptr); });
+  return impl_->submit(OpFingerprint{OpType::kAllreduce, dtype, op, -1, count, 0}, std::move(a),
+                       invalid);
+}
+
+std::shared_ptr<Task> Communicator::allreduceCompressed(void* buf, size_t count, DataType dtype,
+                                                        ReduceOp op,
+                                                        const CompressionRequest& compression,
+                                                        double premulFactor) {
+  CallArgs a;
+  a.op = OpType::kAllreduce;
+  a.dtype = dtype;
+  a.redop = op;
+  a.premulFactor = premulFactor;
+  a.recv = buf;
+  a.send = buf;
+  a.count = count;
+  const Status invalid =
+      firstError([&] { return checkDataType(dtype); }, [&] { return checkReduction(op, dtype); },
+                 [&] { return checkBuffer("", buf, count); },
+                 [&] { return impl_->chooseCodec(a, &compression); });
   return impl_->submit(OpFingerprint{OpType::kAllreduce, dtype, op, -1, count, 0}, std::move(a),
                        invalid);
 }
@@ -851,7 +908,8 @@ std::shared_ptr<Task> Communicator::reduceScatter(const void* send, void* recv,
       firstError([&] { return checkDataType(dtype); }, [&] { return checkReduction(op, dtype); },
                  [&] { return checkCounts("counts", counts, size()); },
                  [&] { return checkBuffer("send", send, sum(counts)); },
-                 [&] { return checkBuffer("recv", recv, counts[rank()]); });
+                 [&] { return checkBuffer("recv", recv, counts[rank()]); },
+                 [&] { return impl_->chooseCodec(a, nullptr); });
   if (invalid.isOk()) a.count = counts[rank()];
   const size_t total = invalid.isOk() ? sum(counts) : 0;
   return impl_->submit(OpFingerprint{OpType::kReduceScatter, dtype, op, -1, total, 0}, std::move(a),

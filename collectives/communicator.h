@@ -111,6 +111,16 @@ struct CommStats {
   std::vector<std::pair<std::string, uint64_t>> callsPerAlgorithm;
 };
 
+// Compression of one allreduce's inter-node leg, asked for by the caller (see
+// Communicator::allreduceCompressed; the plain calls follow NANOCCL_COMPRESSION).
+struct CompressionRequest {
+  std::string codec = "int8";  // a name from kCodecNames (common/op.h)
+  uint32_t blockSize = 0;      // int8/int4 elements per scale; 0: compression_block, else default
+  // Error feedback: `count` floats the caller owns and keeps between calls (zeros at first),
+  // or null. Each rank's residual holds what its own encodings lost.
+  float* residual = nullptr;
+};
+
 class Communicator : public std::enable_shared_from_this<Communicator> {
  public:
   // Connects to every peer through the store (rank 0 creates the job secret). Fails with a
@@ -128,6 +138,18 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // `premulFactor` first. kAvg divides the sum by size() (integer division for integers).
   std::shared_ptr<Task> allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
                                   double premulFactor = 1.0);
+  // With config().compression set, a float32 kSum/kAvg/kPremulSum allreduce or reduceScatter
+  // of at least compressionMinBytes between several nodes compresses its inter-node leg: the
+  // result is then the same on every rank but lossy (collectives/codec/codec.h gives the error
+  // per codec). Everything else, and everything within a node, stays lossless.
+  //
+  // allreduce with compression asked for by this call, whatever its size and the config: the
+  // same contract otherwise. The buffer must be float32 and the reduction kSum, kAvg or
+  // kPremulSum (else kInvalidArgument). A single-node communicator runs it lossless (and leaves
+  // the residual alone). Every rank must pass the same codec and block size.
+  std::shared_ptr<Task> allreduceCompressed(void* buf, size_t count, DataType dtype, ReduceOp op,
+                                            const CompressionRequest& compression,
+                                            double premulFactor = 1.0);
   // The result lands in `buf` on `root`; other ranks' buffers are left unchanged.
   std::shared_ptr<Task> reduce(void* buf, size_t count, DataType dtype, ReduceOp op, int root,
                                double premulFactor = 1.0);

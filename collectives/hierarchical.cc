@@ -29,6 +29,9 @@
 //   the inter-node bytes per node are the optimum, 2(m-1)/m x size for an allreduce over m
 //   nodes; what uneven nodes lose is only the parallelism of the extra local ranks.
 //
+// Compression (args.codec): only the cross stage is lossy (compressed.cc); the intra-node
+// stages move float32 losslessly, so each byte is encoded once per node, not once per rank.
+//
 // Reductions: kPremulSum scales this rank's input once, at the start; kAvg divides the final
 // sum by the world size once, where the reduced shard first exists. The stages reduce as kSum.
 // Results are identical on every rank (each shard is reduced in one fixed order by one group
@@ -39,6 +42,7 @@
 #include <deque>
 #include <mutex>
 #include <numeric>
+#include <memory>
 #include <thread>
 
 #include "collectives/algorithm.h"
@@ -224,6 +228,11 @@ class BlockQueue {
     }
     cv_.notify_all();
   }
+  // Whether pop() would return at once.
+  bool ready() {
+    std::lock_guard<std::mutex> lock(mu_);
+    return closed_ || finished_ || !blocks_.empty();
+  }
   // The next block, or -1 when there are no more (finished, or closed). kTimeout when the
   // call's deadline passes first.
   Status pop(const Deadline& deadline, int* block) {
@@ -298,7 +307,9 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
     localChunk = chunkElements(local, es, counts[0][0], 2 * blocks);
     localTags = ringTags(local, counts[0], localChunk);
   }
-  if (lr < h.shards) {
+  if (lr < h.shards && args.codec != nullptr) {
+    crossTags = CompressedAllreduce::tags(cross, *args.codec, args.codecParams, counts[0][lr]);
+  } else if (lr < h.shards) {
     const std::vector<size_t> shardSplit = evenSplit(counts[0][lr], h.cross.size);
     crossChunk = chunkElements(cross, es, shardSplit[0], 2 * blocks);
     crossTags = ringTags(cross, shardSplit, crossChunk);
@@ -312,7 +323,14 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
   };
   auto reduceAcrossNodes = [&](int b) -> Status {
     if (lr >= h.shards) return Status::ok();
-    if (blocks == 1) {
+    if (args.codec != nullptr) {
+      // Lossy across nodes only: the shard was reduced losslessly inside the node.
+      float* shard = reinterpret_cast<float*>(seg[b][lr]);
+      float* residual = args.residual ? args.residual + (seg[b][lr] - buf) / es : nullptr;
+      NANOCCL_CHECK(inStage(h.cross, compressedAllreduce(cross, *args.codec, args.codecParams,
+                                                         shard, counts[b][lr], residual,
+                                                         b * crossTags)));
+    } else if (blocks == 1) {
       CallArgs shard = args;
       shard.redop = op;  // the scaling is done here, once
       shard.send = shard.recv = seg[b][lr];
@@ -376,7 +394,56 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
     }
     if (out != nullptr) out->finish();
   };
-  std::thread crossThread([&] { stage(reduced, &crossed, reduceAcrossNodes); });
+  // The compressed cross stage overlaps consecutive blocks: block b's encoded segments go out
+  // before block b - 1's allgather is waited for, so the node links never wait for a round
+  // trip between blocks (one block's exchange is small next to the link's bandwidth-delay).
+  auto compressedCross = [&] {
+    std::unique_ptr<CompressedAllreduce> prev, cur;
+    int prevBlock = -1;
+    auto finishPrev = [&]() -> Status {
+      if (!prev) return Status::ok();
+      NANOCCL_CHECK(inStage(h.cross, prev->finish()));
+      if (args.redop == ReduceOp::kAvg) {
+        NANOCCL_CHECK(divideInPlace(seg[prevBlock][lr], counts[prevBlock][lr], args.dtype,
+                                    ctx.size()));
+      }
+      prev.reset();
+      crossed.push(prevBlock);
+      return Status::ok();
+    };
+    for (;;) {
+      Status s;
+      if (!reduced.ready()) s = finishPrev();  // nothing to start yet: finish what is open
+      int b = -1;
+      if (s.isOk()) s = reduced.pop(ctx.deadline(), &b);
+      if (s.isOk() && b >= 0) {
+        float* residual = args.residual ? args.residual + (seg[b][lr] - buf) / es : nullptr;
+        cur = std::make_unique<CompressedAllreduce>(
+            cross, *args.codec, args.codecParams, reinterpret_cast<float*>(seg[b][lr]),
+            counts[b][lr], residual, b * crossTags);
+        s = inStage(h.cross, cur->start());
+      }
+      if (s.isOk()) s = finishPrev();
+      if (s.isOk() && b >= 0) {
+        s = inStage(h.cross, cur->reduce());
+        prev = std::move(cur);
+        prevBlock = b;
+      }
+      if (!s.isOk()) {
+        fail(s);
+        break;
+      }
+      if (b < 0) break;
+    }
+    crossed.finish();
+  };
+  std::thread crossThread([&] {
+    if (args.codec != nullptr && lr < h.shards) {
+      compressedCross();
+    } else {
+      stage(reduced, &crossed, reduceAcrossNodes);
+    }
+  });
   std::thread gatherThread([&] { stage(crossed, nullptr, gatherInNode); });
   for (int b = 0; b < blocks; ++b) {
     const Status s = reduceInNode(b);
@@ -434,10 +501,17 @@ Status reduceScatterHierarchical(Context& ctx, const CallArgs& args) {
       counts[k] = lay.shardCount[k][lr];
       acc[k] = z + lay.staged[lr][k] * es;
     }
-    const std::vector<const char*> src(acc.begin(), acc.end());
-    const size_t ce = chunkElements(cross, es, maxOf(counts), 1);
-    NANOCCL_CHECK(
-        inStage(h.cross, ringReduceScatter(cross, counts, src, acc, args.dtype, op, ce, 0)));
+    if (args.codec != nullptr) {
+      std::vector<float*> shards(m);
+      for (int k = 0; k < m; ++k) shards[k] = reinterpret_cast<float*>(acc[k]);
+      NANOCCL_CHECK(inStage(h.cross, compressedReduceScatter(cross, *args.codec, args.codecParams,
+                                                             counts, shards, 0)));
+    } else {
+      const std::vector<const char*> src(acc.begin(), acc.end());
+      const size_t ce = chunkElements(cross, es, maxOf(counts), 1);
+      NANOCCL_CHECK(
+          inStage(h.cross, ringReduceScatter(cross, counts, src, acc, args.dtype, op, ce, 0)));
+    }
   }
   // 3. Within the node: each rank collects its piece from the shards that overlap it.
   std::vector<Range> have(h.local.size), want(h.local.size);

@@ -29,58 +29,81 @@ bool autoLargeHierarchical(const CallArgs& args, const Topology& topology, const
   return topology.hierarchical() && args.planBytes() > config.smallMessageBytes;
 }
 
+// The flat compressed rows: a call with a codec on a topology of one-rank nodes (on a
+// hierarchical one, the hierarchical rows compress their inter-node stage instead).
+Status compressedFlat(const CallArgs& args, const Topology& topology) {
+  if (args.codec == nullptr) {
+    return invalidArgument("the call is lossless (compressed rows need NANOCCL_COMPRESSION)");
+  }
+  if (topology.hierarchical()) {
+    return invalidArgument("nodes have several ranks (" + topology.describe() +
+                           "): the hierarchical row compresses the inter-node stage");
+  }
+  return Status::ok();
+}
+
+constexpr bool kLossless = false;
+constexpr bool kLossy = true;
+
 }  // namespace
 
 const std::vector<AlgorithmRow>& algorithmTable() {
   // One row per (op, algorithm), in order of preference under "auto". Adding an algorithm is
   // adding a row here; nothing else lists them.
   static const std::vector<AlgorithmRow> table = {
+      {"compressed", OpType::kAllreduce,
+       "direct reduce-scatter of encoded segments, each owner encodes its sum once for all "
+       "(NANOCCL_COMPRESSION; one rank per node)",
+       compressedFlat, autoNever, allreduceCompressed, kLossy},
       {"recursive_doubling", OpType::kAllreduce,
        "log2(size) exchanges of the whole buffer; non-power-of-two sizes fold the extra ranks",
-       anyCall, autoSmall, allreduceRecursiveDoubling},
+       anyCall, autoSmall, allreduceRecursiveDoubling, kLossless},
       {"hierarchical", OpType::kAllreduce,
        "intra-node reduce-scatter, inter-node allreduce of each shard by its local rank on every "
        "node at once, intra-node allgather",
-       hierarchicalTopology, autoLargeHierarchical, allreduceHierarchical},
+       hierarchicalTopology, autoLargeHierarchical, allreduceHierarchical, kLossy},
       {"ring", OpType::kAllreduce,
        "ring reduce-scatter + allgather, chunked and pipelined (bandwidth-optimal)", anyCall,
-       autoAlways, allreduceRing},
+       autoAlways, allreduceRing, kLossless},
       {"tree", OpType::kAllreduce, "binomial-tree reduce to rank 0, then binomial broadcast",
-       anyCall, autoNever, allreduceTree},
+       anyCall, autoNever, allreduceTree, kLossless},
 
-      {"tree", OpType::kReduce, "binomial tree toward the root", anyCall, autoSmall, reduceTree},
+      {"tree", OpType::kReduce, "binomial tree toward the root", anyCall, autoSmall, reduceTree, kLossless},
       {"ring", OpType::kReduce, "ring reduce-scatter, then each segment to the root", anyCall,
-       autoAlways, reduceRing},
+       autoAlways, reduceRing, kLossless},
 
       {"tree", OpType::kBroadcast, "binomial tree from the root", anyCall, autoSmall,
-       broadcastTree},
+       broadcastTree, kLossless},
       {"hierarchical", OpType::kBroadcast,
        "the root hands one shard to each local rank, each shard is broadcast across nodes by "
        "its local rank at once, intra-node allgather",
-       hierarchicalTopology, autoLargeHierarchical, broadcastHierarchical},
+       hierarchicalTopology, autoLargeHierarchical, broadcastHierarchical, kLossless},
       {"ring", OpType::kBroadcast, "pipelined chain of chunks from the root", anyCall, autoAlways,
-       broadcastRing},
+       broadcastRing, kLossless},
 
       {"hierarchical", OpType::kAllgather,
        "each node's pieces sharded over its local ranks, inter-node allgather of each shard by "
        "its local rank on every node at once, intra-node allgather",
-       hierarchicalTopology, autoLargeHierarchical, allgatherHierarchical},
+       hierarchicalTopology, autoLargeHierarchical, allgatherHierarchical, kLossless},
       {"ring", OpType::kAllgather, "ring, chunked and pipelined; uneven counts", anyCall,
-       autoAlways, allgatherRing},
+       autoAlways, allgatherRing, kLossless},
+      {"compressed", OpType::kReduceScatter,
+       "every segment straight to its owner, encoded (NANOCCL_COMPRESSION; one rank per node)",
+       compressedFlat, autoNever, reduceScatterCompressed, kLossy},
       {"hierarchical", OpType::kReduceScatter,
        "intra-node reduce-scatter of every node's shards, inter-node reduce-scatter of each "
        "shard by its local rank on every node at once, shards to their ranks within the node",
-       hierarchicalTopology, autoLargeHierarchical, reduceScatterHierarchical},
+       hierarchicalTopology, autoLargeHierarchical, reduceScatterHierarchical, kLossy},
       {"ring", OpType::kReduceScatter, "ring, chunked and pipelined; uneven counts", anyCall,
-       autoAlways, reduceScatterRing},
+       autoAlways, reduceScatterRing, kLossless},
       {"pairwise", OpType::kAlltoall, "every receive posted, then sends to rank+1, rank+2, ...",
-       anyCall, autoAlways, alltoallPairwise},
+       anyCall, autoAlways, alltoallPairwise, kLossless},
       {"direct", OpType::kGather, "every rank sends to the root", anyCall, autoAlways,
-       gatherDirect},
+       gatherDirect, kLossless},
       {"direct", OpType::kScatter, "the root sends to every rank", anyCall, autoAlways,
-       scatterDirect},
+       scatterDirect, kLossless},
       {"dissemination", OpType::kBarrier, "ceil(log2(size)) rounds of 1-byte signals", anyCall,
-       autoAlways, barrierDissemination},
+       autoAlways, barrierDissemination, kLossless},
   };
   return table;
 }
@@ -120,6 +143,13 @@ Result<const AlgorithmRow*> planAlgorithm(const CallArgs& args, const Topology& 
                              "' (NANOCCL_ALGO); valid names: " + all);
     }
     // Known, but only for other ops: this op stays on "auto".
+  }
+  // A call with a codec takes the first lossy row that can run it: the size threshold was
+  // applied already (NANOCCL_COMPRESSION_MIN_BYTES), so the small-message rows do not apply.
+  if (args.codec != nullptr) {
+    for (const AlgorithmRow& row : table) {
+      if (row.op == args.op && row.lossy && row.supports(args, topology).isOk()) return &row;
+    }
   }
   for (const AlgorithmRow& row : table) {
     if (row.op == args.op && row.autoWhen(args, topology, config) &&

@@ -25,6 +25,9 @@ const std::vector<AlgorithmRow>& algorithmTable();
 // call. A name that exists only for other ops (NANOCCL_ALGO=ring and a barrier) leaves this op
 // on "auto", as NCCL_ALGO does. Every name but "hierarchical" is flat: NANOCCL_ALGO=ring forces
 // the flat ring on a hierarchical topology.
+// A call with a codec (args.codec, set by the communicator from NANOCCL_COMPRESSION) takes the
+// first lossy row of its op that supports it ("hierarchical" on a hierarchical topology,
+// "compressed" on one-rank nodes); a forced lossless row runs it lossless.
 Result<const AlgorithmRow*> planAlgorithm(const CallArgs& args, const Topology& topology,
                                           const Config& config);
 

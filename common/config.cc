@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "common/logging.h"
+#include "common/op.h"
 
 namespace nanoccl {
 namespace {
@@ -99,6 +100,31 @@ const std::vector<Field>& fields() {
          return Status::ok();
        },
        [](const Config& c) { return c.intraTransport; }},
+      {"compression",
+       [](Config& c, const std::string& v) {
+         bool known = false;
+         std::string all;
+         for (const char* name : kCodecNames) {
+           known = known || v == name;
+           all += std::string(all.empty() ? "" : "|") + name;
+         }
+         if (!known) return invalidArgument("compression=" + v + ": expected one of " + all);
+         c.compression = v;
+         return Status::ok();
+       },
+       [](const Config& c) { return c.compression; }},
+      intField("compression_min_bytes", &Config::compressionMinBytes, 0),
+      {"compression_block",
+       [](Config& c, const std::string& v) {
+         NANOCCL_ASSIGN_OR_RETURN(const int64_t x, parseInt("compression_block", v, 0, 1 << 20));
+         if (x % 32 != 0) {
+           return invalidArgument("compression_block=" + v +
+                                  ": expected 0 (the codec's default) or a multiple of 32");
+         }
+         c.compressionBlock = static_cast<int>(x);
+         return Status::ok();
+       },
+       [](const Config& c) { return std::to_string(c.compressionBlock); }},
   };
   return table;
 }

@@ -41,6 +41,15 @@ struct Config {
   // Transport between the ranks of one node in hierarchical collectives: "auto" (shm when it is
   // built in, else tcp), "shm" or "tcp".
   std::string intraTransport = "auto";
+  // Lossy compression of the inter-node leg of allreduce and reduce_scatter (float32 sum/avg
+  // only; intra-node stages stay lossless): "none", "fp16", "bf16", "int8" or "int4"
+  // (collectives/codec/codec.h). Every rank of a group must agree.
+  std::string compression = "none";
+  // Messages below this many bytes stay lossless even with a codec set.
+  size_t compressionMinBytes = 1 << 20;
+  // Elements per scale of int8/int4; 0 takes the codec's default (256 for int8, 64 for int4).
+  // A multiple of 32, at most 2^20.
+  int compressionBlock = 0;
 
   // Reads every NANOCCL_* variable over the defaults; a malformed value is an error.
   static Result<Config> fromEnv();

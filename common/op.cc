@@ -22,6 +22,11 @@ std::string OpFingerprint::describe() const {
     s += reduceOpName(redop);
   }
   if (root >= 0) s += ", root " + std::to_string(root);
+  if (codec != 0) {
+    s += ", ";
+    s += codec < kNumCodecNames ? kCodecNames[codec] : "unknown codec";
+    s += " across nodes";
+  }
   s += ")";
   return s;
 }

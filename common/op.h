@@ -29,6 +29,12 @@ enum class OpType : uint8_t {
 
 const char* opTypeName(OpType op);
 
+// The codecs of compressed collectives, by wire id (collectives/codec/codec.h's CodecId; its
+// table takes its names from here and static_asserts the count). Frames carry the id, so ranks
+// that disagree about compression meet a mismatch, not garbage.
+inline constexpr const char* kCodecNames[] = {"none", "fp16", "bf16", "int8", "int4"};
+inline constexpr uint8_t kNumCodecNames = 5;
+
 struct OpFingerprint {
   OpType op = OpType::kNone;
   DataType dtype = DataType::kUInt8;
@@ -37,14 +43,16 @@ struct OpFingerprint {
   uint64_t count = 0;  // elements; for ops with per-rank counts, the total over all ranks
                        // (0 where counts are per peer pair, e.g. alltoall)
   uint64_t seq = 0;    // the communicator's collective sequence number (0 for p2p)
+  uint8_t codec = 0;   // the inter-node codec's wire id (kCodecNames); 0: lossless
 
   bool operator==(const OpFingerprint& o) const {
     return op == o.op && dtype == o.dtype && redop == o.redop && root == o.root &&
-           count == o.count && seq == o.seq;
+           count == o.count && seq == o.seq && codec == o.codec;
   }
   bool operator!=(const OpFingerprint& o) const { return !(*this == o); }
 
-  // "allreduce #7 (float32 x 1024, sum)", "broadcast #3 (int64 x 8, root 1)".
+  // "allreduce #7 (float32 x 1024, sum)", "broadcast #3 (int64 x 8, root 1)",
+  // "allreduce #9 (float32 x 4096, sum, int8 across nodes)".
   std::string describe() const;
 };
 

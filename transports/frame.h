@@ -36,7 +36,8 @@ struct FrameHeader {
   OpType op;
   DataType dtype;
   ReduceOp redop;
-  uint16_t reserved0;
+  uint8_t codec;  // OpFingerprint::codec
+  uint8_t reserved0;
   int32_t root;
   uint32_t tag;
   uint32_t reserved1;
@@ -48,6 +49,28 @@ struct FrameHeader {
 };
 static_assert(sizeof(FrameHeader) == 64);
 
+// The header of one data frame of a message with this fingerprint. `seq` is the wire sequence
+// number (the fingerprint's for collectives, the sender's message number for p2p).
+inline FrameHeader dataFrameHeader(const OpFingerprint& fp, uint32_t tag, uint64_t seq,
+                                   uint64_t total, uint64_t offset, uint64_t length) {
+  FrameHeader h{};
+  h.magic = kMagic;
+  h.version = kVersion;
+  h.kind = FrameKind::kData;
+  h.op = fp.op;
+  h.dtype = fp.dtype;
+  h.redop = fp.redop;
+  h.codec = fp.codec;
+  h.root = fp.root;
+  h.tag = tag;
+  h.seq = seq;
+  h.count = fp.count;
+  h.total = total;
+  h.offset = offset;
+  h.length = length;
+  return h;
+}
+
 inline OpFingerprint fingerprintOf(const FrameHeader& h) {
   OpFingerprint fp;
   fp.op = h.op;
@@ -56,6 +79,7 @@ inline OpFingerprint fingerprintOf(const FrameHeader& h) {
   fp.root = h.root;
   fp.count = h.count;
   fp.seq = h.op == OpType::kSendRecv ? 0 : h.seq;
+  fp.codec = h.codec;
   return fp;
 }
 
@@ -76,6 +100,7 @@ inline Status validateFrameHeader(const FrameHeader& h) {
   if (h.op == OpType::kNone || static_cast<uint32_t>(h.op) >= static_cast<uint32_t>(OpType::kNumOps)) {
     return protocolError("bad op in frame");
   }
+  if (h.codec >= kNumCodecNames) return protocolError("bad codec in frame");
   if (static_cast<uint32_t>(h.dtype) >= static_cast<uint32_t>(DataType::kNumTypes)) {
     return protocolError("bad dtype in frame");
   }

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "collectives/codec/codec_internal.h"
+#include "common/op.h"
 #include "common/reduce.h"
 
 namespace nanoccl::codec {
@@ -355,14 +356,17 @@ constexpr Codec row(const char* name, uint32_t defaultBlockSize) {
                decodeAccumulateOf<kId>};
 }
 
+// The names are the wire ids' (common/op.h: frames and NANOCCL_COMPRESSION use them).
+constexpr const char* nameOf(CodecId id) { return kCodecNames[static_cast<size_t>(id)]; }
 constexpr Codec kCodecs[] = {
-    row<CodecId::kNone>("none", 0),
-    row<CodecId::kFp16>("fp16", 0),
-    row<CodecId::kBf16>("bf16", 0),
-    row<CodecId::kInt8>("int8", 256),
-    row<CodecId::kInt4>("int4", 64),
+    row<CodecId::kNone>(nameOf(CodecId::kNone), 0),
+    row<CodecId::kFp16>(nameOf(CodecId::kFp16), 0),
+    row<CodecId::kBf16>(nameOf(CodecId::kBf16), 0),
+    row<CodecId::kInt8>(nameOf(CodecId::kInt8), 256),
+    row<CodecId::kInt4>(nameOf(CodecId::kInt4), 64),
 };
 static_assert(std::size(kCodecs) == static_cast<size_t>(CodecId::kNumCodecs));
+static_assert(kNumCodecNames == static_cast<size_t>(CodecId::kNumCodecs));
 
 }  // namespace
 

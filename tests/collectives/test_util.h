@@ -32,6 +32,10 @@ struct WorldOptions {
   // Emulated topology: rank r's node id (empty: every rank derives the same one, one node).
   std::vector<std::string> nodeIds;
   std::string intraTransport = "auto";
+  // NANOCCL_COMPRESSION and friends (the defaults: lossless).
+  std::string compression = "none";
+  size_t compressionMinBytes = 0;
+  int compressionBlock = 0;
 };
 
 inline Config worldConfig(const WorldOptions& o) {
@@ -41,6 +45,9 @@ inline Config worldConfig(const WorldOptions& o) {
   c.algo = o.algo;
   if (o.chunkBytes != 0) c.chunkBytes = o.chunkBytes;
   c.intraTransport = o.intraTransport;
+  c.compression = o.compression;
+  c.compressionMinBytes = o.compressionMinBytes;
+  c.compressionBlock = o.compressionBlock;
   return c;
 }
 

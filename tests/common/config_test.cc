@@ -47,7 +47,8 @@ class ScopedEnv {
 const char* kNames[] = {"socket_ifname",       "tcp_engine", "nsocks",
                         "stripe_min_bytes",    "algo",       "chunk_bytes",
                         "small_message_bytes", "timeout_ms", "connect_timeout_ms",
-                        "node_id",             "intra_transport"};
+                        "node_id",             "intra_transport", "compression",
+                        "compression_min_bytes", "compression_block"};
 
 std::string envName(const std::string& field) {
   std::string s = "NANOCCL_";
@@ -81,6 +82,28 @@ TEST(ConfigTest, DefaultsAndTableOrder) {
   EXPECT_EQ(m.at("small_message_bytes"), "65536");
   EXPECT_EQ(m.at("timeout_ms"), "300000");
   EXPECT_EQ(m.at("connect_timeout_ms"), "60000");
+  EXPECT_EQ(m.at("compression"), "none");
+  EXPECT_EQ(m.at("compression_min_bytes"), "1048576");
+  EXPECT_EQ(m.at("compression_block"), "0");
+}
+
+TEST(ConfigTest, CompressionSettingsAreChecked) {
+  Config c;
+  EXPECT_TRUE(c.set("NANOCCL_COMPRESSION", "int4").isOk());
+  EXPECT_EQ(c.compression, "int4");
+  const Status bad = c.set("compression", "int9");
+  ASSERT_FALSE(bad.isOk());
+  EXPECT_NE(bad.message().find("none|fp16|bf16|int8|int4"), std::string::npos) << bad.toString();
+  EXPECT_EQ(c.compression, "int4");
+  EXPECT_TRUE(c.set("compression_block", "256").isOk());
+  EXPECT_EQ(c.compressionBlock, 256);
+  for (const char* v : {"100", "-32", "2097152", "x"}) {
+    const Status s = c.set("compression_block", v);
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << v;
+  }
+  EXPECT_EQ(c.compressionBlock, 256);
+  EXPECT_TRUE(c.set("compression_min_bytes", "0").isOk());
+  EXPECT_EQ(c.compressionMinBytes, 0u);
 }
 
 TEST(ConfigTest, FromEnvWithNothingSetGivesDefaults) {

@@ -119,6 +119,10 @@ TEST(OpFingerprintTest, DescribeAndCompare) {
   EXPECT_EQ(a, b);
   b.count = 1023;
   EXPECT_NE(a, b);
+  OpFingerprint c = a;
+  c.codec = 3;  // int8: a call compressed on one rank and not on another is a mismatch
+  EXPECT_NE(a, c);
+  EXPECT_EQ(c.describe(), "allreduce #7 (float32 x 1024, sum, int8 across nodes)");
 
   OpFingerprint bc;
   bc.op = OpType::kBroadcast;

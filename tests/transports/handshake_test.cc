@@ -175,6 +175,19 @@ TEST_P(InsiderTest, GarbageAfterTheHandshakeIsAProtocolError) {
   close(fd);
 }
 
+TEST_P(InsiderTest, AnUnknownCodecIsAProtocolError) {
+  const int fd = joinAsRank1();
+  std::vector<uint8_t> dst(16);
+  auto r = t0_->irecv(1, collectiveEnvelope(1, 0, 16), dst.data(), dst.size());
+  FrameHeader h = validHeader(16);
+  h.codec = 200;
+  ASSERT_EQ(send(fd, &h, sizeof(h), 0), static_cast<ssize_t>(sizeof(h)));
+  const Status st = r->wait(soon());
+  EXPECT_EQ(st.code(), StatusCode::kProtocolError) << st.toString();
+  EXPECT_NE(st.message().find("codec"), std::string::npos) << st.message();
+  close(fd);
+}
+
 TEST_P(InsiderTest, ASliceOutsideItsMessageIsAProtocolError) {
   const int fd = joinAsRank1();
   std::vector<uint8_t> dst(16);

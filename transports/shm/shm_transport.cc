@@ -360,22 +360,8 @@ class ShmTransport : public Transport {
   }
 
   FrameHeader chunkFor(const ShmRequest& req, uint64_t offset, uint64_t length) const {
-    const OpFingerprint& fp = req.env.fingerprint;
-    FrameHeader h{};
-    h.magic = kMagic;
-    h.version = kVersion;
-    h.kind = FrameKind::kData;
-    h.op = fp.op;
-    h.dtype = fp.dtype;
-    h.redop = fp.redop;
-    h.root = fp.root;
-    h.tag = req.env.tag;
-    h.seq = req.wireSeq;
-    h.count = fp.count;
-    h.total = req.bytes;
-    h.offset = offset;
-    h.length = length;
-    return h;
+    return dataFrameHeader(req.env.fingerprint, req.env.tag, req.wireSeq, req.bytes, offset,
+                           length);
   }
 
   // Writes as many chunks of the queued sends to `p` as its ring has room for.

@@ -285,19 +285,7 @@ class TcpTransport : public Transport {
     req->framesLeft = stripes.size();
     for (const Stripe& s : stripes) {
       OutFrame f{};
-      f.hdr.magic = kMagic;
-      f.hdr.version = kVersion;
-      f.hdr.kind = FrameKind::kData;
-      f.hdr.op = fp.op;
-      f.hdr.dtype = fp.dtype;
-      f.hdr.redop = fp.redop;
-      f.hdr.root = fp.root;
-      f.hdr.tag = req->env.tag;
-      f.hdr.seq = seq;
-      f.hdr.count = fp.count;
-      f.hdr.total = req->bytes;
-      f.hdr.offset = s.offset;
-      f.hdr.length = s.length;
+      f.hdr = dataFrameHeader(fp, req->env.tag, seq, req->bytes, s.offset, s.length);
       f.payload = req->buf + s.offset;
       f.req = req;
       Conn& c = *peers_[req->peer][s.conn];
