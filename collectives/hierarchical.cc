@@ -202,6 +202,11 @@ Status crossAllreduce(Context& cross, const CallArgs& shard) {
 // adding to it. Few blocks keep the per-block latency (ring steps) small against the data.
 constexpr size_t kPipelineBlockBytes = size_t{4} << 20;
 constexpr int kMaxPipelineBlocks = 16;
+// Compressed, the inter-node stage moves a quarter (int8) or less of the bytes, so the pipeline's
+// fill and drain (the first block's reduction and the last block's gather inside the node, which
+// nothing overlaps) weigh more: smaller blocks, more of them.
+constexpr size_t kCompressedPipelineBlockBytes = size_t{1} << 20;
+constexpr int kMaxCompressedPipelineBlocks = 64;
 
 // Hands block numbers from one pipeline stage to the next. close() (on a failure) makes every
 // pop() return at once; finish() says no more blocks will come.
@@ -285,8 +290,10 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
   // into local rank s, then across nodes by local rank s of every node; local ranks >= S
   // hold empty shards.
   const int lr = h.local.rank;
-  const int blocks = static_cast<int>(std::clamp<size_t>(args.count * es / kPipelineBlockBytes, 1,
-                                                         static_cast<size_t>(kMaxPipelineBlocks)));
+  const bool lossy = args.codec != nullptr;
+  const int blocks = static_cast<int>(std::clamp<size_t>(
+      args.count * es / (lossy ? kCompressedPipelineBlockBytes : kPipelineBlockBytes), 1,
+      static_cast<size_t>(lossy ? kMaxCompressedPipelineBlocks : kMaxPipelineBlocks)));
   const std::vector<size_t> blockCounts = evenSplit(args.count, blocks);
   const std::vector<size_t> blockStarts = prefixOffsets(blockCounts);
   std::vector<std::vector<size_t>> counts(blocks);

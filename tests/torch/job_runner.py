@@ -100,11 +100,13 @@ def run_job(
     env: dict[str, str] | None = None,
     rank_env: dict[int, dict[str, str]] | None = None,
     args: list[str] | None = None,
+    script: Path | None = None,
 ) -> JobResult:
     """Runs `scenario` of dist_jobs.py on `world_size` rank processes.
 
     init: "env" (MASTER_ADDR/PORT), "tcp" or "file". pg_timeout: the process group's timeout
-    (every collective's deadline). The job is killed after `timeout` seconds.
+    (every collective's deadline). The job is killed after `timeout` seconds. script: the
+    rank program (default dist_jobs.py; others follow its command line).
     """
     workdir = Path(tempfile.mkdtemp(prefix="nanoccl-test-"))
     port = free_port()
@@ -140,7 +142,7 @@ def run_job(
         res_path = workdir / f"rank{rank}.json"
         cmd = [
             sys.executable,
-            str(JOBS),
+            str(script or JOBS),
             scenario,
             "--rank",
             str(rank),
