@@ -8,9 +8,11 @@
 #include <atomic>
 #include <cstdlib>
 #include <functional>
+#include <limits>
 #include <utility>
 
 #include "backend/c10d_store.h"
+#include "backend/cuda_work.h"
 #include "collectives/communicator.h"
 #include "common/config.h"
 #include "common/dtype.h"
@@ -23,6 +25,7 @@ namespace {
 using TorchOp = c10d::OpType;
 using TaskPtr = std::shared_ptr<Task>;
 using CommPtr = std::shared_ptr<Communicator>;
+using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 // Queues one call on the communicator; built once all checks passed.
 using Queue = std::function<TaskPtr()>;
 
@@ -175,8 +178,11 @@ void checkTensor(const at::Tensor& t, const char* what) {
   if (!t.defined()) reject(std::string(what) + ": undefined tensor");
   if (t.is_cuda()) {
     reject(std::string(what) +
-           ": CUDA tensors arrive with the hierarchical issue; nanoccl takes CPU tensors for "
-           "now (use \"cpu:nanoccl,cuda:nccl\" or move the tensor to the CPU)");
+           ": nanoccl runs allreduce, broadcast, allgather and reduce_scatter (and their _base "
+           "forms) on CUDA tensors" +
+           (CudaCollectives::built() ? "" : " in a build with CUDA (this one has none)") +
+           "; this call takes CPU tensors (use \"cpu:nanoccl,cuda:nccl\" or move the tensor "
+           "to the CPU)");
   }
   if (!t.is_cpu()) {
     reject(std::string(what) + ": nanoccl takes CPU tensors, got a tensor on " + t.device().str());
@@ -428,6 +434,7 @@ ProcessGroupNanoccl::ProcessGroupNanoccl(const c10::intrusive_ptr<c10d::Store>& 
   copts.rank = rank;
   copts.size = size;
   copts.store = cstore;
+  store_ = cstore;
   copts.commId = commId_;
   copts.config = config.value();
   copts.timeout = options_->timeout;
@@ -453,12 +460,15 @@ c10::intrusive_ptr<c10d::Backend> ProcessGroupNanoccl::create(
 
 ProcessGroupNanoccl::~ProcessGroupNanoccl() {
   std::shared_ptr<Communicator> comm;
+  std::shared_ptr<CudaCollectives> cuda;
   {
     std::lock_guard<std::mutex> lock(mu_);
     comm = std::move(comm_);
+    cuda = std::move(cuda_);
     pending_.clear();
   }
-  // The communicator's destructor fails what is pending and joins its threads.
+  // The destructors fail what is pending and join their threads.
+  cuda.reset();
   comm.reset();
 }
 
@@ -482,15 +492,18 @@ uint64_t ProcessGroupNanoccl::getSequenceNumberForGroup() {
 
 void ProcessGroupNanoccl::abort() {
   std::shared_ptr<Communicator> comm;
+  std::shared_ptr<CudaCollectives> cuda;
   {
     std::lock_guard<std::mutex> lock(mu_);
     comm = std::move(comm_);
+    cuda = std::move(cuda_);
     closedReason_ = "aborted";
     pending_.clear();
   }
-  if (comm) {
-    comm->abort(abortedError("rank " + std::to_string(rank_) + " aborted the process group"));
-  }
+  const Status why = abortedError("rank " + std::to_string(rank_) + " aborted the process group");
+  if (cuda) cuda->abort(why);
+  if (comm) comm->abort(why);
+  cuda.reset();
   comm.reset();
 }
 
@@ -517,15 +530,47 @@ void ProcessGroupNanoccl::shutdown() {
     }
   }
   std::shared_ptr<Communicator> comm;
+  std::shared_ptr<CudaCollectives> cuda;
   {
     std::lock_guard<std::mutex> lock(mu_);
     comm = std::move(comm_);
+    cuda = std::move(cuda_);
     closedReason_ = "shut down";
   }
+  // CUDA calls whose Work was waited on may still run on the GPU: let them end first.
+  if (cuda) cuda->shutdown(Deadline(deadline));
+  cuda.reset();
   comm.reset();
 }
 
 // ---- stats ----------------------------------------------------------------------------------
+
+namespace {
+
+// `into` += `from`, peer by peer (both indexed by group rank).
+void addStats(CommStats& into, const CommStats& from) {
+  if (into.perPeer.size() < from.perPeer.size()) into.perPeer.resize(from.perPeer.size());
+  for (size_t r = 0; r < from.perPeer.size(); ++r) {
+    into.perPeer[r].bytesSent += from.perPeer[r].bytesSent;
+    into.perPeer[r].bytesReceived += from.perPeer[r].bytesReceived;
+    into.perPeer[r].messagesSent += from.perPeer[r].messagesSent;
+    into.perPeer[r].messagesReceived += from.perPeer[r].messagesReceived;
+  }
+  auto sum = [](std::vector<uint64_t>& a, const std::vector<uint64_t>& b) {
+    if (a.size() < b.size()) a.resize(b.size());
+    for (size_t i = 0; i < b.size(); ++i) a[i] += b[i];
+  };
+  sum(into.bytesSentPerOp, from.bytesSentPerOp);
+  sum(into.bytesReceivedPerOp, from.bytesReceivedPerOp);
+  into.intraNodeBytesSent += from.intraNodeBytesSent;
+  into.intraNodeBytesReceived += from.intraNodeBytesReceived;
+  into.interNodeBytesSent += from.interNodeBytesSent;
+  into.interNodeBytesReceived += from.interNodeBytesReceived;
+  into.callsPerAlgorithm.insert(into.callsPerAlgorithm.end(), from.callsPerAlgorithm.begin(),
+                                from.callsPerAlgorithm.end());
+}
+
+}  // namespace
 
 BackendStats ProcessGroupNanoccl::stats() const {
   BackendStats out;
@@ -533,12 +578,16 @@ BackendStats ProcessGroupNanoccl::stats() const {
   out.size = size_;
   out.node = rank_ < static_cast<int>(nodes_.size()) ? nodes_[rank_] : std::string();
   std::shared_ptr<Communicator> comm;
+  std::shared_ptr<CudaCollectives> cuda;
   {
     std::lock_guard<std::mutex> lock(mu_);
     comm = comm_;
+    cuda = cuda_;
   }
   if (!comm) return out;
-  const CommStats cs = comm->stats();
+  CommStats cs = comm->stats();
+  // The CUDA calls' host-staged bytes (their own communicators) count like any other.
+  if (cuda) addStats(cs, cuda->stats());
   out.calls = cs.calls;
   for (int r = 0; r < size_; ++r) {
     BackendStats::Peer p;
@@ -575,7 +624,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::run(const char* what, bool c
                                                         Fn&& fn) {
   auto comm = live(what);
   try {
-    c10::intrusive_ptr<WorkNanoccl> work = fn(*comm, comm);
+    c10::intrusive_ptr<c10d::Work> work = fn(*comm, comm);
     {
       std::lock_guard<std::mutex> lock(mu_);
       if (collective) ++seq_;
@@ -583,7 +632,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::run(const char* what, bool c
       pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
                                     [](const auto& w) { return w.expired(); }),
                      pending_.end());
-      pending_.push_back(c10::weak_intrusive_ptr<c10d::Work>(c10::intrusive_ptr<c10d::Work>(work)));
+      pending_.push_back(c10::weak_intrusive_ptr<c10d::Work>(work));
     }
     return work;
   } catch (const CallError& e) {
@@ -592,6 +641,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::run(const char* what, bool c
       // The peers have queued (or will queue) their side of this call: fail them now rather
       // than at the timeout.
       comm->abort(invalidArgument(message));
+      std::shared_ptr<CudaCollectives> cuda;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        cuda = cuda_;
+      }
+      if (cuda) cuda->abort(invalidArgument(message));
     }
     TORCH_CHECK(false, message);
   }
@@ -614,7 +669,36 @@ int checkRoot(int64_t root, int size, const char* what) {
   return static_cast<int>(root);
 }
 
+bool onCuda(const at::Tensor& t) { return t.defined() && t.is_cuda(); }
+
+// The Work of a CUDA call; a call its CUDA side rejects is rejected like any other.
+c10::intrusive_ptr<c10d::Work> cudaWork(CudaCollectives::WorkResult r, int rank, int size) {
+  if (r.isOk()) return std::move(r).value();
+  if (r.status().code() == StatusCode::kInvalidArgument) reject(r.status().message());
+  C10_THROW_ERROR(DistBackendError,
+                  "nanoccl " + rankLabel(rank, size) + ": " + r.status().toString());
+}
+
 }  // namespace
+
+std::shared_ptr<CudaCollectives> ProcessGroupNanoccl::cuda(Communicator& comm,
+                                                           const at::Tensor& t,
+                                                           const char* what) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (cuda_) return cuda_;
+  CudaGroupOptions o;
+  o.rank = rank_;
+  o.size = size_;
+  o.topology = comm.topology();
+  o.store = store_;
+  o.commId = commId_;
+  o.config = comm.config();
+  o.timeout = options_->timeout;
+  auto created = CudaCollectives::create(o, t.device());
+  if (!created.isOk()) reject(std::string(what) + ": " + created.status().message());
+  cuda_ = std::move(created).value();
+  return cuda_;
+}
 
 // Inside run()'s lambdas: `comm` stays alive for the call (run() holds `owner`); the Tasks do
 // not need it afterwards.
@@ -623,7 +707,13 @@ int checkRoot(int64_t root, int size, const char* what) {
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::broadcast(std::vector<at::Tensor>& tensors,
                                                               const c10d::BroadcastOptions& opts) {
-  return run("broadcast", true, [&](Communicator& comm, const CommPtr& owner) {
+  return run("broadcast", true, [&](Communicator& comm, const CommPtr& owner) -> WorkPtr {
+    if (tensors.size() == 1 && onCuda(tensors[0])) {
+      const int root = checkRoot(opts.rootRank, size_, "broadcast");
+      if (opts.rootTensor != 0) reject("broadcast: rootTensor must be 0");
+      return cudaWork(cuda(comm, tensors[0], "broadcast")->broadcast(tensors[0], root), rank_,
+                      size_);
+    }
     checkOne(tensors, "broadcast");
     const int root = checkRoot(opts.rootRank, size_, "broadcast");
     if (opts.rootTensor != 0) reject("broadcast: rootTensor must be 0");
@@ -638,7 +728,14 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::broadcast(std::vector<at::Te
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allreduce(std::vector<at::Tensor>& tensors,
                                                               const c10d::AllreduceOptions& opts) {
-  return run("allreduce", true, [&](Communicator& comm, const CommPtr& owner) {
+  return run("allreduce", true, [&](Communicator& comm, const CommPtr& owner) -> WorkPtr {
+    if (tensors.size() == 1 && onCuda(tensors[0])) {
+      const DataType dt = reduceType(tensors[0], "allreduce");
+      const Reduction red = mapReduction(opts.reduceOp, dt, "allreduce");
+      return cudaWork(
+          cuda(comm, tensors[0], "allreduce")->allreduce(tensors[0], dt, red.op, red.factor),
+          rank_, size_);
+    }
     checkOne(tensors, "allreduce");
     const DataType dt = reduceType(tensors[0], "allreduce");
     const Reduction red = mapReduction(opts.reduceOp, dt, "allreduce");
@@ -647,6 +744,53 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allreduce(std::vector<at::Te
     WorkNanoccl::start(work, {[&] {
                          return comm.allreduce(ptr(buf), static_cast<size_t>(buf.numel()), dt,
                                                red.op, red.factor);
+                       }});
+    return work;
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allreduceCompressed(
+    at::Tensor& tensor, at::Tensor& residual, const std::string& codec, int64_t blockSize,
+    const c10d::ReduceOp& op) {
+  return run("allreduce_compressed", true, [&](Communicator& comm, const CommPtr& owner) {
+    const char* what = "allreduce_compressed";
+    checkTensor(tensor, what);
+    if (tensor.scalar_type() != at::kFloat) {
+      reject(std::string(what) + ": takes float32 tensors, got " +
+             std::string(c10::toString(tensor.scalar_type())));
+    }
+    if (residual.defined()) {
+      checkTensor(residual, what);
+      if (residual.scalar_type() != at::kFloat || !residual.is_contiguous() ||
+          residual.numel() != tensor.numel()) {
+        reject(std::string(what) + ": the residual must be a contiguous float32 tensor of " +
+               std::to_string(tensor.numel()) + " elements, got " +
+               std::string(c10::toString(residual.scalar_type())) + " x " +
+               std::to_string(residual.numel()));
+      }
+      if (residual.data_ptr() == tensor.data_ptr()) {
+        reject(std::string(what) + ": the residual must not share memory with the tensor");
+      }
+    }
+    if (blockSize < 0 || blockSize > std::numeric_limits<uint32_t>::max()) {
+      reject(std::string(what) + ": block_size " + std::to_string(blockSize) + " out of range");
+    }
+    const Reduction red = mapReduction(op, DataType::kFloat32, what);
+    std::vector<at::Tensor> tensors{tensor};
+    auto work = NANOCCL_WORK(c10d::OpType::ALLREDUCE, what, tensors);
+    at::Tensor buf = output(*work, tensor, true);
+    CompressionRequest request;
+    request.codec = codec;
+    request.blockSize = static_cast<uint32_t>(blockSize);
+    if (residual.defined()) {
+      work->hold(residual);
+      request.residual = residual.data_ptr<float>();
+    }
+    WorkNanoccl::start(work, {[&] {
+                         return comm.allreduceCompressed(ptr(buf),
+                                                         static_cast<size_t>(buf.numel()),
+                                                         DataType::kFloat32, red.op, request,
+                                                         red.factor);
                        }});
     return work;
   });
@@ -773,7 +917,12 @@ Queue reduceScatterFlat(Communicator& comm, WorkNanoccl& work, const at::Tensor&
 c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allgather(
     std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
     const c10d::AllgatherOptions& opts) {
-  return run("allgather", true, [&](Communicator& comm, const CommPtr& owner) {
+  return run("allgather", true, [&](Communicator& comm, const CommPtr& owner) -> WorkPtr {
+    if (inputs.size() == 1 && onCuda(inputs[0])) {
+      if (outputs.size() != 1) reject("allgather: takes one output list per rank");
+      return cudaWork(cuda(comm, inputs[0], "allgather")->allgather(outputs[0], inputs[0]), rank_,
+                      size_);
+    }
     checkOne(inputs, "allgather");
     if (outputs.size() != 1) reject("allgather: takes one output list per rank");
     auto work = NANOCCL_WORK(c10d::OpType::ALLGATHER, "allgather", outputs[0]);
@@ -785,7 +934,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allgather(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::_allgather_base(
     at::Tensor& output, at::Tensor& input, const c10d::AllgatherOptions& opts) {
-  return run("_allgather_base", true, [&](Communicator& comm, const CommPtr& owner) {
+  return run("_allgather_base", true, [&](Communicator& comm, const CommPtr& owner) -> WorkPtr {
+    if (onCuda(input) || onCuda(output)) {
+      const at::Tensor& any = onCuda(input) ? input : output;
+      return cudaWork(cuda(comm, any, "_allgather_base")->allgatherBase(output, input), rank_,
+                      size_);
+    }
     auto work = NANOCCL_WORK(c10d::OpType::_ALLGATHER_BASE, "_allgather_base", {output});
     WorkNanoccl::start(work, {allgatherFlat(comm, *work, output, input, size_, "_allgather_base")});
     return work;
@@ -929,7 +1083,15 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::scatter(
 c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::reduce_scatter(
     std::vector<at::Tensor>& outputs, std::vector<std::vector<at::Tensor>>& inputs,
     const c10d::ReduceScatterOptions& opts) {
-  return run("reduce_scatter", true, [&](Communicator& comm, const CommPtr& owner) {
+  return run("reduce_scatter", true, [&](Communicator& comm, const CommPtr& owner) -> WorkPtr {
+    if (outputs.size() == 1 && onCuda(outputs[0])) {
+      if (inputs.size() != 1) reject("reduce_scatter: needs one input list");
+      const DataType dt = reduceType(outputs[0], "reduce_scatter");
+      const Reduction red = mapReduction(opts.reduceOp, dt, "reduce_scatter");
+      return cudaWork(cuda(comm, outputs[0], "reduce_scatter")
+                          ->reduceScatter(outputs[0], inputs[0], dt, red.op, red.factor),
+                      rank_, size_);
+    }
     checkOne(outputs, "reduce_scatter");
     if (inputs.size() != 1 || static_cast<int>(inputs[0].size()) != size_) {
       reject("reduce_scatter: needs one input list of " + std::to_string(size_) + " tensors");
@@ -960,12 +1122,22 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::reduce_scatter(
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  return run("_reduce_scatter_base", true, [&](Communicator& comm, const CommPtr& owner) {
-    auto work = NANOCCL_WORK(c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", {output});
-    WorkNanoccl::start(work, {reduceScatterFlat(comm, *work, output, input, opts.reduceOp, size_,
-                                                "_reduce_scatter_base")});
-    return work;
-  });
+  return run(
+      "_reduce_scatter_base", true, [&](Communicator& comm, const CommPtr& owner) -> WorkPtr {
+        if (onCuda(input) || onCuda(output)) {
+          const at::Tensor& any = onCuda(input) ? input : output;
+          const DataType dt = reduceType(any, "_reduce_scatter_base");
+          const Reduction red = mapReduction(opts.reduceOp, dt, "_reduce_scatter_base");
+          return cudaWork(cuda(comm, any, "_reduce_scatter_base")
+                              ->reduceScatterBase(output, input, dt, red.op, red.factor),
+                          rank_, size_);
+        }
+        auto work =
+            NANOCCL_WORK(c10d::OpType::_REDUCE_SCATTER_BASE, "_reduce_scatter_base", {output});
+        WorkNanoccl::start(work, {reduceScatterFlat(comm, *work, output, input, opts.reduceOp,
+                                                    size_, "_reduce_scatter_base")});
+        return work;
+      });
 }
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::reduce_scatter_tensor_coalesced(

@@ -14,19 +14,26 @@
 // - Every rank calls the collectives in the same order with matching arguments (as with Gloo).
 //   A mismatch (shape, dtype, root, op) fails the call on every rank with a RuntimeError that
 //   names both ranks, within the timeout. A call this rank rejects before it reaches the wire
-//   (bad root, bad dtype, a CUDA tensor...) throws here and also aborts the group, so that the
-//   other ranks fail at once instead of waiting for a partner that will never come: after any
-//   error the group is unusable, as in NCCL.
+//   (bad root, bad dtype, a CUDA tensor where the call takes none...) throws here and also
+//   aborts the group, so that the other ranks fail at once instead of waiting for a partner
+//   that will never come: after any error the group is unusable, as in NCCL.
 // - Options::timeout (torch's init_process_group / new_group timeout) is every call's
 //   deadline: each Work completes, successfully or with an exception, within it.
 // - Tensors are dense CPU tensors of any dtype (reductions: the nanoccl::DataType set).
-//   Non-contiguous tensors go through a contiguous copy. CUDA tensors raise for now.
+//   Non-contiguous tensors go through a contiguous copy.
+// - CUDA tensors (builds with CUDA and NCCL): allreduce, broadcast, allgather, reduce_scatter
+//   and their _base forms, on one device per rank (that of the first CUDA call), with
+//   ProcessGroupNCCL's stream semantics: NCCL inside a node, pinned-memory staging across nodes
+//   (backend/cuda_work.h, backend/cuda_staging.h). In-place and flat output tensors must be
+//   contiguous; reductions take float32/64, float16, bfloat16, int8, uint8, int32 and int64
+//   with sum, product, min, max, avg or premul_sum (floating point). Other calls raise.
 // - Tensors passed to a call must stay untouched until its Work completes; the Work keeps them
 //   alive. Work::getFuture() completes with the output tensors (a list) or the error.
 //
 // Threads: calls may come from any thread (one at a time defines the order, as in torch).
 // Work completion, future callbacks included, runs on the communicator's worker thread: the
-// Work is marked done first, then its future (so a callback may wait on the Work).
+// Work is marked done first, then its future (so a callback may wait on the Work). CUDA calls'
+// futures complete on the CUDA side's executor thread once the call is enqueued on its stream.
 // shutdown() (destroy_process_group) and the destructor stop every thread and close every
 // socket of the group; later calls throw.
 #pragma once
@@ -47,6 +54,8 @@
 namespace nanoccl {
 
 class Communicator;
+class CudaCollectives;
+class Store;
 
 // Bytes moved by one group, as nanoccl.stats() reports them.
 struct BackendStats {
@@ -115,6 +124,13 @@ class ProcessGroupNanoccl : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(
       std::vector<at::Tensor>& tensors,
       const c10d::AllreduceOptions& opts = c10d::AllreduceOptions()) override;
+  // allreduce with its inter-node leg compressed by `codec` (nanoccl.allreduce_compressed),
+  // whatever NANOCCL_COMPRESSION says: float32, SUM or AVG. `residual` is the caller's error
+  // feedback (float32, as many elements as `tensor`, contiguous, kept between calls) or an
+  // undefined tensor. blockSize 0: the group's compression_block, else the codec's default.
+  c10::intrusive_ptr<c10d::Work> allreduceCompressed(at::Tensor& tensor, at::Tensor& residual,
+                                                     const std::string& codec, int64_t blockSize,
+                                                     const c10d::ReduceOp& op);
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors,
       const c10d::AllreduceCoalescedOptions& opts = c10d::AllreduceCoalescedOptions()) override;
@@ -179,6 +195,10 @@ class ProcessGroupNanoccl : public c10d::Backend {
  private:
   // The live communicator, or a throw naming `what` once shut down.
   std::shared_ptr<Communicator> live(const char* what) const;
+  // The group's CUDA side (backend/cuda_work.h), created at the first CUDA call on the device
+  // of `t`; rejects the call (naming `what`) where there is none.
+  std::shared_ptr<CudaCollectives> cuda(Communicator& comm, const at::Tensor& t,
+                                        const char* what);
   template <typename Fn>
   c10::intrusive_ptr<c10d::Work> run(const char* what, bool collective, Fn&& fn);
 
@@ -187,8 +207,11 @@ class ProcessGroupNanoccl : public c10d::Backend {
   std::string commId_;
   std::vector<std::string> nodes_;  // node id per rank (the communicator's topology)
 
+  std::shared_ptr<Store> store_;  // the rendezvous (the CUDA side's communicators use it too)
+
   mutable std::mutex mu_;
   std::shared_ptr<Communicator> comm_;
+  std::shared_ptr<CudaCollectives> cuda_;
   std::string closedReason_;
   uint64_t seq_ = 0;
   // The last collective and the point-to-point calls not known to be done: shutdown() waits

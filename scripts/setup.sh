@@ -4,8 +4,11 @@
 #   1. Debian packages: apt-get only when one is missing (and `apt-get update` only then),
 #   2. the virtual environment .venv: torch==2.13.0 (the CPU wheel) first, then the Python
 #      tools, all under scripts/constraints.txt so nothing can replace that torch,
-#   3. the CMake build in build/ (Ninja, Release, torch backend on, -j2),
-#   4. the `nanoccl` Python package, importable from .venv.
+#   3. where a CUDA compiler is present (as CMake finds it: $CUDACXX, /usr/local/cuda/bin/nvcc
+#      or nvcc on PATH), NCCL's headers and library for the CUDA build: the nvidia-nccl-cu13
+#      wheel in .venv (cmake/FindNCCL.cmake finds it there),
+#   4. the CMake build in build/ (Ninja, Release, torch backend on, -j2),
+#   5. the `nanoccl` Python package, importable from .venv.
 # Idempotent: a second run only checks, and the build step is ninja's "no work to do".
 # Prints one line per step; the commands' own output goes to build/setup.log.
 set -Eeuo pipefail
@@ -17,6 +20,7 @@ BUILD_DIR=build
 VENV=.venv
 PY="$ROOT/$VENV/bin/python"
 TORCH_PIN="torch==2.13.0"
+NCCL_PIN="nvidia-nccl-cu13==2.30.7"
 CONSTRAINTS="$ROOT/scripts/constraints.txt"
 JOBS="${NANOCCL_BUILD_JOBS:-2}"
 
@@ -120,6 +124,36 @@ setup_venv() {
   say "venv: $VENV ${created}installed torch $("$PY" -c 'from importlib import metadata as m; print(m.version("torch"))') + ${PY_PACKAGES[*]}"
 }
 
+# Whether CMake will find a CUDA compiler (the same places as the top-level CMakeLists.txt).
+have_nvcc() {
+  [[ -n "${CUDACXX:-}" && -x "${CUDACXX}" ]] || [[ -x /usr/local/cuda/bin/nvcc ]] ||
+    command -v nvcc >/dev/null
+}
+
+# NCCL for the CUDA build (nccl.h, libnccl.so.2), only where there is a CUDA compiler: without
+# one the build is CPU-only and needs no NCCL.
+install_nccl() {
+  STEP="NCCL"
+  if ! have_nvcc; then
+    say "nccl: no CUDA compiler, skipped (CPU-only build)"
+    return
+  fi
+  local want="${NCCL_PIN#*==}" have
+  have="$("$PY" -c 'from importlib import metadata as m; print(m.version("nvidia-nccl-cu13"))' \
+    2>/dev/null || true)"
+  if [[ "$have" == "$want" ]]; then
+    say "nccl: nvidia-nccl-cu13 $have present in $VENV"
+    return
+  fi
+  # Not fatal: without NCCL, CMake's NANOCCL_WITH_CUDA=AUTO builds CPU-only.
+  if ! logged "$PY" -m pip install --no-input --disable-pip-version-check --progress-bar off \
+    -c "$CONSTRAINTS" "$NCCL_PIN"; then
+    say "nccl: could not install $NCCL_PIN (see $LOG): the build will be CPU-only"
+    return
+  fi
+  say "nccl: installed $NCCL_PIN in $VENV (headers and libnccl.so.2 for the CUDA build)"
+}
+
 # Whether build/ was configured for this checkout's .venv with Ninja.
 configured() {
   local cache="$BUILD_DIR/CMakeCache.txt"
@@ -182,6 +216,7 @@ install_python_package() {
 
 install_apt_packages
 setup_venv
+install_nccl
 build
 install_python_package
 STEP="done"
