@@ -98,6 +98,8 @@ class Profile:
     ref_batch: dict[str, int]
     sweep_strategies: tuple[str, ...] = ("dp",)  # run at every batch; the rest at ref_batch
     reps: int = 1
+    # More backends for some strategies, at the reference batch only (keeps the budget).
+    extra_backends: dict[str, tuple[str, ...]] = field(default_factory=dict)
     steps: int = 6
     warmup: int = 2
     budget_min: float | None = None
@@ -123,11 +125,13 @@ PROFILES: dict[str, Profile] = {
         {"gpt2-tiny": GPT_STRATEGIES, "resnet18": ("dp",)},
         ("1x1", "1x2", "2x1", "2x2", "4x1"), ("gloo", "nanoccl", "nanoccl+int8"),
         {"gpt2-tiny": (8, 16, 32), "resnet18": (8, 32)},
-        {"gpt2-tiny": 16, "resnet18": 32}, reps=3, steps=6, warmup=2, budget_min=65.0,
+        {"gpt2-tiny": 16, "resnet18": 32}, reps=3, steps=6, warmup=2, budget_min=70.0,
+        extra_backends={"dp": ("nanoccl+int4",)},
         description="about an hour: gpt2-tiny (DP/TP/PP/ZeRO-1/2/3, DP also at batch 8 and "
                     "32) and ResNet-18 (DP, batch 8 and 32) on 1x1..4x1, Gloo / nanoccl / "
-                    "nanoccl+int8 (when nanoccl has codecs), 3 repetitions; runs still "
-                    "queued after 65 minutes are skipped and listed"),
+                    "nanoccl+int8 (DP also nanoccl+int4 at the reference batch), "
+                    "3 repetitions; runs still queued after 70 minutes are skipped and "
+                    "listed"),
     "cluster": Profile(
         "cluster", ("gpt2-small", "resnet18"),
         {"gpt2-small": ("dp", "tp", "pp", "zero1", "zero2", "zero3"), "resnet18": ("dp",)},
@@ -235,16 +239,19 @@ def build_plan(profile: Profile, check_backends: bool = True) -> Plan:
 
     notes: list[str] = []
     setups = [Setup.parse(s) for s in profile.setups]
-    usable: list[str] = []
-    for backend in profile.backends:
+    def available(backend: str) -> bool:
         if not check_backends:
-            usable.append(backend)
-            continue
+            return True
         try:
             tb.check_available(tb.parse_backend(backend))
-            usable.append(backend)
+            return True
         except (tb.BackendUnavailable, ValueError) as exc:
             notes.append(f"backend {backend} left out: {exc}")
+            return False
+
+    usable = [b for b in profile.backends if available(b)]
+    extra = {strategy: [b for b in backends if b not in usable and available(b)]
+             for strategy, backends in profile.extra_backends.items()}
     blocks: list[Block] = []
     batches_used: dict[str, set[int]] = {m: {profile.ref_batch[m]} for m in profile.models}
     for rep in range(profile.reps):
@@ -268,7 +275,8 @@ def build_plan(profile: Profile, check_backends: bool = True) -> Plan:
                                              "left out: batch not divisible by the ranks")
                             continue
                         batches_used[model].add(batch)
-                        for backend in usable:
+                        more = extra.get(strategy, []) if batch == profile.ref_batch[model] else []
+                        for backend in usable + more:
                             runs.append(Run(model, strategy, backend, setup, batch, rep))
                 if not runs:
                     continue
@@ -902,6 +910,7 @@ def apply_overrides(profile: Profile, args: argparse.Namespace) -> Profile:
         prof.setups = args.setups
     if args.backends:
         prof.backends = args.backends
+        prof.extra_backends = {}
     if args.batches:
         values = tuple(int(b) for b in args.batches)
         prof.batches = {m: values for m in prof.models}

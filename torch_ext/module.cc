@@ -11,6 +11,7 @@
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -124,6 +125,15 @@ PYBIND11_MODULE(_C, m) {
   py::class_<ProcessGroupNanoccl, c10d::Backend, NoGilDestructor<ProcessGroupNanoccl>>(
       m, "ProcessGroupNanoccl")
       .def("stats", [](const ProcessGroupNanoccl& pg) { return statsDict(pg.stats()); })
+      .def(
+          "allreduce_compressed",
+          [](ProcessGroupNanoccl& pg, at::Tensor tensor, std::optional<at::Tensor> residual,
+             const std::string& codec, int64_t blockSize, const c10d::ReduceOp& op) {
+            at::Tensor r = residual ? *residual : at::Tensor();
+            return pg.allreduceCompressed(tensor, r, codec, blockSize, op);
+          },
+          py::arg("tensor"), py::arg("residual"), py::arg("codec"), py::arg("block_size"),
+          py::arg("op"), py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("comm_id", &ProcessGroupNanoccl::commId);
 
   // Connects to the group: blocks for up to the timeout, so the GIL is released (the store may

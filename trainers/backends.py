@@ -1,7 +1,7 @@
 """Backend selection by flag: gloo | nccl | nanoccl | nanoccl+<codec>.
 
-``nanoccl+int8`` means the nanoccl backend with ``nanoccl.Options(compression="int8")``;
-it is refused with a clear message while nanoccl has no ``compression`` setting.
+``nanoccl+int8`` means the nanoccl backend with ``nanoccl.Options(compression="int8")`` (and,
+for DDP, nanoccl.hooks' error-feedback hook with that codec: trainers/strategies.py).
 """
 
 from __future__ import annotations

@@ -52,6 +52,9 @@ class TrainConfig:
     microbatches: int | None = None
     schedule: str = "1f1b"
     device: str = "cpu"
+    # nanoccl+<codec>: the group compresses its inter-node leg (Options(compression=...)), and
+    # DDP's gradient buckets go through nanoccl.hooks' error-feedback hook with this codec.
+    codec: str | None = None
 
 
 def _loss_fn(model_name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -128,7 +131,13 @@ def _ddp(model: nn.Module, cfg: TrainConfig) -> nn.Module:
         kwargs["bucket_cap_mb"] = cfg.bucket_cap_mb
     if cfg.device.startswith("cuda"):
         kwargs["device_ids"] = [torch.device(cfg.device).index]
-    return DistributedDataParallel(model, **kwargs)  # type: ignore[arg-type]
+    ddp = DistributedDataParallel(model, **kwargs)  # type: ignore[arg-type]
+    if cfg.codec is not None:
+        from nanoccl import hooks
+
+        ddp.register_comm_hook(hooks.ErrorFeedbackState(codec=cfg.codec),
+                               hooks.error_feedback_hook)
+    return ddp
 
 
 class DataParallel(_WholeModel):
@@ -141,7 +150,8 @@ class DataParallel(_WholeModel):
 
     def describe(self) -> str:
         cap = self.cfg.bucket_cap_mb
-        return f"dp (DDP, bucket_cap_mb={cap if cap is not None else 'default 25'})"
+        hook = f", {self.cfg.codec} + error feedback hook" if self.cfg.codec else ""
+        return f"dp (DDP, bucket_cap_mb={cap if cap is not None else 'default 25'}{hook})"
 
 
 class Zero1(_WholeModel):

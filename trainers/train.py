@@ -163,7 +163,7 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
     cfg = TrainConfig(model=args.model, strategy=args.strategy, global_batch=batch,
                       seq_len=seq_len, lr=args.lr, seed=args.seed,
                       bucket_cap_mb=args.bucket_cap_mb, microbatches=args.microbatches,
-                      schedule=args.schedule, device=device)
+                      schedule=args.schedule, device=device, codec=spec.codec)
     strategy = make_strategy(cfg, source, rank, world)
     unit = "tokens" if gpt else "images"
     per_sample = seq_len if gpt else 1

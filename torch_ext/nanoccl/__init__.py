@@ -32,6 +32,7 @@ from nanoccl import _C  # noqa: E402  (after torch: the extension links against 
 
 __all__ = [
     "BACKEND_NAME",
+    "allreduce_compressed",
     "ByteCounts",
     "Options",
     "PeerStats",
@@ -70,6 +71,12 @@ class Options:
     backend applies them with, and a bad one raises ValueError. Settings not given keep the
     environment's value, else the default (``Options.defaults()``). The group's timeout is
     init_process_group's ``timeout``; ``timeout_ms`` only serves plain C++ users.
+
+    ``compression`` ("none", "fp16", "bf16", "int8", "int4") compresses the inter-node leg of
+    float32 SUM/AVG all_reduce and reduce_scatter of at least ``min_bytes`` bytes
+    (``compression_min_bytes``, default 1 MiB); everything else stays lossless. Every rank
+    ends with the same result. For error feedback use :mod:`nanoccl.hooks` or
+    :func:`allreduce_compressed`.
     """
 
     def __init__(
@@ -85,6 +92,9 @@ class Options:
         connect_timeout_ms: int | None = None,
         node_id: str | None = None,
         intra_transport: str | None = None,
+        compression: str | None = None,
+        min_bytes: int | None = None,
+        compression_block: int | None = None,
         **more: SettingValue,
     ) -> None:
         self._settings: dict[str, str] = {}
@@ -99,6 +109,9 @@ class Options:
             "connect_timeout_ms": connect_timeout_ms,
             "node_id": node_id,
             "intra_transport": intra_transport,
+            "compression": compression,
+            "compression_min_bytes": min_bytes,
+            "compression_block": compression_block,
         }
         for name, value in {**named, **more}.items():
             if value is not None:
@@ -227,3 +240,40 @@ def stats(group: dist.ProcessGroup | None = None) -> Stats:
     """
     result: Stats = get_backend(group).stats()
     return result
+
+
+def allreduce_compressed(
+    tensor: torch.Tensor,
+    residual: torch.Tensor | None = None,
+    *,
+    codec: str = "int8",
+    block_size: int = 0,
+    op: dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+) -> dist.Work | None:
+    """all_reduce of a float32 `tensor` in place with its inter-node leg compressed by `codec`.
+
+    Like ``dist.all_reduce`` (SUM or AVG), whatever the group's ``compression`` setting and
+    the tensor's size; every rank ends with the same bits. `residual` is this rank's error
+    feedback: a float32 tensor shaped like `tensor`, zeros at first, that the caller keeps
+    and passes again with the next call of the same shape (what this rank's encodings lose is
+    added back next time). ``block_size`` is int8/int4's elements per scale (0: the group's
+    ``compression_block``, else 256 for int8 and 64 for int4). A group on one node runs it
+    lossless and leaves the residual alone. Every rank must pass the same codec and block size.
+    """
+    if residual is not None:
+        if residual.shape != tensor.shape:
+            raise ValueError(
+                f"residual shape {tuple(residual.shape)} differs from the tensor's "
+                f"{tuple(tensor.shape)}"
+            )
+        if not residual.is_contiguous():
+            raise ValueError("the residual must be contiguous (it is updated in place)")
+    work = get_backend(group).allreduce_compressed(
+        tensor, residual, codec, int(block_size), dist.ReduceOp(op)
+    )
+    if async_op:
+        return work
+    work.wait()
+    return None

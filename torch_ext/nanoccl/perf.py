@@ -43,7 +43,7 @@ import re  # noqa: E402
 import socket  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
-from dataclasses import asdict, dataclass, field  # noqa: E402
+from dataclasses import asdict, dataclass, field, replace  # noqa: E402
 from typing import Any, Callable, Sequence  # noqa: E402
 
 import warnings  # noqa: E402
@@ -102,7 +102,8 @@ def size_list(begin: int, end: int, factor: float = 2.0, step: int = 0) -> list[
 class DType:
     name: str  # nccl-tests' spelling
     torch_dtype: torch.dtype
-    rtol: float  # 0: compared exactly
+    rtol: float  # 0 (with atol 0): compared exactly
+    atol: float = 0.0
 
 
 DTYPES = {d.name: d for d in (
@@ -176,8 +177,8 @@ def fill_pattern(flat: torch.Tensor, row: torch.Tensor) -> None:
         flat[full * PERIOD:].copy_(row[:rest])
 
 
-def count_wrong(flat: torch.Tensor, row: torch.Tensor, rtol: float) -> int:
-    """Elements of flat that differ from row repeated (within rtol for floats)."""
+def count_wrong(flat: torch.Tensor, row: torch.Tensor, rtol: float, atol: float = 0.0) -> int:
+    """Elements of flat that differ from row repeated (within rtol/atol for floats)."""
     row = row.to(flat.device)
     wrong = 0
     for start in range(0, flat.numel(), CHECK_CHUNK):
@@ -185,12 +186,27 @@ def count_wrong(flat: torch.Tensor, row: torch.Tensor, rtol: float) -> int:
         n = chunk.numel()
         reps = -(-n // PERIOD)
         expected = row.repeat(reps)[:n]
-        if rtol > 0:
-            ok = torch.isclose(chunk, expected, rtol=rtol, atol=0.0)
+        if rtol > 0 or atol > 0:
+            ok = torch.isclose(chunk, expected, rtol=rtol, atol=atol)
         else:
             ok = chunk == expected
         wrong += int(n - int(ok.sum()))
     return wrong
+
+
+# Half the codec's resolution at magnitude 1 (collectives/codec/codec.h's error table).
+CODEC_UNIT = {"none": 0.0, "fp16": 2.0**-11, "bf16": 2.0**-8, "int8": 1 / 254, "int4": 1 / 14}
+
+
+def checked_dtype(dtype: DType, side: Any, world: int) -> DType:
+    """What a side's results are checked against: a lossy codec gets the error it allows.
+
+    Each rank's input (pattern values up to 13) is encoded at most once inside its node's
+    partial sum and the total once more: at most 2 x world x 13 x the codec's unit.
+    """
+    if not getattr(side, "codec", None) or not dtype.torch_dtype.is_floating_point:
+        return dtype
+    return replace(dtype, rtol=0.0, atol=2 * world * 13 * CODEC_UNIT[side.codec] * 1.05)
 
 
 # ----------------------------------------------------------------- collectives
@@ -233,7 +249,7 @@ def _make_allreduce(size: int, rank: int, world: int, dtype: DType, redop: str,
 
 
 def _check_allreduce(b: Buffers, rank: int, world: int, dtype: DType, redop: str) -> int:
-    return count_wrong(b.out, reduced_row(world, dtype.torch_dtype, redop), dtype.rtol)
+    return count_wrong(b.out, reduced_row(world, dtype.torch_dtype, redop), dtype.rtol, dtype.atol)
 
 
 def _make_allgather(size: int, rank: int, world: int, dtype: DType, redop: str,
@@ -248,7 +264,7 @@ def _make_allgather(size: int, rank: int, world: int, dtype: DType, redop: str,
 def _check_allgather(b: Buffers, rank: int, world: int, dtype: DType, redop: str) -> int:
     per = b.inp.numel()
     return sum(count_wrong(b.out[q * per:(q + 1) * per],
-                           pattern_row(q, dtype.torch_dtype, redop), dtype.rtol)
+                           pattern_row(q, dtype.torch_dtype, redop), dtype.rtol, dtype.atol)
                for q in range(world))
 
 
@@ -263,7 +279,7 @@ def _make_reduce_scatter(size: int, rank: int, world: int, dtype: DType, redop: 
 
 def _check_reduce_scatter(b: Buffers, rank: int, world: int, dtype: DType, redop: str) -> int:
     phase = (rank * b.out.numel()) % PERIOD
-    return count_wrong(b.out, reduced_row(world, dtype.torch_dtype, redop, phase), dtype.rtol)
+    return count_wrong(b.out, reduced_row(world, dtype.torch_dtype, redop, phase), dtype.rtol, dtype.atol)
 
 
 def _make_alltoall(size: int, rank: int, world: int, dtype: DType, redop: str,
@@ -279,7 +295,7 @@ def _check_alltoall(b: Buffers, rank: int, world: int, dtype: DType, redop: str)
     per = b.out.numel() // world
     phase = (rank * per) % PERIOD
     return sum(count_wrong(b.out[q * per:(q + 1) * per],
-                           pattern_row(q, dtype.torch_dtype, redop, phase), dtype.rtol)
+                           pattern_row(q, dtype.torch_dtype, redop, phase), dtype.rtol, dtype.atol)
                for q in range(world))
 
 
@@ -292,7 +308,7 @@ def _make_broadcast(size: int, rank: int, world: int, dtype: DType, redop: str,
 
 
 def _check_broadcast(b: Buffers, rank: int, world: int, dtype: DType, redop: str) -> int:
-    return count_wrong(b.out, pattern_row(b.root, dtype.torch_dtype, redop), dtype.rtol)
+    return count_wrong(b.out, pattern_row(b.root, dtype.torch_dtype, redop), dtype.rtol, dtype.atol)
 
 
 def _make_sendrecv(size: int, rank: int, world: int, dtype: DType, redop: str,
@@ -306,7 +322,7 @@ def _make_sendrecv(size: int, rank: int, world: int, dtype: DType, redop: str,
 
 def _check_sendrecv(b: Buffers, rank: int, world: int, dtype: DType, redop: str) -> int:
     return count_wrong(b.out, pattern_row((rank - 1) % world, dtype.torch_dtype, redop),
-                       dtype.rtol)
+                       dtype.rtol, dtype.atol)
 
 
 def _call_sendrecv(b: Buffers, group: Any, op: Any) -> None:
@@ -390,6 +406,7 @@ class Side:
     label: str
     backend: str
     group: Any
+    codec: str | None = None  # nanoccl's inter-node compression (--compression)
 
 
 @dataclass
@@ -471,7 +488,8 @@ def measure(name: str, sides: list[Side], ctrl: Any, opts: Options, rank: int, w
                 bufs.out.zero_()  # a call that writes nothing must fail the check
             coll.call(bufs, side.group, op)
             _sync(opts.device)
-            wrong_local.append(coll.check(bufs, rank, world, opts.dtype, opts.redop)
+            wrong_local.append(coll.check(bufs, rank, world, checked_dtype(opts.dtype, side,
+                                                                           world), opts.redop)
                                if opts.check else 0)
         for _ in range(opts.warmup):
             for side in sides:
@@ -593,6 +611,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="backend under test (default: nanoccl if it imports, else gloo)")
     p.add_argument("--ab", default=None, metavar="BACKEND",
                    help="reference backend measured in the same launch, e.g. gloo or nccl")
+    p.add_argument("--compression", default=None, metavar="CODEC",
+                   help="nanoccl only: compress the inter-node leg with fp16, bf16, int8 or int4 "
+                        "(Options(compression=CODEC, min_bytes=0)); results are checked "
+                        "against the codec's error bound")
+    p.add_argument("--block-size", type=int, default=0,
+                   help="with --compression int8/int4: elements per scale (0: the codec's)")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="tensor device (auto: cuda when a backend is nccl and CUDA is there)")
     p.add_argument("--timeout", type=float, default=300.0,
@@ -666,11 +690,20 @@ def main(argv: Sequence[str] | None = None) -> int:
                      "(the ratio shows run-to-run noise)")
 
     timeout = datetime.timedelta(seconds=args.timeout)
-    dist.init_process_group(backend=backend, timeout=timeout,
+    pg_options = None
+    codec = args.compression if args.compression not in (None, "none") else None
+    if codec is not None:
+        if backend != "nanoccl":
+            parser.error("--compression needs --backend nanoccl")
+        import nanoccl
+        pg_options = nanoccl.Options(compression=codec, min_bytes=0,
+                                     compression_block=args.block_size)
+    dist.init_process_group(backend=backend, timeout=timeout, pg_options=pg_options,
                             device_id=device if device.type == "cuda" else None)
     try:
         ctrl = dist.new_group(backend="gloo", timeout=timeout)
-        sides = [Side(backend, backend, dist.group.WORLD)]
+        label = backend if codec is None else f"{backend}+{codec}"
+        sides = [Side(label, backend, dist.group.WORLD, codec)]
         if args.ab:
             label_b = args.ab if args.ab != backend else f"{args.ab}(ref)"
             sides.append(Side(label_b, args.ab, dist.new_group(backend=args.ab, timeout=timeout)))

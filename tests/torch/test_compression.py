@@ -1,0 +1,37 @@
+"""Compressed collectives through torch.distributed (rank programs in compression_jobs.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from job_runner import HERE, run_job
+
+JOBS = HERE / "compression_jobs.py"
+
+
+def node_env(layout: str) -> dict[int, dict[str, str]]:
+    """One letter per rank naming its node: "aabb" is 2 nodes x 2 ranks."""
+    return {r: {"NANOCCL_NODE_ID": f"node-{c}"} for r, c in enumerate(layout)}
+
+
+@pytest.mark.timeout(200)
+@pytest.mark.parametrize("layout", ["aabb", "abc", "aab"], ids=["2x2", "3x1", "2+1"])
+def test_compressed_collectives(layout: str) -> None:
+    """Same bits on every rank, error within the codec's, fewer inter-node bytes, lossless where
+    it must be, allreduce_compressed with a residual, and a codec mismatch on every rank."""
+    job = run_job("compressed", len(layout), rank_env=node_env(layout), timeout=190,
+                  pg_timeout=20, script=JOBS)
+    results = job.assert_ok()
+    assert all(r["checks"] > 40 for r in results), [r["checks"] for r in results]
+
+
+@pytest.mark.timeout(200)
+def test_ddp_error_feedback_converges() -> None:
+    """DDP on 2x2: int8 + error feedback within 2% of the lossless final loss, int4 within 5%."""
+    job = run_job("convergence", 4, rank_env=node_env("aabb"), timeout=190, script=JOBS)
+    results = job.assert_ok()
+    losses = results[0]["losses"]
+    print("final evaluation losses:", losses)
+    base = losses["none"]
+    assert abs(losses["int8"] - base) <= 0.02 * base, losses
+    assert abs(losses["int4"] - base) <= 0.05 * base, losses
