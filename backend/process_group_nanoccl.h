@@ -83,6 +83,8 @@ struct BackendStats {
   Bytes interNode;
   // Calls per algorithm the planner chose ("allreduce/ring" -> n).
   std::vector<std::pair<std::string, uint64_t>> perAlgorithm;
+  // Bytes per transport that carried them ("tcp", "shm"), every transport the group holds.
+  std::vector<std::pair<std::string, Bytes>> perTransport;
 };
 
 class ProcessGroupNanoccl : public c10d::Backend {

@@ -2,6 +2,7 @@
 
 #include <sys/random.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -11,8 +12,10 @@
 #include <thread>
 
 #include "collectives/algorithm.h"
+#include "collectives/connect.h"
 #include "collectives/planner.h"
 #include "common/logging.h"
+#include "transports/routed/routed_transport.h"
 
 namespace nanoccl {
 
@@ -156,6 +159,11 @@ struct Communicator::Impl {
   Config config;
   std::chrono::milliseconds timeout{0};
   std::unique_ptr<Transport> transport;  // null for size 1: nothing to talk to
+  // What carries `transport`'s bytes, for stats(): `routed` points into it where it is routed,
+  // else it is one transport of table name `transportKind`.
+  routed::RoutedTransport* routed = nullptr;
+  std::string transportKind;
+  std::string localKind;  // the hierarchy's local group's transport, where it has one
   Topology topology;
   // The sub-communicators, only where the topology is hierarchical. Set up before the threads
   // start and torn down after they are joined; in between only the worker uses their
@@ -462,107 +470,6 @@ void Communicator::Impl::watchdogLoop() {
   }
 }
 
-namespace {
-
-std::string ranksText(const std::vector<int>& ranks) {
-  std::string s;
-  for (int r : ranks) {
-    if (!s.empty()) s += ' ';
-    s += std::to_string(r);
-  }
-  return s;
-}
-
-// Creates a transport for the group whose members are the parent ranks `ranks` (this rank is
-// `rank` among them), publishes its address under "nanoccl/<commId>/addr/<rank>", reads every
-// member's and connects the full mesh.
-Result<std::unique_ptr<Transport>> connectGroup(const std::string& kind, const std::string& commId,
-                                                int rank, const std::vector<int>& ranks,
-                                                const std::string& secret,
-                                                const CommunicatorOptions& options,
-                                                const Deadline& deadline) {
-  TransportOptions topts;
-  topts.rank = rank;
-  topts.size = static_cast<int>(ranks.size());
-  topts.commId = commId;
-  topts.secret = secret;
-  topts.config = options.config;
-  NANOCCL_ASSIGN_OR_RETURN(std::unique_ptr<Transport> transport, createTransport(kind, topts));
-  PrefixStore store("nanoccl/" + commId, options.store);
-  NANOCCL_ASSIGN_OR_RETURN(const std::string address, transport->listen());
-  NANOCCL_CHECK(store.set("addr/" + std::to_string(rank), address));
-  std::vector<std::string> addresses(ranks.size());
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    Result<std::string> a = store.get("addr/" + std::to_string(i), deadline);
-    if (!a.isOk()) {
-      return a.status().withContext("waiting for rank " + std::to_string(ranks[i]) +
-                                    "'s address: ");
-    }
-    addresses[i] = std::move(a).value();
-  }
-  NANOCCL_CHECK(transport->connect(addresses, deadline));
-  return transport;
-}
-
-// The sub-communicators of a hierarchical topology (see Hierarchy in algorithm.h). Every rank
-// connects its local group first, then its cross group: the same order everywhere, and each
-// group only waits for its own members, so setup cannot deadlock.
-Result<std::unique_ptr<detail::Hierarchy>> connectHierarchy(const CommunicatorOptions& options,
-                                                            const Topology& topo,
-                                                            const std::string& secret,
-                                                            const Deadline& deadline) {
-  auto h = std::make_unique<detail::Hierarchy>();
-  h->topology = topo;
-  h->shards = topo.minLocalSize();
-  const int node = topo.nodeOf[options.rank];
-  const int lr = topo.localRankOf[options.rank];
-
-  detail::SubGroup& local = h->local;
-  local.ranks = topo.nodeRanks[node];
-  local.rank = lr;
-  local.size = static_cast<int>(local.ranks.size());
-  // The transports name ranks by their place in the group; the name maps them back.
-  local.name = "intra-node stage among ranks " + ranksText(local.ranks) + " (node " +
-               std::to_string(node) + "; below, rank i is the i-th of them)";
-  if (local.size > 1) {
-    const std::string commId = options.commId + "/local/" + std::to_string(node);
-    std::string kind = options.config.intraTransport;
-    if (kind == "auto") {
-      // shm where this build has it (every rank runs the same build, so all agree), else tcp.
-      // Creating a transport only builds an object; nothing is opened until listen().
-      TransportOptions probe;
-      kind = createTransport("shm", probe).isOk() ? "shm" : "tcp";
-    }
-    Result<std::unique_ptr<Transport>> t =
-        connectGroup(kind, commId, lr, local.ranks, secret, options, deadline);
-    if (!t.isOk()) {
-      return t.status().withContext("connecting the " + local.name + " over " + kind + ": ");
-    }
-    local.transport = std::move(t).value();
-  }
-
-  // Only local ranks below the smallest node's size carry a shard across nodes.
-  if (lr < h->shards) {
-    detail::SubGroup& cross = h->cross;
-    for (int k = 0; k < topo.numNodes(); ++k) cross.ranks.push_back(topo.nodeRanks[k][lr]);
-    cross.rank = node;
-    cross.size = topo.numNodes();
-    cross.name = "inter-node stage among ranks " + ranksText(cross.ranks) + " (local rank " +
-                 std::to_string(lr) + " of every node; below, rank i is the i-th of them)";
-    Result<std::unique_ptr<Transport>> t =
-        connectGroup(options.transport, options.commId + "/cross/" + std::to_string(lr), node,
-                     cross.ranks, secret, options, deadline);
-    if (!t.isOk()) {
-      return t.status().withContext("connecting the " + cross.name + " over " + options.transport +
-                                    ": ");
-    }
-    cross.transport = std::move(t).value();
-  }
-  return h;
-}
-
-}  // namespace
-
 Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOptions& options) {
   if (!options.store) return invalidArgument("communicator: no store given");
   if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
@@ -610,16 +517,15 @@ Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOpt
     }
     impl->topology = Topology::fromNodeIds(std::move(nodeIds));
 
-    std::vector<int> all(options.size);
-    std::iota(all.begin(), all.end(), 0);
-    Result<std::unique_ptr<Transport>> transport = connectGroup(
-        options.transport, options.commId, options.rank, all, secret, options, deadline);
+    Result<std::unique_ptr<Transport>> transport =
+        detail::connectMain(options, impl->topology, secret, deadline, &impl->routed);
     if (!transport.isOk()) return transport.status().withContext(where);
     impl->transport = std::move(transport).value();
+    impl->transportKind = options.transport;
 
     if (impl->topology.hierarchical()) {
       Result<std::unique_ptr<detail::Hierarchy>> h =
-          connectHierarchy(options, impl->topology, secret, deadline);
+          detail::connectHierarchy(options, impl->topology, secret, deadline, &impl->localKind);
       if (!h.isOk()) return h.status().withContext(where);
       impl->hierarchy = std::move(h).value();
     }
@@ -712,17 +618,32 @@ CommStats Communicator::stats() const {
   }
   s.calls = impl_->calls.load();
 
+  auto add = [](PeerCounters& into, const PeerCounters& c) {
+    into.bytesSent += c.bytesSent;
+    into.bytesReceived += c.bytesReceived;
+    into.messagesSent += c.messagesSent;
+    into.messagesReceived += c.messagesReceived;
+  };
+  auto addTransport = [&](const std::string& name, const std::vector<PeerCounters>& c) {
+    auto it = std::find_if(s.perTransport.begin(), s.perTransport.end(),
+                           [&](const auto& e) { return e.first == name; });
+    if (it == s.perTransport.end()) it = s.perTransport.insert(it, {name, PeerCounters{}});
+    for (const PeerCounters& p : c) add(it->second, p);
+  };
+  if (impl_->routed != nullptr) {
+    for (const auto& [name, c] : impl_->routed->countersPerTransport()) addTransport(name, c);
+  } else if (impl_->transport) {
+    addTransport(impl_->transportKind, s.perPeer);
+  }
+
   // The sub-communicators' traffic under the parent ranks of their members.
   if (const detail::Hierarchy* h = impl_->hierarchy.get()) {
     for (const detail::SubGroup* g : {&h->local, &h->cross}) {
       if (!g->transport) continue;
       const std::vector<PeerCounters> c = g->transport->counters();
+      addTransport(g == &h->local ? impl_->localKind : impl_->transportKind, c);
       for (size_t i = 0; i < c.size() && i < g->ranks.size(); ++i) {
-        PeerCounters& p = s.perPeer[g->ranks[i]];
-        p.bytesSent += c[i].bytesSent;
-        p.bytesReceived += c[i].bytesReceived;
-        p.messagesSent += c[i].messagesSent;
-        p.messagesReceived += c[i].messagesReceived;
+        add(s.perPeer[g->ranks[i]], c[i]);
       }
     }
   }
@@ -797,26 +718,19 @@ Status firstError(Checks&&... checks) {
 
 std::shared_ptr<Task> Communicator::allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
                                               double premulFactor) {
-  CallArgs a;
-  a.op = OpType::kAllreduce;
-  a.dtype = dtype;
-  a.redop = op;
-  a.premulFactor = premulFactor;
-  a.recv = buf;
-  a.send = buf;
-  a.count = count;
-  const Status invalid =
-      firstError([&] { return checkDataType(dtype); }, [&] { return checkReduction(op, dtype); },
-                 [&] { return checkBuffer("", buf, count); },
-                 [&] { return impl_->chooseCodec(a, nullptr); });
-  return impl_->submit(OpFingerprint{OpType::kAllreduce, dtype, op, -1, count, 0}, std::move(a),
-                       invalid);
+  return allreduceWith(buf, count, dtype, op, premulFactor, nullptr);
 }
 
 std::shared_ptr<Task> Communicator::allreduceCompressed(void* buf, size_t count, DataType dtype,
                                                         ReduceOp op,
                                                         const CompressionRequest& compression,
                                                         double premulFactor) {
+  return allreduceWith(buf, count, dtype, op, premulFactor, &compression);
+}
+
+std::shared_ptr<Task> Communicator::allreduceWith(void* buf, size_t count, DataType dtype,
+                                                  ReduceOp op, double premulFactor,
+                                                  const CompressionRequest* compression) {
   CallArgs a;
   a.op = OpType::kAllreduce;
   a.dtype = dtype;
@@ -828,7 +742,7 @@ std::shared_ptr<Task> Communicator::allreduceCompressed(void* buf, size_t count,
   const Status invalid =
       firstError([&] { return checkDataType(dtype); }, [&] { return checkReduction(op, dtype); },
                  [&] { return checkBuffer("", buf, count); },
-                 [&] { return impl_->chooseCodec(a, &compression); });
+                 [&] { return impl_->chooseCodec(a, compression); });
   return impl_->submit(OpFingerprint{OpType::kAllreduce, dtype, op, -1, count, 0}, std::move(a),
                        invalid);
 }

@@ -20,7 +20,12 @@
 // - The destructor aborts pending Tasks, joins the threads and closes every socket.
 //
 // Topology (collectives/topology.h)
-// - create() exchanges every rank's node id through the store. Where the topology is
+// - create() exchanges every rank's node id through the store. Where this rank shares its node
+//   with other ranks, the main transport is routed (transports/routed/): collective messages
+//   between ranks of one node go through shared memory, the rest (other nodes, and every
+//   point-to-point message) over options.transport. NANOCCL_INTRA_TRANSPORT: "auto" routes where
+//   shm is built in, "shm" requires it, "tcp" keeps options.transport alone.
+// - Where the topology is
 //   hierarchical (several nodes, some with several ranks) it also connects two internal
 //   sub-communicators: "local" (the ranks of this node; over shm when built in, else tcp;
 //   NANOCCL_INTRA_TRANSPORT forces one) and "cross" (local rank l of every node; over
@@ -109,6 +114,9 @@ struct CommStats {
   // Collective calls run per algorithm, as ("allreduce/hierarchical", calls): what the planner
   // chose. Only algorithms that ran are listed; calls on a one-rank communicator are not.
   std::vector<std::pair<std::string, uint64_t>> callsPerAlgorithm;
+  // perPeer summed per transport that carried it, by table name: ("tcp", ...), ("shm", ...).
+  // Every transport the communicator holds is listed, in first-use order, even without traffic.
+  std::vector<std::pair<std::string, PeerCounters>> perTransport;
 };
 
 // Compression of one allreduce's inter-node leg, asked for by the caller (see
@@ -187,6 +195,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
  private:
   struct Impl;
   explicit Communicator(std::unique_ptr<Impl> impl);
+  // allreduce and allreduceCompressed (request null: the config's compression, if any).
+  std::shared_ptr<Task> allreduceWith(void* buf, size_t count, DataType dtype, ReduceOp op,
+                                      double premulFactor, const CompressionRequest* request);
   std::unique_ptr<Impl> impl_;
 };
 

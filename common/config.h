@@ -38,8 +38,9 @@ struct Config {
   // Which node this rank is on (ranks with equal ids are one node). Empty: the embedding
   // layer's id, else "<hostname>/netns:<inode>" (collectives/topology.h).
   std::string nodeId;
-  // Transport between the ranks of one node in hierarchical collectives: "auto" (shm when it is
-  // built in, else tcp), "shm" or "tcp".
+  // Transport for collectives between ranks of one node, flat and hierarchical: "auto" (shared
+  // memory where built and possible, else tcp), "shm" (required) or "tcp". Point-to-point
+  // send/recv always uses tcp (transports/routed/routed_transport.h says why).
   std::string intraTransport = "auto";
   // Lossy compression of the inter-node leg of allreduce and reduce_scatter (float32 sum/avg
   // only; intra-node stages stay lossless): "none", "fp16", "bf16", "int8" or "int4"

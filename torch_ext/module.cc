@@ -101,6 +101,9 @@ py::dict statsDict(const nanoccl::BackendStats& s) {
   py::dict perAlgorithm;
   for (const auto& [name, calls] : s.perAlgorithm) perAlgorithm[py::str(name)] = calls;
   out["per_algorithm"] = perAlgorithm;
+  py::dict perTransport;
+  for (const auto& [name, b] : s.perTransport) perTransport[py::str(name)] = bytesDict(b);
+  out["per_transport"] = perTransport;
   return out;
 }
 

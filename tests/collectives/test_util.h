@@ -398,6 +398,10 @@ inline WorldOptions worldFor(const Case& c) {
   o.engine = c.engine;
   o.algo = c.algo;
   o.chunkBytes = c.chunkBytes;
+  // Ranks of one node route collectives over shm (transports/routed); keep TCP under test too:
+  // the uring half of the matrix runs over TCP (both engines are covered by the transport
+  // suites and the hierarchical suites' inter-node stages).
+  o.intraTransport = c.engine == "uring" ? "tcp" : "auto";
   return o;
 }
 

@@ -228,13 +228,16 @@ class Stats(TypedDict):
     per_op: dict[str, ByteCounts]
     per_link: dict[str, ByteCounts]  # "intra-node", "inter-node"
     per_algorithm: dict[str, int]  # calls per algorithm the planner chose: "allreduce/ring"
+    per_transport: dict[str, ByteCounts]  # "tcp", "shm": what each transport carried
 
 
 def stats(group: dist.ProcessGroup | None = None) -> Stats:
     """Payload bytes this rank moved in `group` since it was created.
 
     Totals, per peer (with the peer's node and link class), per op, per link class
-    ("intra-node", "inter-node") and calls per algorithm. A rank's node is NANOCCL_NODE_ID
+    ("intra-node", "inter-node"), per transport ("tcp", "shm": collectives between ranks of
+    one node go through shared memory unless NANOCCL_INTRA_TRANSPORT=tcp, point-to-point and
+    inter-node traffic over TCP) and calls per algorithm. A rank's node is NANOCCL_NODE_ID
     (or Options(node_id=...)) if set, else torchrun's GROUP_RANK, else its host name and
     network namespace; ranks with the same node id are one node. Local: no communication.
     """

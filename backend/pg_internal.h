@@ -1,0 +1,314 @@
+// Internal to backend/: what ProcessGroupNanoccl's two source files share (process_group_nanoccl.cc
+// for construction, lifecycle, stats and the reductions; process_group_calls.cc for the other
+// calls): the Work type, and turning tensors into the core's buffers. Not installed; torch-only.
+//
+// Errors: the checks here throw CallError (reject()) before anything is queued;
+// ProcessGroupNanoccl::run() turns it into a c10::Error on the calling thread.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/ivalue.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/cuda_work.h"
+#include "backend/process_group_nanoccl.h"
+#include "collectives/communicator.h"
+#include "common/dtype.h"
+#include "common/status.h"
+
+namespace nanoccl::pg {
+
+using TorchOp = c10d::OpType;
+
+using TaskPtr = std::shared_ptr<Task>;
+
+using CommPtr = std::shared_ptr<Communicator>;
+
+using WorkPtr = c10::intrusive_ptr<c10d::Work>;
+
+// Queues one call on the communicator; built once all checks passed.
+using Queue = std::function<TaskPtr()>;
+
+// Room past the group timeout before a Work::wait without its own timeout gives up: the
+// communicator completes every Task within the timeout, so reaching this is a bug, reported
+// instead of a hang.
+constexpr std::chrono::milliseconds kWaitGrace{30000};
+
+std::exception_ptr makeError(const std::string& message);
+
+// One torch call: the Tasks it queued, the tensors they use, and what to do once they are all
+// done (copy results back into non-contiguous or scattered outputs).
+class WorkNanoccl : public c10d::Work {
+ public:
+  WorkNanoccl(int rank, TorchOp type, std::string what, std::vector<at::Tensor> outputs,
+              std::chrono::milliseconds timeout, std::weak_ptr<Communicator> comm)
+      : c10d::Work(rank, type),
+        what_(std::move(what)),
+        outputs_(std::move(outputs)),
+        timeout_(timeout),
+        comm_(std::move(comm)),
+        future_(c10::make_intrusive<c10::ivalue::Future>(
+            c10::ListType::create(c10::TensorType::get()))) {}
+
+  // Keeps `t` alive until the Work completes (the communicator reads or writes it).
+  void hold(at::Tensor t) { held_.push_back(std::move(t)); }
+  // Runs once every Task succeeded, on the completing thread, before the Work is marked done.
+  void atSuccess(std::function<void()> fn) { finishers_.push_back(std::move(fn)); }
+
+  // Queues the calls (nothing may fail after the first is queued: every check is done by
+  // then) and registers completion on their Tasks. Call once, after everything above.
+  static void start(const c10::intrusive_ptr<WorkNanoccl>& work,
+                    const std::vector<std::function<std::shared_ptr<Task>()>>& queue) {
+    std::vector<std::shared_ptr<Task>> tasks;
+    tasks.reserve(queue.size());
+    for (const auto& q : queue) tasks.push_back(q());
+    if (tasks.empty()) {
+      work->complete(Status::ok());
+      return;
+    }
+    work->pending_.store(static_cast<int>(tasks.size()));
+    for (const TaskPtr& task : tasks) {
+      Task* raw = task.get();  // valid while it runs its own callback
+      task->onComplete([work, raw](const Status& s) { work->taskDone(s, raw->source()); });
+    }
+  }
+
+  bool wait(std::chrono::milliseconds timeout) override {
+    const auto limit =
+        timeout == kNoTimeout || timeout.count() < 0 ? timeout_ + kWaitGrace : timeout;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      if (!cv_.wait_for(lock, limit, [&] { return completed_; })) {
+        C10_THROW_ERROR(DistBackendError, "nanoccl rank " + std::to_string(rank_) + ": " + what_ +
+                                              " did not complete within " +
+                                              std::to_string(limit.count()) + " ms of waiting");
+      }
+    }
+    // Set right after the Work is finished (complete()), before any callback runs.
+    future_->wait();
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (exception_) std::rethrow_exception(exception_);
+    return true;
+  }
+
+  bool isCompleted() override { return c10d::Work::isCompleted() && future_->completed(); }
+
+  void synchronize() override {}
+  int sourceRank() const override { return source_.load(); }
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+  void abort() override {
+    if (auto comm = comm_.lock()) {
+      comm->abort(abortedError("rank " + std::to_string(rank_) + " aborted " + what_));
+    }
+  }
+
+ private:
+  void taskDone(const Status& s, int source) {
+    if (source >= 0) source_.store(source);
+    if (!s.isOk()) {
+      std::lock_guard<std::mutex> lock(errorMu_);
+      if (firstError_.isOk()) firstError_ = s;
+    }
+    if (pending_.fetch_sub(1) != 1) return;
+    Status final;
+    {
+      std::lock_guard<std::mutex> lock(errorMu_);
+      final = firstError_;
+    }
+    complete(final);
+  }
+
+  void complete(const Status& s) {
+    std::exception_ptr error;
+    if (s.isOk()) {
+      try {
+        for (auto& fn : finishers_) fn();
+      } catch (const std::exception& e) {
+        error = makeError("nanoccl rank " + std::to_string(rank_) + ": " + what_ +
+                          ": copying the result out failed: " + e.what());
+      }
+    } else {
+      error = makeError("nanoccl rank " + std::to_string(rank_) + ": " + what_ +
+                        " failed: " + s.toString());
+    }
+    finishers_.clear();
+    held_.clear();
+    // The Work first, then the future (whose callbacks run here): a callback may wait on this
+    // Work. wait() and isCompleted() also cover the future, so no one sees one done and not
+    // the other.
+    finish(error);
+    if (error) {
+      future_->setError(error);
+    } else {
+      future_->markCompleted(c10::IValue(outputs_));
+    }
+  }
+
+  const std::string what_;
+  const std::vector<at::Tensor> outputs_;
+  const std::chrono::milliseconds timeout_;
+  const std::weak_ptr<Communicator> comm_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  std::vector<at::Tensor> held_;
+  std::vector<std::function<void()>> finishers_;
+  std::atomic<int> pending_{0};
+  std::atomic<int> source_{-1};
+  std::mutex errorMu_;
+  Status firstError_;
+};
+
+// ---- tensors -> buffers --------------------------------------------------------------------
+
+// A rejected call. Thrown before anything is queued; run() turns it into a c10::Error.
+struct CallError {
+  std::string message;
+};
+
+// Rejects the call being checked (throws CallError).
+[[noreturn]] void reject(const std::string& message);
+
+// A dense CPU tensor (CUDA tensors only where the call takes them: see onCuda()).
+void checkTensor(const at::Tensor& t, const char* what);
+
+// The core's type of a torch dtype, if nanoccl reduces it.
+std::optional<DataType> mapType(at::ScalarType t);
+
+// How a tensor's elements travel: its own type, or bytes for a type nanoccl does not reduce
+// (float8, uint16...), which is fine for calls that only move data.
+struct Wire {
+  DataType dtype;
+  size_t perElement;  // wire elements per tensor element
+};
+
+// How `t` travels in calls that only move data.
+Wire moveType(const at::Tensor& t);
+
+// `t`'s type for a reduction; rejects the types nanoccl does not reduce.
+DataType reduceType(const at::Tensor& t, const char* what);
+
+struct Reduction {
+  ReduceOp op;
+  double factor = 1.0;
+};
+
+// The core's reduction of a torch ReduceOp (PREMUL_SUM with its factor); rejects what the
+// dtype cannot do.
+Reduction mapReduction(const c10d::ReduceOp& rop, DataType dtype, const char* what);
+
+// The tensor's data (null when empty), and its element count on the wire.
+void* ptr(const at::Tensor& t);
+
+size_t count(const at::Tensor& t, const Wire& w);
+
+// The contiguous tensor a call reads.
+at::Tensor input(WorkNanoccl& work, const at::Tensor& t);
+
+// The contiguous tensor a call writes into `t` through. If `t` is not contiguous the result is
+// copied back at success; `keep` says whether the call also reads what `t` holds (in place).
+at::Tensor output(WorkNanoccl& work, const at::Tensor& t, bool keep);
+
+// A scratch buffer whose pieces land in `outs` (in order, back to back) at success.
+at::Tensor gatherBuffer(WorkNanoccl& work, const std::vector<at::Tensor>& outs,
+                        const at::TensorOptions& options);
+
+// The tensors of `ins` back to back in one contiguous buffer.
+at::Tensor concatInput(WorkNanoccl& work, const std::vector<at::Tensor>& ins);
+
+// Rejects tensors of one call that differ in dtype, or a list that is not one tensor.
+void checkSameType(const at::Tensor& a, const at::Tensor& b, const char* what);
+
+void checkOne(const std::vector<at::Tensor>& ts, const char* what);
+
+// The node of this rank as torch knows it: torchrun's node rank. Empty (the core then uses the
+// host and network namespace) outside torchrun; NANOCCL_NODE_ID overrides both in the core.
+std::string torchNodeId();
+
+// "rank 1 (of 4)", in the prefix of this backend's error messages.
+std::string rankLabel(int rank, int size);
+
+// A Work for one call (NANOCCL_WORK below fills in the group's part).
+c10::intrusive_ptr<WorkNanoccl> newWork(int rank, TorchOp type, std::string what,
+                                        std::vector<at::Tensor> outputs,
+                                        std::chrono::milliseconds timeout, const CommPtr& comm);
+
+// A root inside the group, or the call is rejected.
+int checkRoot(int64_t root, int size, const char* what);
+
+// Whether the call goes to the CUDA path (ProcessGroupNanoccl::cuda()).
+bool onCuda(const at::Tensor& t);
+
+// The Work of a CUDA call; a call its CUDA side rejects is rejected like any other.
+c10::intrusive_ptr<c10d::Work> cudaWork(CudaCollectives::WorkResult r, int rank, int size);
+
+// Queues one allgather of `in` into `outs` (one tensor per rank, sizes may differ).
+Queue allgatherInto(Communicator& comm, WorkNanoccl& work, const at::Tensor& in,
+                    const std::vector<at::Tensor>& outs, int rank, int size, const char* what);
+
+// Queues one allgather of `in` into the flat `out` (size x in.numel() elements).
+Queue allgatherFlat(Communicator& comm, WorkNanoccl& work, const at::Tensor& out,
+                    const at::Tensor& in, int size, const char* what);
+
+// Queues one reduce-scatter of the flat `in` (size x out.numel() elements) into `out`.
+Queue reduceScatterFlat(Communicator& comm, WorkNanoccl& work, const at::Tensor& out,
+                        const at::Tensor& in, const c10d::ReduceOp& rop, int size,
+                        const char* what);
+
+// Inside run()'s lambdas: `comm` stays alive for the call (run() holds `owner`); the Tasks do
+// not need it afterwards.
+#define NANOCCL_WORK(type, what, outputs) \
+  ::nanoccl::pg::newWork(rank_, type, what, outputs, options_->timeout, owner)
+
+}  // namespace nanoccl::pg
+
+namespace nanoccl {
+
+// Every call goes through here (both source files): fn checks the tensors and queues the
+// communicator's Tasks; a rejected call (CallError) fails on this rank at once and, for a
+// collective, aborts the communicator so the peers fail now rather than at the timeout.
+template <typename Fn>
+c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::run(const char* what, bool collective,
+                                                        Fn&& fn) {
+  auto comm = live(what);
+  try {
+    c10::intrusive_ptr<c10d::Work> work = fn(*comm, comm);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (collective) ++seq_;
+      // Collectives complete in call order, so only the last one needs remembering.
+      pending_.erase(std::remove_if(pending_.begin(), pending_.end(),
+                                    [](const auto& w) { return w.expired(); }),
+                     pending_.end());
+      pending_.push_back(c10::weak_intrusive_ptr<c10d::Work>(work));
+    }
+    return work;
+  } catch (const pg::CallError& e) {
+    const std::string message = "nanoccl " + pg::rankLabel(rank_, size_) + ": " + e.message;
+    if (collective) {
+      // The peers have queued (or will queue) their side of this call: fail them now rather
+      // than at the timeout.
+      comm->abort(invalidArgument(message));
+      std::shared_ptr<CudaCollectives> cuda;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        cuda = cuda_;
+      }
+      if (cuda) cuda->abort(invalidArgument(message));
+    }
+    TORCH_CHECK(false, message);
+  }
+}
+
+}  // namespace nanoccl

@@ -1,0 +1,170 @@
+#include "collectives/connect.h"
+
+#include <numeric>
+
+#include "collectives/store.h"
+
+namespace nanoccl::detail {
+namespace {
+
+std::string ranksText(const std::vector<int>& ranks) {
+  std::string s;
+  for (int r : ranks) {
+    if (!s.empty()) s += ' ';
+    s += std::to_string(r);
+  }
+  return s;
+}
+
+TransportOptions transportOptions(const std::string& commId, int rank, int size,
+                                  const std::string& secret, const CommunicatorOptions& options) {
+  TransportOptions topts;
+  topts.rank = rank;
+  topts.size = size;
+  topts.commId = commId;
+  topts.secret = secret;
+  topts.config = options.config;
+  return topts;
+}
+
+// For the group whose members are the parent ranks `ranks` (this rank is `rank` among them):
+// publishes `transport`'s address under "nanoccl/<commId>/addr/<rank>", reads every member's
+// and connects the full mesh. `localRanks`, for a main transport that does not route: the
+// ranks of this node, whose addresses must then be plain too (routed::plainAddresses).
+Status publishAndConnect(Transport& transport, const std::string& commId, int rank,
+                         const std::vector<int>& ranks, const CommunicatorOptions& options,
+                         const Deadline& deadline, const std::vector<int>* localRanks = nullptr) {
+  PrefixStore store("nanoccl/" + commId, options.store);
+  NANOCCL_ASSIGN_OR_RETURN(const std::string address, transport.listen());
+  NANOCCL_CHECK(store.set("addr/" + std::to_string(rank), address));
+  std::vector<std::string> addresses(ranks.size());
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    Result<std::string> a = store.get("addr/" + std::to_string(i), deadline);
+    if (!a.isOk()) {
+      return a.status().withContext("waiting for rank " + std::to_string(ranks[i]) +
+                                    "'s address: ");
+    }
+    addresses[i] = std::move(a).value();
+  }
+  if (localRanks != nullptr) {
+    NANOCCL_ASSIGN_OR_RETURN(addresses, routed::plainAddresses(addresses, rank, *localRanks));
+  }
+  return transport.connect(addresses, deadline);
+}
+
+// Creates a `kind` transport for the group of parent ranks `ranks` and connects it.
+Result<std::unique_ptr<Transport>> connectGroup(const std::string& kind, const std::string& commId,
+                                                int rank, const std::vector<int>& ranks,
+                                                const std::string& secret,
+                                                const CommunicatorOptions& options,
+                                                const Deadline& deadline) {
+  NANOCCL_ASSIGN_OR_RETURN(
+      std::unique_ptr<Transport> transport,
+      createTransport(kind, transportOptions(commId, rank, static_cast<int>(ranks.size()), secret,
+                                             options)));
+  NANOCCL_CHECK(publishAndConnect(*transport, commId, rank, ranks, options, deadline));
+  return transport;
+}
+
+// Whether this build has the shm transport (every rank runs the same build, so all agree).
+// Creating a transport only builds an object; nothing is opened until listen().
+bool shmBuiltIn() { return createTransport("shm", TransportOptions{}).isOk(); }
+
+}  // namespace
+
+// The transport between all ranks: options.transport, routed through shm for the collective
+// messages between ranks of this node where NANOCCL_INTRA_TRANSPORT allows it. Every rank of a
+// node decides alike (same topology, same build). Ranks that do not route (alone on their node,
+// or told so) publish a plain address and use the remote part of routed ranks' addresses.
+Result<std::unique_ptr<Transport>> connectMain(const CommunicatorOptions& options,
+                                               const Topology& topo, const std::string& secret,
+                                               const Deadline& deadline,
+                                               routed::RoutedTransport** routedOut) {
+  std::vector<int> all(options.size);
+  std::iota(all.begin(), all.end(), 0);
+  const std::string& intra = options.config.intraTransport;
+  const std::vector<int>& mine = topo.nodeRanks[topo.nodeOf[options.rank]];
+  const bool route = intra != "tcp" && mine.size() > 1 && options.transport != "shm" &&
+                     (intra == "shm" || shmBuiltIn());
+  if (!route) {
+    NANOCCL_ASSIGN_OR_RETURN(
+        std::unique_ptr<Transport> t,
+        createTransport(options.transport, transportOptions(options.commId, options.rank,
+                                                            options.size, secret, options)));
+    NANOCCL_CHECK(
+        publishAndConnect(*t, options.commId, options.rank, all, options, deadline, &mine));
+    return t;
+  }
+  routed::RouteOptions ro;
+  ro.localRanks = mine;
+  ro.remote = options.transport;
+  ro.local = "shm";
+  ro.fallback = intra == "auto";  // e.g. a /dev/shm too small: this node stays on tcp
+  Result<std::unique_ptr<routed::RoutedTransport>> made = routed::createRoutedTransport(
+      transportOptions(options.commId, options.rank, options.size, secret, options), ro);
+  if (!made.isOk()) {
+    return made.status().withContext("NANOCCL_INTRA_TRANSPORT=" + intra +
+                                     ": collectives within this node over shm: ");
+  }
+  std::unique_ptr<routed::RoutedTransport> t = std::move(made).value();
+  NANOCCL_CHECK(publishAndConnect(*t, options.commId, options.rank, all, options, deadline));
+  *routedOut = t.get();
+  return std::unique_ptr<Transport>(std::move(t));
+}
+
+// The sub-communicators of a hierarchical topology (see Hierarchy in algorithm.h). Every rank
+// connects its local group first, then its cross group: the same order everywhere, and each
+// group only waits for its own members, so setup cannot deadlock.
+Result<std::unique_ptr<Hierarchy>> connectHierarchy(const CommunicatorOptions& options,
+                                                            const Topology& topo,
+                                                            const std::string& secret,
+                                                            const Deadline& deadline,
+                                                            std::string* localKind) {
+  auto h = std::make_unique<Hierarchy>();
+  h->topology = topo;
+  h->shards = topo.minLocalSize();
+  const int node = topo.nodeOf[options.rank];
+  const int lr = topo.localRankOf[options.rank];
+
+  SubGroup& local = h->local;
+  local.ranks = topo.nodeRanks[node];
+  local.rank = lr;
+  local.size = static_cast<int>(local.ranks.size());
+  // The transports name ranks by their place in the group; the name maps them back.
+  local.name = "intra-node stage among ranks " + ranksText(local.ranks) + " (node " +
+               std::to_string(node) + "; below, rank i is the i-th of them)";
+  if (local.size > 1) {
+    const std::string commId = options.commId + "/local/" + std::to_string(node);
+    std::string kind = options.config.intraTransport;
+    if (kind == "auto") kind = shmBuiltIn() ? "shm" : "tcp";
+    *localKind = kind;
+    Result<std::unique_ptr<Transport>> t =
+        connectGroup(kind, commId, lr, local.ranks, secret, options, deadline);
+    if (!t.isOk()) {
+      return t.status().withContext("connecting the " + local.name + " over " + kind + ": ");
+    }
+    local.transport = std::move(t).value();
+  }
+
+  // Only local ranks below the smallest node's size carry a shard across nodes.
+  if (lr < h->shards) {
+    SubGroup& cross = h->cross;
+    for (int k = 0; k < topo.numNodes(); ++k) cross.ranks.push_back(topo.nodeRanks[k][lr]);
+    cross.rank = node;
+    cross.size = topo.numNodes();
+    cross.name = "inter-node stage among ranks " + ranksText(cross.ranks) + " (local rank " +
+                 std::to_string(lr) + " of every node; below, rank i is the i-th of them)";
+    Result<std::unique_ptr<Transport>> t =
+        connectGroup(options.transport, options.commId + "/cross/" + std::to_string(lr), node,
+                     cross.ranks, secret, options, deadline);
+    if (!t.isOk()) {
+      return t.status().withContext("connecting the " + cross.name + " over " + options.transport +
+                                    ": ");
+    }
+    cross.transport = std::move(t).value();
+  }
+  return h;
+}
+
+
+}  // namespace nanoccl::detail
