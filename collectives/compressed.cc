@@ -71,11 +71,12 @@ size_t encodedTotal(const codec::Codec& codec, const codec::CodecParams& params,
 }
 
 // Encodes one chunk, with error feedback where `residual` (at the chunk's positions) is given.
-// Stochastic rounding gets a seed per call, rank and position, so no two chunks share one.
+// Stochastic rounding (when params ask for it) gets a seed per call, rank and `where` (unique
+// per chunk within the call), so no two chunks round with the same random numbers.
 Status encodePiece(const Context& ctx, const codec::Codec& codec, codec::CodecParams params,
-                   const Piece& p, float* residual, size_t position) {
+                   const Piece& p, float* residual, uint64_t where) {
   params.seed ^= (ctx.fingerprint().seq * 0x9e3779b97f4a7c15ull) ^
-                 (static_cast<uint64_t>(ctx.rank()) << 48) ^ position;
+                 (static_cast<uint64_t>(ctx.rank()) << 56) ^ where;
   if (residual != nullptr) {
     return codec::encodeWithFeedback(codec, p.data, residual, p.count, params, p.stream, p.bytes);
   }
@@ -130,7 +131,9 @@ CompressedAllreduce::CompressedAllreduce(Context& ctx, const codec::Codec& codec
 
 Status CompressedAllreduce::encode(const Piece& p) {
   float* residual = residual_ != nullptr ? residual_ + (p.data - data_) : nullptr;
-  return encodePiece(ctx_, codec_, params_, p, residual, p.data - data_);
+  // Blocks of a pipelined call have tag ranges of their own: tagBase_ tells them apart.
+  const uint64_t where = (uint64_t{tagBase_} << 32) ^ static_cast<uint64_t>(p.data - data_);
+  return encodePiece(ctx_, codec_, params_, p, residual, where);
 }
 
 Status CompressedAllreduce::start() {
@@ -233,7 +236,8 @@ Status compressedReduceScatter(Context& ctx, const codec::Codec& codec,
     for (int d = 1; d < n; ++d) {
       const int j = (me + d) % n;
       if (c >= out[j].size()) continue;
-      NANOCCL_CHECK(encodePiece(ctx, codec, params, out[j][c], nullptr, c));
+      const uint64_t where = (uint64_t{tagBase} << 32) ^ (static_cast<uint64_t>(j) << 24) ^ c;
+      NANOCCL_CHECK(encodePiece(ctx, codec, params, out[j][c], nullptr, where));
       sends.push_back(ctx.isend(j, tagBase + c, out[j][c].stream, out[j][c].bytes));
     }
   }

@@ -211,10 +211,10 @@ def scenario_convergence(a: argparse.Namespace, ck: Checks) -> None:
     ck.data["losses"] = losses
 
 
-dist_jobs.SCENARIOS.update({
+SCENARIOS = {
     "compressed": scenario_compressed,
     "convergence": scenario_convergence,
-})
+}
 
 if __name__ == "__main__":
-    raise SystemExit(dist_jobs.main())
+    raise SystemExit(dist_jobs.main(SCENARIOS))

@@ -1083,15 +1083,26 @@ SCENARIOS: dict[str, Callable[[argparse.Namespace, Checks], None]] = {
 }
 
 
-def main() -> int:
+def main(scenarios: dict[str, Callable[[argparse.Namespace, Checks], None]] | None = None,
+         add_arguments: Callable[[argparse.ArgumentParser], None] | None = None,
+         leave_hard: tuple[str, ...] = ("killed_peer",)) -> int:
+    """Runs one scenario (of `scenarios`, default SCENARIOS) and writes its result file.
+
+    The other rank programs (topology_jobs.py, compression_jobs.py) call this with their own
+    scenarios and extra arguments. Scenarios in `leave_hard` leave with os._exit: their broken
+    groups are never destroyed, so no destructor may run.
+    """
+    table = SCENARIOS if scenarios is None else scenarios
     p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=sorted(SCENARIOS))
+    p.add_argument("scenario", choices=sorted(table))
     p.add_argument("--rank", type=int, default=int(os.environ.get("RANK", 0)))
     p.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)))
     p.add_argument("--init-method", default="env://")
     p.add_argument("--pg-timeout", type=float, default=20.0)
     p.add_argument("--result", default="")
     p.add_argument("--deadline", type=float, default=120.0)
+    if add_arguments is not None:
+        add_arguments(p)
     a = p.parse_args()
     a.result = (a.result or "result-{rank}.json").replace("{rank}", str(a.rank))
     # A hung rank prints its Python stacks and stays alive, so that the harness can attach a
@@ -1099,7 +1110,7 @@ def main() -> int:
     faulthandler.dump_traceback_later(a.deadline, exit=False)
     ck = Checks(a.rank)
     try:
-        SCENARIOS[a.scenario](a, ck)
+        table[a.scenario](a, ck)
     except Exception:  # noqa: BLE001 - reported in the result
         ck.fail("scenario", traceback.format_exc()[-3000:])
     ck.data["checks"] = ck.count
@@ -1109,8 +1120,7 @@ def main() -> int:
     tmp.rename(a.result)
     sys.stdout.flush()
     sys.stderr.flush()
-    if a.scenario == "killed_peer":
-        # The broken group is never destroyed; leave without running its destructors.
+    if a.scenario in leave_hard:
         os._exit(0)
     return 0
 

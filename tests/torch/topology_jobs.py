@@ -17,23 +17,20 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import faulthandler
 import glob
-import json
 import os
 import re
 import signal
 import sys
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
+import dist_jobs
 import nanoccl
 from dist_jobs import (
     ALL_TYPES,
@@ -945,41 +942,13 @@ SCENARIOS: dict[str, Callable[[argparse.Namespace, Checks], None]] = {
 }
 
 
-def main() -> int:
-    p = argparse.ArgumentParser()
-    p.add_argument("scenario", choices=sorted(SCENARIOS))
-    p.add_argument("--rank", type=int, default=int(os.environ.get("RANK", 0)))
-    p.add_argument("--world-size", type=int, default=int(os.environ.get("WORLD_SIZE", 1)))
-    p.add_argument("--init-method", default="env://")
-    p.add_argument("--pg-timeout", type=float, default=20.0)
-    p.add_argument("--result", default="")
-    p.add_argument("--deadline", type=float, default=120.0)
+def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--group", action="append", default=[],
                    help="NAME=RANKS:IDS, a further nanoccl group (topologies)")
     p.add_argument("--ids", default="", help="node id per rank (killed_in_shm, after_kill)")
     p.add_argument("--victim", type=int, default=1)
     p.add_argument("--stale", default="", help="a segment name the run must have removed")
-    a = p.parse_args()
-    a.result = (a.result or "result-{rank}.json").replace("{rank}", str(a.rank))
-    # A hung rank prints its Python stacks and stays alive for the harness's debugger.
-    faulthandler.dump_traceback_later(a.deadline, exit=False)
-    ck = Checks(a.rank)
-    try:
-        SCENARIOS[a.scenario](a, ck)
-    except Exception:  # noqa: BLE001 - reported in the result
-        ck.fail("scenario", traceback.format_exc()[-3000:])
-    ck.data["checks"] = ck.count
-    ck.data["failures"] = ck.failures
-    tmp = Path(a.result + ".tmp")
-    tmp.write_text(json.dumps(ck.data, default=str))
-    tmp.rename(a.result)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if a.scenario == "killed_in_shm":
-        # The broken groups are never destroyed; leave without running their destructors.
-        os._exit(0)
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(dist_jobs.main(SCENARIOS, add_arguments, leave_hard=("killed_in_shm",)))
