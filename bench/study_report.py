@@ -410,7 +410,9 @@ def findings(summaries: Sequence[Summary], model: str, batch: int) -> list[str]:
     for backend in sorted({s.backend for s in summaries if s.backend.startswith("nanoccl")}):
         d = sc("2x1", "dp", backend)
         if d is not None:
-            claim(f"GPT DP across 2 nodes with {backend} reaches S >= 0.5 (goal; study 0.11)",
+            what = "GPT" if model.startswith("gpt2") else model
+            claim(f"{what} DP across 2 nodes with {backend} reaches S >= 0.5 (goal; study GPT "
+                  "0.11)",
                   d >= 0.5, f"S {d:.2f} vs gloo {_f(dp21)}")
     return out
 
