@@ -63,6 +63,9 @@ struct Peer {
   InMsgPtr current;      // the message whose chunks are streaming in
   bool deferred = false;  // the next message found no receive once: commands get a look first
   uint64_t lastSeq = 0;  // highest collective sequence number seen from this peer
+  // The peer closed its transport and everything it sent has been read: what arrived stays
+  // receivable, anything still expected from it (or queued for it) fails.
+  bool closed = false;
 };
 
 enum class CommandKind { kSend, kRecv, kAbort, kStop };
@@ -355,6 +358,10 @@ class ShmTransport : public Transport {
     if (!failed_.isOk()) return req->complete(failed_, -1);
     const OpFingerprint& fp = req->env.fingerprint;
     Peer& peer = peers_[req->peer];
+    if (peer.closed) {
+      fail(peerState(req->peer), true);
+      return req->complete(failed_, -1);
+    }
     req->wireSeq = fp.op == OpType::kSendRecv ? ++peer.p2pSent : fp.seq;
     peer.sendQueue.push_back(req);
   }
@@ -579,6 +586,10 @@ class ShmTransport : public Transport {
       fail(skippedError(*req, last), true);
       return req->complete(failed_, -1);
     }
+    if (peers_[req->peer].closed) {  // everything it sent has been read: this is not coming
+      fail(peerState(req->peer), true);
+      return req->complete(failed_, -1);
+    }
     postedColl_[key] = req;
   }
 
@@ -595,6 +606,15 @@ class ShmTransport : public Transport {
       InMsgPtr msg = *it;
       unexpectedP2P_.erase(it);
       return attach(msg, req);
+    }
+    if (req->peer != kAnySource ? peers_[req->peer].closed : allPeersClosed()) {
+      fail(peerError("rank " + std::to_string(o_.rank) + ": " +
+                     (req->peer == kAnySource ? std::string("every peer")
+                                              : "rank " + std::to_string(req->peer)) +
+                     " closed its shared-memory transport before sending what this receive "
+                     "waits for"),
+           true);
+      return req->complete(failed_, -1);
     }
     postedP2P_.push_back(req);
   }
@@ -658,22 +678,50 @@ class ShmTransport : public Transport {
 
   void checkPeerStates() {
     for (int p = 0; p < o_.size && failed_.isOk(); ++p) {
-      if (p == o_.rank) continue;
+      if (p == o_.rank || peers_[p].closed) continue;
       const Status st = peerState(p);
       if (st.isOk()) continue;
-      // Like bytes still in a closed socket: what a closing peer sent is still delivered.
       const auto state = peers_[p].seg->header().state.load(std::memory_order_acquire);
-      if (state == static_cast<uint32_t>(SegmentState::kClosed)) {
-        while (failed_.isOk() && pumpRx(p)) {
-        }
+      if (state != static_cast<uint32_t>(SegmentState::kClosed)) {
+        fail(st, true);  // aborted: its reason is the error
+        continue;
       }
-      fail(st, true);
+      // Like a tcp connection closed in order: what the peer sent is still delivered, and the
+      // transport fails only if something still waits on the peer (a rank that finished its
+      // last call and exited is no error for the ranks still finishing theirs).
+      while (failed_.isOk() && pumpRx(p)) {
+      }
+      peers_[p].closed = true;
+      if (failed_.isOk() && stillWaitingOn(p)) fail(st, true);
     }
+  }
+
+  // Whether a posted receive, a partly arrived message or a queued send needs peer `p`.
+  bool stillWaitingOn(int p) const {
+    const Peer& peer = peers_[p];
+    if (!peer.sendQueue.empty() || (peer.current && peer.current->req)) return true;
+    const auto it = postedColl_.lower_bound(MsgKey{p, 0, 0});
+    if (it != postedColl_.end() && it->first.peer == p) return true;
+    for (const auto& [k, m] : inflight_) {
+      if (k.peer == p && m->req) return true;
+    }
+    for (const RequestPtr& r : postedP2P_) {
+      if (r->peer == p || (r->peer == kAnySource && allPeersClosed())) return true;
+    }
+    return false;
+  }
+
+  bool allPeersClosed() const {
+    for (int q = 0; q < o_.size; ++q) {
+      if (q != o_.rank && !peers_[q].closed) return false;
+    }
+    return o_.size > 1;
   }
 
   void probePeers() {
     for (int p = 0; p < o_.size && failed_.isOk(); ++p) {
-      if (p != o_.rank && probe(peers_[p].identity) == Liveness::kDead) fail(deadPeer(p), true);
+      if (p == o_.rank || peers_[p].closed) continue;  // gone in order (checkPeerStates)
+      if (probe(peers_[p].identity) == Liveness::kDead) fail(deadPeer(p), true);
     }
   }
 
