@@ -287,6 +287,7 @@ class CompressedAllreduce {
   Status start();
   Status reduce();
   Status finish();
+  Status run();  // all three
   static uint32_t tags(const Context& ctx, const codec::Codec& codec,
                        const codec::CodecParams& params, size_t count);
 
@@ -314,7 +315,7 @@ class CompressedAllreduce {
   std::vector<std::vector<Pending>> rsRecv_, agRecv_;
   std::vector<Pending> sends_;
 };
-// All three steps at once.
+// All three steps at once (CompressedAllreduce::run).
 Status compressedAllreduce(Context& ctx, const codec::Codec& codec,
                            const codec::CodecParams& params, float* data, size_t count,
                            float* residual, uint32_t tagBase);

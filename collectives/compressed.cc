@@ -198,13 +198,16 @@ Status CompressedAllreduce::finish() {
   return ctx_.waitAll(sends_);
 }
 
+Status CompressedAllreduce::run() {
+  NANOCCL_CHECK(start());
+  NANOCCL_CHECK(reduce());
+  return finish();
+}
+
 Status compressedAllreduce(Context& ctx, const codec::Codec& codec,
                            const codec::CodecParams& params, float* data, size_t count,
                            float* residual, uint32_t tagBase) {
-  CompressedAllreduce call(ctx, codec, params, data, count, residual, tagBase);
-  NANOCCL_CHECK(call.start());
-  NANOCCL_CHECK(call.reduce());
-  return call.finish();
+  return CompressedAllreduce(ctx, codec, params, data, count, residual, tagBase).run();
 }
 
 Status compressedReduceScatter(Context& ctx, const codec::Codec& codec,

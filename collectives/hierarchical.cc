@@ -328,15 +328,23 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
     return inStage(h.local, ringReduceScatter(local, counts[b], src, seg[b], args.dtype, op,
                                               localChunk, 2 * b * localTags));
   };
+  // Block b's shard across nodes under the codec (lossy across nodes only: the shard was
+  // reduced losslessly inside the node), not started yet.
+  auto compressedBlock = [&](int b) {
+    float* residual = args.residual ? args.residual + (seg[b][lr] - buf) / es : nullptr;
+    return std::make_unique<CompressedAllreduce>(cross, *args.codec, args.codecParams,
+                                                 reinterpret_cast<float*>(seg[b][lr]),
+                                                 counts[b][lr], residual, b * crossTags);
+  };
+  // kAvg's one division, where block b's reduced shard first exists.
+  auto averageShard = [&](int b) -> Status {
+    if (args.redop != ReduceOp::kAvg) return Status::ok();
+    return divideInPlace(seg[b][lr], counts[b][lr], args.dtype, ctx.size());
+  };
   auto reduceAcrossNodes = [&](int b) -> Status {
     if (lr >= h.shards) return Status::ok();
     if (args.codec != nullptr) {
-      // Lossy across nodes only: the shard was reduced losslessly inside the node.
-      float* shard = reinterpret_cast<float*>(seg[b][lr]);
-      float* residual = args.residual ? args.residual + (seg[b][lr] - buf) / es : nullptr;
-      NANOCCL_CHECK(inStage(h.cross, compressedAllreduce(cross, *args.codec, args.codecParams,
-                                                         shard, counts[b][lr], residual,
-                                                         b * crossTags)));
+      NANOCCL_CHECK(inStage(h.cross, compressedBlock(b)->run()));
     } else if (blocks == 1) {
       CallArgs shard = args;
       shard.redop = op;  // the scaling is done here, once
@@ -347,10 +355,7 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
       NANOCCL_CHECK(inStage(h.cross, ringAllreduceAt(cross, seg[b][lr], counts[b][lr], args.dtype,
                                                      op, crossChunk, 2 * b * crossTags)));
     }
-    if (args.redop == ReduceOp::kAvg) {
-      NANOCCL_CHECK(divideInPlace(seg[b][lr], counts[b][lr], args.dtype, ctx.size()));
-    }
-    return Status::ok();
+    return averageShard(b);
   };
   auto gatherInNode = [&](int b) -> Status {
     if (h.local.size == 1) return Status::ok();
@@ -410,10 +415,7 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
     auto finishPrev = [&]() -> Status {
       if (!prev) return Status::ok();
       NANOCCL_CHECK(inStage(h.cross, prev->finish()));
-      if (args.redop == ReduceOp::kAvg) {
-        NANOCCL_CHECK(divideInPlace(seg[prevBlock][lr], counts[prevBlock][lr], args.dtype,
-                                    ctx.size()));
-      }
+      NANOCCL_CHECK(averageShard(prevBlock));
       prev.reset();
       crossed.push(prevBlock);
       return Status::ok();
@@ -424,10 +426,7 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
       int b = -1;
       if (s.isOk()) s = reduced.pop(ctx.deadline(), &b);
       if (s.isOk() && b >= 0) {
-        float* residual = args.residual ? args.residual + (seg[b][lr] - buf) / es : nullptr;
-        cur = std::make_unique<CompressedAllreduce>(
-            cross, *args.codec, args.codecParams, reinterpret_cast<float*>(seg[b][lr]),
-            counts[b][lr], residual, b * crossTags);
+        cur = compressedBlock(b);
         s = inStage(h.cross, cur->start());
       }
       if (s.isOk()) s = finishPrev();
