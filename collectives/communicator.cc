@@ -1,7 +1,5 @@
 #include "collectives/communicator.h"
 
-#include <sys/random.h>
-
 #include <algorithm>
 #include <array>
 #include <atomic>
@@ -14,7 +12,9 @@
 #include "collectives/algorithm.h"
 #include "collectives/connect.h"
 #include "collectives/planner.h"
+#include "common/crypto.h"
 #include "common/logging.h"
+#include "common/secret.h"
 #include "transports/routed/routed_transport.h"
 
 namespace nanoccl {
@@ -36,20 +36,47 @@ bool waitUntil(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
   return cv.wait_until(lock, deadline.at(), ready);
 }
 
-constexpr size_t kSecretBytes = 32;
-
-Result<std::string> randomSecret() {
-  std::string secret(kSecretBytes, '\0');
-  size_t got = 0;
-  while (got < secret.size()) {
-    const ssize_t n = ::getrandom(secret.data() + got, secret.size() - got, 0);
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return systemError("getrandom", errno);
+// The secret this communicator's connections prove they hold (common/secret.h), after every
+// rank has said where it comes from: a rank with NANOCCL_SECRET_FILE beside one
+// without would otherwise only see its peers' handshakes fail.
+Result<std::string> agreeOnJobSecret(Store& store, const CommunicatorOptions& options,
+                                  const Deadline& deadline) {
+  NANOCCL_ASSIGN_OR_RETURN(JobSecret js, loadOutOfBandSecret(options.config));
+  const std::string mine = js.outOfBand ? "out of band" : "the store";
+  NANOCCL_CHECK(store.set("auth/" + std::to_string(options.rank), mine));
+  for (int r = 0; r < options.size; ++r) {
+    Result<std::string> theirs = store.get("auth/" + std::to_string(r), deadline);
+    if (!theirs.isOk()) {
+      return theirs.status().withContext("waiting for rank " + std::to_string(r) +
+                                         "'s secret mode: ");
     }
-    got += static_cast<size_t>(n);
+    if (theirs.value() != mine) {
+      return mismatchError("rank " + std::to_string(r) + " takes the job secret from " +
+                           theirs.value() + ", rank " + std::to_string(options.rank) + " from " +
+                           mine + ": set NANOCCL_SECRET_FILE (or NANOCCL_SECRET) on every rank "
+                           "or on none");
+    }
   }
-  return secret;
+  if (!js.outOfBand) {
+    std::string secret(crypto::kKeyBytes, '\0');
+    if (options.rank == 0) {
+      NANOCCL_CHECK(crypto::randomBytes(secret.data(), secret.size()));
+      NANOCCL_CHECK(store.set("secret", secret));
+    } else {
+      Result<std::string> got = store.get("secret", deadline);
+      if (!got.isOk()) return got.status().withContext("waiting for rank 0's secret: ");
+      secret = std::move(got).value();
+    }
+    js.bytes = std::move(secret);
+  }
+  NANOCCL_INFO("rank " << options.rank << ": communicator '" << options.commId
+                       << "': job secret from " << js.where
+                       << (js.outOfBand ? " (nothing secret in the store)"
+                                        : " (readable by anyone who can reach the store; set "
+                                          "NANOCCL_SECRET_FILE to keep it out)")
+                       << "; handshakes prove it by HMAC challenge-response; TCP encryption "
+                       << (options.config.encrypt ? "on (AES-256-GCM)" : "off"));
+  return std::move(js.bytes);
 }
 
 bool validDataType(DataType t) {
@@ -495,15 +522,8 @@ Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOpt
         "rank " + std::to_string(options.rank) + ": communicator '" + options.commId + "' setup: ";
     auto store = std::make_shared<PrefixStore>("nanoccl/" + options.commId, options.store);
     const Deadline deadline = Deadline::after(options.timeout);
-    std::string secret;
-    if (options.rank == 0) {
-      NANOCCL_ASSIGN_OR_RETURN(secret, randomSecret());
-      NANOCCL_CHECK(store->set("secret", secret).withContext(where));
-    } else {
-      Result<std::string> got = store->get("secret", deadline);
-      if (!got.isOk()) return got.status().withContext(where + "waiting for rank 0's secret: ");
-      secret = std::move(got).value();
-    }
+    Result<std::string> secret = agreeOnJobSecret(*store, options, deadline);
+    if (!secret.isOk()) return secret.status().withContext(where);
 
     NANOCCL_CHECK(store->set("node/" + std::to_string(options.rank), nodeId).withContext(where));
     std::vector<std::string> nodeIds(options.size);
@@ -518,14 +538,15 @@ Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOpt
     impl->topology = Topology::fromNodeIds(std::move(nodeIds));
 
     Result<std::unique_ptr<Transport>> transport =
-        detail::connectMain(options, impl->topology, secret, deadline, &impl->routed);
+        detail::connectMain(options, impl->topology, secret.value(), deadline, &impl->routed);
     if (!transport.isOk()) return transport.status().withContext(where);
     impl->transport = std::move(transport).value();
     impl->transportKind = options.transport;
 
     if (impl->topology.hierarchical()) {
       Result<std::unique_ptr<detail::Hierarchy>> h =
-          detail::connectHierarchy(options, impl->topology, secret, deadline, &impl->localKind);
+          detail::connectHierarchy(options, impl->topology, secret.value(), deadline,
+                                   &impl->localKind);
       if (!h.isOk()) return h.status().withContext(where);
       impl->hierarchy = std::move(h).value();
     }

@@ -60,6 +60,21 @@ Field intField(const char* name, T Config::*member, int64_t min,
           [=](const Config& c) { return std::to_string(c.*member); }};
 }
 
+Field boolField(const char* name, bool Config::*member) {
+  return {name,
+          [=](Config& c, const std::string& v) {
+            if (v == "1" || v == "true") {
+              c.*member = true;
+            } else if (v == "0" || v == "false") {
+              c.*member = false;
+            } else {
+              return invalidArgument(std::string(name) + "=" + v + ": expected 0 or 1");
+            }
+            return Status::ok();
+          },
+          [=](const Config& c) { return std::string(c.*member ? "1" : "0"); }};
+}
+
 const std::vector<Field>& fields() {
   static const std::vector<Field> table = {
       {"socket_ifname",
@@ -125,6 +140,19 @@ const std::vector<Field>& fields() {
          return Status::ok();
        },
        [](const Config& c) { return std::to_string(c.compressionBlock); }},
+      {"secret_file",
+       [](Config& c, const std::string& v) {
+         c.secretFile = v;  // read and checked at communicator creation (common/secret.h)
+         return Status::ok();
+       },
+       [](const Config& c) { return c.secretFile; }},
+      {"secret",
+       [](Config& c, const std::string& v) {
+         c.secret = v;
+         return Status::ok();
+       },
+       [](const Config& c) { return std::string(c.secret.empty() ? "" : "(set)"); }},
+      boolField("encrypt", &Config::encrypt),
   };
   return table;
 }

@@ -51,6 +51,13 @@ struct Config {
   // Elements per scale of int8/int4; 0 takes the codec's default (256 for int8, 64 for int4).
   // A multiple of 32, at most 2^20.
   int compressionBlock = 0;
+  // The job secret out of band (common/secret.h): a file only the job's user can read, or the
+  // value itself. Unset: rank 0 draws one and shares it through the store. Never printed.
+  std::string secretFile;
+  std::string secret;
+  // Authenticated encryption (AES-256-GCM) of every byte on TCP connections, with keys
+  // derived per connection from the handshake. Every rank must agree.
+  bool encrypt = false;
 
   // Reads every NANOCCL_* variable over the defaults; a malformed value is an error.
   static Result<Config> fromEnv();

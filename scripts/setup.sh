@@ -30,7 +30,8 @@ APT_PACKAGES=(
   python3 python3-venv python3-dev                # .venv, and Python.h for the torch module
   liburing-dev libfabric-dev                      # TCP engine on io_uring, libfabric transport
   libgtest-dev libgmock-dev libbenchmark-dev      # C++ tests and microbenchmarks
-  iproute2                                        # ip netns / tc for the emulated cluster
+  iproute2 tcpdump                                # ip netns / tc for the emulated cluster; captures
+  libssl-dev                                      # libcrypto: HMAC and AES-GCM
 )
 # Python packages besides torch (tests, plots, building the extension module).
 PY_PACKAGES=(numpy pytest pytest-timeout matplotlib pybind11 scikit-build-core ninja)

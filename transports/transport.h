@@ -75,7 +75,7 @@ struct TransportOptions {
   int rank = 0;
   int size = 1;
   std::string commId;  // unique per communicator within the job; checked in the handshake
-  std::string secret;  // the job's secret from the store; a peer must present it to connect
+  std::string secret;  // the job's secret (common/secret.h); peers prove it, never send it
   Config config;
 };
 
@@ -86,8 +86,8 @@ class Transport {
   // Connection setup, in two phases around the store exchange done by the communicator:
   // listen() opens this rank's listening sockets and returns the address to publish;
   // connect() builds the full mesh from every rank's published address (index = rank).
-  // Connections that do not present the secret, comm id and a valid rank are closed before
-  // any payload is read, and setup goes on.
+  // Connections that do not prove the secret, or bring another comm id or an invalid rank, are
+  // closed before any payload is read, and setup goes on.
   virtual Result<std::string> listen() = 0;
   virtual Status connect(const std::vector<std::string>& addresses, const Deadline& deadline) = 0;
 

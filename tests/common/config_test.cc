@@ -48,7 +48,8 @@ const char* kNames[] = {"socket_ifname",       "tcp_engine", "nsocks",
                         "stripe_min_bytes",    "algo",       "chunk_bytes",
                         "small_message_bytes", "timeout_ms", "connect_timeout_ms",
                         "node_id",             "intra_transport", "compression",
-                        "compression_min_bytes", "compression_block"};
+                        "compression_min_bytes", "compression_block", "secret_file",
+                        "secret",              "encrypt"};
 
 std::string envName(const std::string& field) {
   std::string s = "NANOCCL_";
@@ -126,6 +127,8 @@ TEST(ConfigTest, FromEnvReadsEverySetting) {
   env.set("NANOCCL_SMALL_MESSAGE_BYTES", "0");
   env.set("NANOCCL_TIMEOUT_MS", "1234");
   env.set("NANOCCL_CONNECT_TIMEOUT_MS", "5678");
+  env.set("NANOCCL_SECRET_FILE", "/etc/nanoccl/secret");
+  env.set("NANOCCL_ENCRYPT", "1");
   const Result<Config> r = Config::fromEnv();
   ASSERT_TRUE(r.isOk()) << r.status().toString();
   const Config& c = r.value();
@@ -138,6 +141,8 @@ TEST(ConfigTest, FromEnvReadsEverySetting) {
   EXPECT_EQ(c.smallMessageBytes, 0u);
   EXPECT_EQ(c.timeoutMs, 1234);
   EXPECT_EQ(c.connectTimeoutMs, 5678);
+  EXPECT_EQ(c.secretFile, "/etc/nanoccl/secret");
+  EXPECT_TRUE(c.encrypt);
 }
 
 TEST(ConfigTest, FromEnvRejectsMalformedValuesNamingTheVariable) {

@@ -8,50 +8,94 @@
 
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <cstring>
+#include <functional>
 #include <future>
+#include <optional>
 #include <random>
+#include <thread>
 
+#include "common/secret.h"
 #include "tests/transports/mesh.h"
+#include "tests/transports/raw_peer.h"
 #include "transports/tcp/address.h"
 #include "transports/tcp/wire.h"
 
 namespace nanoccl::testing {
 namespace {
 
+using tcp::Challenge;
 using tcp::Hello;
 using tcp::HelloAck;
+using tcp::Proof;
 
-int dial(const std::string& address) {
-  auto a = tcp::SocketAddress::parse(address);
-  EXPECT_TRUE(a.isOk());
-  const int fd = socket(a->family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
-  EXPECT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&a->storage), a->length), 0);
-  return fd;
-}
+// Forwards one TCP connection to `target` (a rank's listening address), letting a test change
+// the bytes the dialer sends: mutate(seen, chunk) may edit `chunk`, the next bytes after the
+// `seen` bytes already forwarded, before it goes on.
+class Proxy {
+ public:
+  using Mutate = std::function<void(const std::string& seen, std::string& chunk)>;
+  Proxy(const std::string& target, Mutate mutate) : target_(target), mutate_(std::move(mutate)) {
+    listenFd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(bind(listenFd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+    EXPECT_EQ(listen(listenFd_, 4), 0);
+    socklen_t len = sizeof(a);
+    getsockname(listenFd_, reinterpret_cast<sockaddr*>(&a), &len);
+    address_ = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+    thread_ = std::thread([this] { run(); });
+  }
+  ~Proxy() {
+    stop_ = true;
+    thread_.join();
+    close(listenFd_);
+  }
+  const std::string& address() const { return address_; }
 
-// Whether the other side closed `fd` within `ms` (a read returns 0 or an error).
-bool closedByPeer(int fd, int ms = 5000) {
-  pollfd p{fd, POLLIN, 0};
-  if (poll(&p, 1, ms) <= 0) return false;
-  char b[256];
-  return recv(fd, b, sizeof(b), 0) <= 0;
-}
+ private:
+  void run() {
+    pollfd lp{listenFd_, POLLIN, 0};
+    while (!stop_ && poll(&lp, 1, 50) == 0) {
+    }
+    if (stop_) return;
+    const int in = accept(listenFd_, nullptr, nullptr);
+    const int out = dial(target_);
+    std::string seen;
+    char buf[65536];
+    while (!stop_) {
+      pollfd p[2] = {{in, POLLIN, 0}, {out, POLLIN, 0}};
+      if (poll(p, 2, 50) <= 0) continue;
+      if (p[0].revents) {
+        const ssize_t n = recv(in, buf, sizeof(buf), 0);
+        if (n <= 0) break;
+        std::string chunk(buf, static_cast<size_t>(n));
+        mutate_(seen, chunk);
+        seen.append(buf, static_cast<size_t>(n));
+        if (!sendAll(out, chunk.data(), chunk.size())) break;
+      }
+      if (p[1].revents) {
+        const ssize_t n = recv(out, buf, sizeof(buf), 0);
+        if (n <= 0 || !sendAll(in, buf, static_cast<size_t>(n))) break;
+      }
+    }
+    close(in);
+    close(out);
+  }
 
-Hello helloFor(int rank, int size, const std::string& secret, int nsocks = 1, int socket = 0) {
-  Hello h{};
-  h.magic = kMagic;
-  h.version = kVersion;
-  h.socketIndex = static_cast<uint16_t>(socket);
-  h.rank = rank;
-  h.size = size;
-  h.nsocks = nsocks;
-  h.secretBytes = static_cast<uint32_t>(secret.size());
-  h.commIdHash = hashCommId("test-comm");
-  h.stripeMinBytes = 64 * 1024;
-  std::memcpy(h.secret, secret.data(), secret.size());
-  return h;
-}
+  std::string target_;
+  Mutate mutate_;
+  int listenFd_ = -1;
+  std::string address_;
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+};
+
+// Bytes a connector sends during the handshake; after them, sealed records.
+constexpr size_t kConnectorHandshakeBytes = sizeof(Hello) + sizeof(Proof);
+constexpr size_t kSealedHeaderBytes = sizeof(FrameHeader) + crypto::kTagBytes;
 
 class HandshakeTest : public ::testing::TestWithParam<std::string> {
  protected:
@@ -68,10 +112,11 @@ TEST_P(HandshakeTest, StrangersAreTurnedAwayAndTheJobGoesOn) {
   // Rank 0 starts waiting for rank 1; four strangers come first.
   auto setup0 = std::async(std::launch::async, [&] { return t0->connect({a0, a1}, soon(20)); });
   std::vector<int> strangers;
-  {  // the wrong secret
+  {  // knows everything but the secret: gets a Challenge it cannot verify, then is closed
     const int fd = dial(a0);
-    const Hello h = helloFor(1, 2, "not-the-secret");
-    ASSERT_EQ(send(fd, &h, sizeof(h), 0), static_cast<ssize_t>(sizeof(h)));
+    const Played p = handshake(fd, helloFor(1, 2), keyOf("not-the-secret"));
+    EXPECT_FALSE(p.acceptorProved);
+    EXPECT_FALSE(p.ack.has_value()) << "a wrong secret was admitted";
     strangers.push_back(fd);
   }
   {  // random bytes
@@ -82,11 +127,11 @@ TEST_P(HandshakeTest, StrangersAreTurnedAwayAndTheJobGoesOn) {
     send(fd, junk, sizeof(junk), MSG_NOSIGNAL);
     strangers.push_back(fd);
   }
-  {  // the right magic and an absurd secret length
+  {  // the right secret, another communicator
     const int fd = dial(a0);
-    Hello h = helloFor(1, 2, "test-secret");
-    h.secretBytes = 0xffffffffu;
-    ASSERT_EQ(send(fd, &h, sizeof(h), 0), static_cast<ssize_t>(sizeof(h)));
+    Hello h = helloFor(1, 2);
+    h.commIdHash = hashCommId("other-comm");
+    EXPECT_FALSE(handshake(fd, h, keyOf("test-secret")).ack.has_value());
     strangers.push_back(fd);
   }
   const int silent = dial(a0);  // says nothing at all
@@ -122,11 +167,12 @@ class InsiderTest : public HandshakeTest {
     auto setup = std::async(std::launch::async,
                             [&] { return t0_->connect({a0, "127.0.0.1:1"}, soon(20)); });
     const int fd = dial(a0);
-    const Hello h = helloFor(1, 2, "test-secret");
-    EXPECT_EQ(send(fd, &h, sizeof(h), 0), static_cast<ssize_t>(sizeof(h)));
-    HelloAck ack{};
-    EXPECT_EQ(recv(fd, &ack, sizeof(ack), MSG_WAITALL), static_cast<ssize_t>(sizeof(ack)));
-    EXPECT_EQ(ack.verdict, tcp::HelloVerdict::kAccepted);
+    const Played p = handshake(fd, helloFor(1, 2), keyOf("test-secret"));
+    EXPECT_TRUE(p.acceptorProved);
+    EXPECT_TRUE(p.ack.has_value());
+    if (p.ack) {
+      EXPECT_EQ(p.ack->verdict, tcp::HelloVerdict::kAccepted);
+    }
     EXPECT_TRUE(setup.get().isOk());
     return fd;
   }
@@ -218,7 +264,133 @@ TEST_P(InsiderTest, AnAbortFrameIsReportedWithItsText) {
   close(fd);
 }
 
+TEST_P(HandshakeTest, AReplayedHandshakeIsTurnedAway) {
+  // Record a real join of rank 1 (all the bytes it sent), then replay them at a new job that
+  // uses the same secret and communicator id: the acceptor's fresh nonce makes the old Proof
+  // worthless, and the real rank 1 still gets in.
+  const Config cfg = loopbackConfig(GetParam(), 1);
+  std::string recorded;
+  {
+    auto t0 = createTransport("tcp", optionsFor(0, 2, cfg)).value();
+    const std::string a0 = t0->listen().value();
+    auto setup = std::async(std::launch::async,
+                            [&] { return t0->connect({a0, "127.0.0.1:1"}, soon(20)); });
+    const int fd = dial(a0);
+    const Played p = handshake(fd, helloFor(1, 2), keyOf("test-secret"));
+    ASSERT_TRUE(p.ack.has_value());
+    ASSERT_TRUE(setup.get().isOk());
+    recorded = p.sent;
+    close(fd);
+  }
+  ASSERT_EQ(recorded.size(), kConnectorHandshakeBytes);
+  auto t0 = createTransport("tcp", optionsFor(0, 2, cfg)).value();
+  auto t1 = createTransport("tcp", optionsFor(1, 2, cfg)).value();
+  const std::string a0 = t0->listen().value();
+  const std::string a1 = t1->listen().value();
+  auto setup0 = std::async(std::launch::async, [&] { return t0->connect({a0, a1}, soon(20)); });
+  const int fd = dial(a0);
+  const Played replayed = handshake(fd, Hello{}, keyOf("test-secret"), recorded);
+  EXPECT_FALSE(replayed.ack.has_value()) << "a replayed handshake was admitted";
+  EXPECT_TRUE(closedByPeer(fd));
+  close(fd);
+  ASSERT_TRUE(t1->connect({a0, a1}, soon(20)).isOk());
+  ASSERT_TRUE(setup0.get().isOk());
+}
+
+TEST_P(HandshakeTest, TheAcceptorMustProveTheSecretToo) {
+  // Something else answers at rank 0's address with a Challenge it cannot sign: rank 1 fails
+  // at once, naming it, and never sends a Proof an impostor could use.
+  const int impostor = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(impostor, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  ASSERT_EQ(listen(impostor, 4), 0);
+  socklen_t len = sizeof(a);
+  getsockname(impostor, reinterpret_cast<sockaddr*>(&a), &len);
+  const std::string fake = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  auto proofSeen = std::async(std::launch::async, [&] {
+    const int fd = accept(impostor, nullptr, nullptr);
+    Hello h{};
+    if (!recvAll(fd, &h, sizeof(h))) return false;
+    Challenge c{};
+    c.magic = kMagic;
+    c.rank = 0;
+    const crypto::Mac guess = tcp::challengeMac(keyOf("a-guessed-secret!"), h, c);
+    std::memcpy(c.mac, guess.data(), guess.size());
+    sendAll(fd, &c, sizeof(c));
+    Proof p{};
+    const bool got = recvAll(fd, &p, sizeof(p), 1000);
+    close(fd);
+    return got;
+  });
+  auto t1 = createTransport("tcp", optionsFor(1, 2, loopbackConfig(GetParam(), 1))).value();
+  const std::string a1 = t1->listen().value();
+  const Status st = t1->connect({fake, a1}, soon(20));
+  ASSERT_EQ(st.code(), StatusCode::kProtocolError) << st.toString();
+  EXPECT_NE(st.message().find("did not prove"), std::string::npos) << st.message();
+  EXPECT_FALSE(proofSeen.get()) << "rank 1 sent its Proof to an impostor";
+  close(impostor);
+}
+
+// Encrypted connections through a proxy that changes what rank 1 sends to rank 0: rank 0
+// rejects the record and both ranks fail with the reason, within the timeout.
+class TamperTest : public HandshakeTest {
+ protected:
+  void runThrough(const Proxy::Mutate& mutate) {
+    Config cfg = loopbackConfig(GetParam(), 1);
+    cfg.encrypt = true;
+    auto t0 = createTransport("tcp", optionsFor(0, 2, cfg)).value();
+    auto t1 = createTransport("tcp", optionsFor(1, 2, cfg)).value();
+    const std::string a0 = t0->listen().value();
+    const std::string a1 = t1->listen().value();
+    Proxy proxy(a0, mutate);
+    auto setup0 = std::async(std::launch::async, [&] { return t0->connect({a0, a1}, soon(20)); });
+    ASSERT_TRUE(t1->connect({proxy.address(), a1}, soon(20)).isOk());
+    ASSERT_TRUE(setup0.get().isOk());
+
+    std::vector<uint8_t> src(4096, 0x5a), dst(4096, 0);
+    auto recv0 = t0->irecv(1, collectiveEnvelope(1, 0, src.size()), dst.data(), dst.size());
+    uint8_t later = 0;
+    auto recv1 = t1->irecv(0, collectiveEnvelope(2, 0, 1), &later, 1);
+    t1->isend(0, collectiveEnvelope(1, 0, src.size()), src.data(), src.size());
+    const Status st0 = recv0->wait(soon());
+    ASSERT_EQ(st0.code(), StatusCode::kProtocolError) << st0.toString();
+    EXPECT_NE(st0.message().find("failed authentication"), std::string::npos) << st0.message();
+    EXPECT_NE(st0.message().find("from rank 1"), std::string::npos) << st0.message();
+    const Status st1 = recv1->wait(soon());
+    ASSERT_FALSE(st1.isOk());
+    EXPECT_NE(st1.message().find("failed authentication"), std::string::npos) << st1.message();
+    EXPECT_NE(dst, src) << "tampered bytes were delivered as the message";
+  }
+};
+
+TEST_P(TamperTest, AFlippedCiphertextBitFailsBothRanks) {
+  const size_t target = kConnectorHandshakeBytes + kSealedHeaderBytes + 100;  // in the payload
+  runThrough([&](const std::string& seen, std::string& chunk) {
+    if (seen.size() <= target && target < seen.size() + chunk.size()) {
+      chunk[target - seen.size()] ^= 0x01;
+    }
+  });
+}
+
+TEST_P(TamperTest, AReplayedRecordFailsBothRanks) {
+  // The first frame's header record is sent twice: the copy arrives under the next record
+  // number and must not open.
+  const size_t from = kConnectorHandshakeBytes;
+  const size_t to = from + kSealedHeaderBytes;
+  bool done = false;
+  runThrough([&](const std::string& seen, std::string& chunk) {
+    const std::string all = seen + chunk;
+    if (!done && all.size() >= to) {
+      chunk.insert(to - seen.size(), all.substr(from, to - from));
+      done = true;
+    }
+  });
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, HandshakeTest, ::testing::Values("epoll", "uring"));
+INSTANTIATE_TEST_SUITE_P(Engines, TamperTest, ::testing::Values("epoll", "uring"));
 INSTANTIATE_TEST_SUITE_P(Engines, InsiderTest, ::testing::Values("epoll", "uring"));
 
 TEST(InterfaceSpec, FollowsNcclSyntax) {

@@ -21,12 +21,17 @@ std::vector<uint8_t> pattern(size_t n, uint32_t seed) {
 struct Param {
   std::string engine;
   int nsocks;
+  bool encrypt;  // every case runs over sealed records too (NANOCCL_ENCRYPT=1)
 };
 
 class TcpTransportTest : public ::testing::TestWithParam<Param> {
  protected:
   void SetUp() override { skipIfUnavailable(GetParam().engine); }
-  Config cfg() const { return loopbackConfig(GetParam().engine, GetParam().nsocks); }
+  Config cfg() const {
+    Config c = loopbackConfig(GetParam().engine, GetParam().nsocks);
+    c.encrypt = GetParam().encrypt;
+    return c;
+  }
 };
 
 TEST_P(TcpTransportTest, DeliversMessagesOfEverySize) {
@@ -169,7 +174,9 @@ TEST_P(TcpTransportTest, MismatchedCallsFailOnBothRanksNamingBoth) {
 }
 
 TEST_P(TcpTransportTest, ARankThatSkipsACallIsDetected) {
-  auto ts = makeMesh(2, loopbackConfig(GetParam().engine, 1));
+  Config one = cfg();
+  one.nsocks = 1;
+  auto ts = makeMesh(2, one);
   ASSERT_EQ(ts.size(), 2u);
   uint8_t x = 1, y = 0;
   // Rank 1 waits for call #4 from rank 0, but rank 0 skipped it and sends call #5.
@@ -290,14 +297,17 @@ TEST_P(TcpTransportTest, InvalidPeersAreRejectedWithoutBreakingTheTransport) {
 std::vector<Param> params() {
   std::vector<Param> out;
   for (const std::string e : {"epoll", "uring"}) {
-    for (int n : {1, 3}) out.push_back({e, n});
+    for (int n : {1, 3}) {
+      for (bool encrypt : {false, true}) out.push_back({e, n, encrypt});
+    }
   }
   return out;
 }
 
 INSTANTIATE_TEST_SUITE_P(Engines, TcpTransportTest, ::testing::ValuesIn(params()),
                          [](const ::testing::TestParamInfo<Param>& i) {
-                           return i.param.engine + "_nsocks" + std::to_string(i.param.nsocks);
+                           return i.param.engine + "_nsocks" + std::to_string(i.param.nsocks) +
+                                  (i.param.encrypt ? "_encrypted" : "");
                          });
 
 TEST(TcpTransportSetup, WorldOfOneNeedsNoSockets) {
@@ -317,6 +327,24 @@ TEST(TcpTransportSetup, DifferentSettingsAcrossRanksFailSetupNamingBoth) {
     ASSERT_EQ(st.code(), StatusCode::kMismatch) << st.toString();
     EXPECT_NE(st.message().find("nsocks=2"), std::string::npos) << st.message();
     EXPECT_NE(st.message().find("nsocks=3"), std::string::npos) << st.message();
+  }
+}
+
+TEST(TcpTransportSetup, RanksThatDisagreeAboutEncryptionFailNamingIt) {
+  std::vector<Status> statuses;
+  auto ts = makeMesh(
+      2,
+      [](int r) {
+        Config c = loopbackConfig("epoll", 1);
+        c.encrypt = r == 1;
+        return c;
+      },
+      &statuses);
+  ASSERT_EQ(statuses.size(), 2u);
+  for (const Status& st : statuses) {
+    ASSERT_EQ(st.code(), StatusCode::kMismatch) << st.toString();
+    EXPECT_NE(st.message().find("encrypt=1"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("encrypt=0"), std::string::npos) << st.message();
   }
 }
 

@@ -16,7 +16,9 @@
 #include <cstring>
 #include <new>
 
+#include "common/crypto.h"
 #include "common/logging.h"
+#include "common/secret.h"
 
 namespace nanoccl::shm {
 namespace {
@@ -171,10 +173,13 @@ Liveness probe(const ProcessIdentity& who) {
   return Liveness::kAlive;
 }
 
-void hashSecret(const std::string& secret, uint64_t out[2]) {
-  const std::string salted = "nanoccl-shm-secret/" + secret;
-  out[0] = mix(fnv1a(1469598103934665603ull, salted));
-  out[1] = mix(fnv1a(0x84222325cbf29ce4ull, salted + "/2") ^ out[0]);
+std::array<uint8_t, 32> segmentProof(const std::string& secret, const std::string& name,
+                                     const SegmentHeader& h) {
+  using crypto::bytesOf;
+  return crypto::hmac(jobKey(secret),
+                      {"nanoccl shm segment v2", name, bytesOf(h.rank), bytesOf(h.size),
+                       bytesOf(h.pid), bytesOf(h.startTime), bytesOf(h.pidNamespace),
+                       bytesOf(h.commIdHash)});
 }
 
 uint64_t Segment::bytesFor(int size) {
@@ -221,7 +226,7 @@ Result<std::unique_ptr<Segment>> Segment::create(const Identity& id) {
   int fd = -1;
   for (int attempt = 0; attempt < 4 && fd < 0; ++attempt) {
     const uint64_t tag =
-        mix(randomWord() ^ fnv1a(fnv1a(1469598103934665603ull, id.secret), id.commId));
+        mix(randomWord() ^ fnv1a(1469598103934665603ull, id.commId));
     char hex[17];
     std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(tag));
     name = std::string("/") + kNamePrefix + hex + "-" + std::to_string(id.rank) + "-" +
@@ -284,7 +289,8 @@ Result<std::unique_ptr<Segment>> Segment::create(const Identity& id) {
   h.startTime = self.startTime;
   h.pidNamespace = self.pidNamespace;
   h.commIdHash = hashCommId(id.commId);
-  hashSecret(id.secret, h.secretHash);
+  const auto proof = segmentProof(id.secret, name, h);
+  std::memcpy(h.proof, proof.data(), sizeof(h.proof));
   std::atomic_thread_fence(std::memory_order_release);
   h.magic = kSegmentMagic;
   return seg;
@@ -334,9 +340,8 @@ Result<std::unique_ptr<Segment>> Segment::attach(const std::string& name, int pe
     return protocolError(who + " is not a nanoccl segment of version " +
                          std::to_string(kSegmentVersion));
   }
-  uint64_t secret[2];
-  hashSecret(id.secret, secret);
-  if (((secret[0] ^ h.secretHash[0]) | (secret[1] ^ h.secretHash[1])) != 0) {
+  if (!crypto::equalConstantTime(segmentProof(id.secret, name, h).data(), h.proof,
+                                 sizeof(h.proof))) {
     return protocolError(who + " was not created with this job's secret: refusing to attach "
                          "(a segment of another job, or two jobs sharing one store)");
   }

@@ -20,6 +20,7 @@
 //   (called from every listen()) removes those.
 #pragma once
 
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstddef>
@@ -39,7 +40,7 @@ constexpr uint32_t kRingChunks = 8;
 constexpr uint64_t kChunkBytes = uint64_t{1} << 20;
 
 constexpr uint64_t kSegmentMagic = 0x4d48534c4343414eull;  // "NACCLSHM"
-constexpr uint32_t kSegmentVersion = 1;
+constexpr uint32_t kSegmentVersion = 2;
 constexpr const char* kNamePrefix = "nanoccl-";  // in /dev/shm, without the leading '/'
 
 enum class SegmentState : uint32_t {
@@ -92,7 +93,7 @@ struct SegmentHeader {
   uint64_t startTime;     // the creator's start time (/proc/<pid>/stat), against pid reuse
   uint64_t pidNamespace;  // the creator's pid namespace inode: pids mean nothing across them
   uint64_t commIdHash;
-  uint64_t secretHash[2];
+  uint8_t proof[32];  // segmentProof(): HMAC under the job key of the fields above and the name
   alignas(64) Doorbell bell;
   alignas(64) std::atomic<uint32_t> state;  // SegmentState
   uint32_t abortLength;
@@ -112,8 +113,12 @@ enum class Liveness { kAlive, kDead, kUnknown };
 // kUnknown across pid namespaces (the creator's pid is not ours to look up).
 Liveness probe(const ProcessIdentity& who);
 
-// Keyed digest of the job's secret stored in the header; a peer must compute the same one.
-void hashSecret(const std::string& secret, uint64_t out[2]);
+// The creator's proof that it holds the job secret (`secret`, TransportOptions::secret): an
+// HMAC under the job key of the segment's name and of who made it (rank, size, communicator,
+// pid, start time, pid namespace), so a header copied from another segment or an earlier job
+// does not verify. The secret itself is never written into shared memory.
+std::array<uint8_t, 32> segmentProof(const std::string& secret, const std::string& name,
+                                     const SegmentHeader& h);
 
 class Segment {
  public:

@@ -27,13 +27,6 @@ void tuneSocket(int fd) {
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 }
 
-bool secretsEqual(const uint8_t* a, const std::string& b, uint32_t aLen) {
-  if (aLen != b.size()) return false;
-  unsigned char diff = 0;  // constant time in the secret's bytes
-  for (size_t i = 0; i < b.size(); ++i) diff |= a[i] ^ static_cast<unsigned char>(b[i]);
-  return diff == 0;
-}
-
 std::string peerName(int fd) {
   SocketAddress a;
   a.length = sizeof(a.storage);
@@ -41,31 +34,54 @@ std::string peerName(int fd) {
   return a.toString();
 }
 
-// One connection being set up: outgoing (we send a Hello, read the HelloAck) or incoming (we
-// read a Hello, send a HelloAck).
+// One connection being set up. Outgoing: send Hello, read Challenge, send Proof, read
+// HelloAck. Incoming: read Hello, send Challenge, read Proof, send HelloAck.
 struct Pending {
-  enum class Stage { kConnecting, kSending, kReceiving, kDone } stage;
+  enum class Stage { kConnecting, kSending, kReceiving } stage;
   bool outgoing;
+  int phase = 0;    // records received so far
   int fd;
-  int peer;         // outgoing: target rank; incoming: known after the Hello
-  int socketIndex;  // outgoing: which connection; incoming: known after the Hello
-  char out[sizeof(Hello)];
+  int peer;         // outgoing: target rank; incoming: known after the Proof
+  int socketIndex;  // outgoing: which connection; incoming: known after the Proof
+  static constexpr size_t kMaxRecord = sizeof(Hello);
+  char out[kMaxRecord];
   size_t outLen = 0;
   size_t outDone = 0;
-  char in[sizeof(Hello)];
+  char in[kMaxRecord];
   size_t inLen = 0;
   size_t inDone = 0;
+  Hello hello{};          // as the connector sent it
+  Challenge challenge{};  // as the acceptor sent it
   Clock::time_point retryAt{};  // outgoing: reconnect after a refusal
 };
+static_assert(Pending::kMaxRecord >= sizeof(Challenge) && Pending::kMaxRecord >= sizeof(Proof) &&
+              Pending::kMaxRecord >= sizeof(HelloAck));
+
+template <typename T>
+void setOut(Pending& pc, const T& record) {
+  std::memcpy(pc.out, &record, sizeof(T));
+  pc.outLen = sizeof(T);
+  pc.outDone = 0;
+}
+
+template <typename T>
+void expectIn(Pending& pc) {
+  pc.inLen = sizeof(T);
+  pc.inDone = 0;
+}
+
+std::string encryptionText(uint32_t flags) {
+  return (flags & kHelloEncrypt) != 0 ? "encrypt=1" : "encrypt=0";
+}
 
 class MeshBuilder {
  public:
   MeshBuilder(const Listener& listener, const std::vector<std::string>& addresses,
               const MeshParams& p)
       : listener_(listener), addresses_(addresses), p_(p) {
-    fds_.assign(static_cast<size_t>(p.size), {});
+    links_.assign(static_cast<size_t>(p.size), {});
     for (int r = 0; r < p.size; ++r) {
-      if (r != p.rank) fds_[r].assign(static_cast<size_t>(p.nsocks), -1);
+      if (r != p.rank) links_[r].assign(static_cast<size_t>(p.nsocks), MeshLink{});
     }
   }
 
@@ -74,15 +90,15 @@ class MeshBuilder {
       if (pc.fd >= 0) close(pc.fd);
     }
     if (!success_) {
-      for (auto& row : fds_) {
-        for (int fd : row) {
-          if (fd >= 0) close(fd);
+      for (auto& row : links_) {
+        for (const MeshLink& l : row) {
+          if (l.fd >= 0) close(l.fd);
         }
       }
     }
   }
 
-  Result<std::vector<std::vector<int>>> run(const Deadline& deadline) {
+  Result<std::vector<std::vector<MeshLink>>> run(const Deadline& deadline) {
     for (int peer = 0; peer < p_.rank; ++peer) {
       NANOCCL_ASSIGN_OR_RETURN(targets_.emplace_back(), SocketAddress::parse(addresses_[peer]));
       for (int s = 0; s < p_.nsocks; ++s) NANOCCL_CHECK(startConnect(peer, s));
@@ -112,7 +128,7 @@ class MeshBuilder {
       std::erase_if(pending_, [](const Pending& pc) { return pc.fd < 0; });
     }
     success_ = true;
-    return std::move(fds_);
+    return std::move(links_);
   }
 
  private:
@@ -123,7 +139,7 @@ class MeshBuilder {
     for (int r = 0; r < p_.size; ++r) {
       if (r == p_.rank) continue;
       for (int s = 0; s < p_.nsocks; ++s) {
-        if (fds_[r][s] < 0) {
+        if (links_[r][s].fd < 0) {
           missing += std::string(missing.empty() ? "" : ", ") + std::to_string(r);
           break;
         }
@@ -131,7 +147,9 @@ class MeshBuilder {
     }
     return "rank " + std::to_string(p_.rank) + ": connection setup timed out waiting for rank(s) " +
            missing + " (listening on " + listener_.address.toString() + " via " +
-           listener_.ifname + "; check NANOCCL_SOCKET_IFNAME and that every rank started)";
+           listener_.ifname + "; check NANOCCL_SOCKET_IFNAME and that every rank started" +
+           (lastRejection_.empty() ? "" : "; last connection turned away: " + lastRejection_) +
+           ")";
   }
 
   Status startConnect(int peer, int socketIndex) {
@@ -145,20 +163,22 @@ class MeshBuilder {
     pc.fd = fd;
     pc.peer = peer;
     pc.socketIndex = socketIndex;
-    Hello h{};
+    Hello& h = pc.hello;
     h.magic = kMagic;
-    h.version = kVersion;
+    h.version = kHandshakeVersion;
     h.socketIndex = static_cast<uint16_t>(socketIndex);
     h.rank = p_.rank;
     h.size = p_.size;
     h.nsocks = p_.nsocks;
-    h.secretBytes = static_cast<uint32_t>(p_.secret.size());
+    h.flags = p_.encrypt ? kHelloEncrypt : 0;
     h.commIdHash = p_.commIdHash;
     h.stripeMinBytes = p_.stripeMinBytes;
-    std::memcpy(h.secret, p_.secret.data(), p_.secret.size());
-    std::memcpy(pc.out, &h, sizeof(h));
-    pc.outLen = sizeof(h);
-    pc.inLen = sizeof(HelloAck);
+    if (Status st = crypto::randomBytes(h.nonce, sizeof(h.nonce)); !st.isOk()) {
+      close(fd);
+      return st;
+    }
+    setOut(pc, h);
+    expectIn<Challenge>(pc);
     if (::connect(fd, reinterpret_cast<const sockaddr*>(&target.storage), target.length) == 0) {
       pc.stage = Pending::Stage::kSending;
     } else if (errno != EINPROGRESS) {
@@ -205,16 +225,21 @@ class MeshBuilder {
       pc.fd = fd;
       pc.peer = -1;
       pc.socketIndex = -1;
-      pc.inLen = sizeof(Hello);
+      expectIn<Hello>(pc);
       pending_.push_back(pc);
     }
   }
 
   void drop(Pending& pc, const std::string& why) {
-    NANOCCL_WARN("rank " << p_.rank << ": rejected a connection from " << peerName(pc.fd) << ": "
-                         << why);
+    lastRejection_ = peerName(pc.fd) + ": " + why;
+    NANOCCL_WARN("rank " << p_.rank << ": rejected a connection from " << lastRejection_);
     close(pc.fd);
     pc.fd = -1;
+  }
+
+  std::string outgoingWho(const Pending& pc) const {
+    return "rank " + std::to_string(p_.rank) + ": rank " + std::to_string(pc.peer) + " at " +
+           targets_[pc.peer].toString();
   }
 
   Status step(Pending& pc) {
@@ -242,19 +267,17 @@ class MeshBuilder {
         } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
           return Status::ok();
         } else if (pc.outgoing) {
-          return peerError("rank " + std::to_string(p_.rank) + ": rank " +
-                           std::to_string(pc.peer) + " closed the connection during setup");
+          return peerError(outgoingWho(pc) + " closed the connection during setup");
         } else {
           drop(pc, "closed before our answer was sent");
           return Status::ok();
         }
       }
-      if (pc.outgoing) {
-        pc.stage = Pending::Stage::kReceiving;
-      } else {
+      if (!pc.outgoing && pc.phase == 2) {  // the HelloAck is out
         finishIncoming(pc);
         return Status::ok();
       }
+      pc.stage = Pending::Stage::kReceiving;
     }
     if (pc.stage == Pending::Stage::kReceiving) {
       while (pc.inDone < pc.inLen) {
@@ -273,8 +296,7 @@ class MeshBuilder {
         } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
           return Status::ok();
         } else if (pc.outgoing) {
-          return peerError("rank " + std::to_string(p_.rank) + ": rank " +
-                           std::to_string(pc.peer) +
+          return peerError(outgoingWho(pc) +
                            " closed the connection during the handshake (is it running a "
                            "different job, with another secret or communicator id?)");
         } else {
@@ -282,67 +304,117 @@ class MeshBuilder {
           return Status::ok();
         }
       }
-      return pc.outgoing ? onAck(pc) : onHello(pc);
+      ++pc.phase;
+      if (pc.outgoing) return pc.phase == 1 ? onChallenge(pc) : onAck(pc);
+      return pc.phase == 1 ? onHello(pc) : onProof(pc);
     }
     return Status::ok();
+  }
+
+  // Connector: the acceptor must prove it holds the job key before we prove that we do.
+  Status onChallenge(Pending& pc) {
+    std::memcpy(&pc.challenge, pc.in, sizeof(Challenge));
+    const Challenge& c = pc.challenge;
+    const crypto::Mac expected = challengeMac(p_.jobKey, pc.hello, c);
+    if (c.magic != kMagic || c.rank != pc.peer ||
+        !crypto::equalConstantTime(expected.data(), c.mac, expected.size())) {
+      return protocolError(
+          outgoingWho(pc) + " did not prove that it holds this job's secret: the ranks hold "
+          "different secrets (NANOCCL_SECRET_FILE / NANOCCL_SECRET), or another process answers "
+          "at that address");
+    }
+    Proof proof{};
+    proof.magic = kMagic;
+    const crypto::Mac mac = proofMac(p_.jobKey, pc.hello, c);
+    std::memcpy(proof.mac, mac.data(), mac.size());
+    setOut(pc, proof);
+    expectIn<HelloAck>(pc);
+    pc.stage = Pending::Stage::kSending;
+    return step(pc);
   }
 
   Status onAck(Pending& pc) {
     HelloAck ack;
     std::memcpy(&ack, pc.in, sizeof(ack));
-    const std::string who = "rank " + std::to_string(p_.rank) + ": rank " + std::to_string(pc.peer);
+    const std::string who = outgoingWho(pc);
     if (ack.magic != kMagic) return protocolError(who + " answered the handshake with garbage");
     if (ack.verdict == HelloVerdict::kConfigMismatch) {
       return mismatchError(who + " refused the connection: settings differ (rank " +
                            std::to_string(pc.peer) + ": nsocks=" + std::to_string(ack.nsocks) +
-                           " stripe_min_bytes=" + std::to_string(ack.stripeMinBytes) + "; rank " +
-                           std::to_string(p_.rank) + ": nsocks=" + std::to_string(p_.nsocks) +
-                           " stripe_min_bytes=" + std::to_string(p_.stripeMinBytes) +
+                           " stripe_min_bytes=" + std::to_string(ack.stripeMinBytes) + " " +
+                           encryptionText(ack.flags) + "; rank " + std::to_string(p_.rank) +
+                           ": nsocks=" + std::to_string(p_.nsocks) +
+                           " stripe_min_bytes=" + std::to_string(p_.stripeMinBytes) + " " +
+                           encryptionText(pc.hello.flags) +
                            "); set the same NANOCCL_* values on every rank");
     }
     if (ack.verdict != HelloVerdict::kAccepted) {
       return protocolError(who + " refused the connection (verdict " +
                            std::to_string(static_cast<uint32_t>(ack.verdict)) + ")");
     }
-    fds_[pc.peer][pc.socketIndex] = pc.fd;
+    const SessionKeys keys = sessionKeys(p_.jobKey, pc.hello, pc.challenge);
+    links_[pc.peer][pc.socketIndex] = {pc.fd, keys.connectorToAcceptor, keys.acceptorToConnector};
     pc.fd = -1;
     ++outgoingDone_;
     return Status::ok();
   }
 
+  // Acceptor: anyone who speaks the protocol gets a Challenge; only a Proof admits them.
   Status onHello(Pending& pc) {
-    Hello h;
-    std::memcpy(&h, pc.in, sizeof(h));
-    if (h.version != kVersion) {
-      drop(pc, "handshake version " + std::to_string(h.version));
+    std::memcpy(&pc.hello, pc.in, sizeof(Hello));
+    const Hello& h = pc.hello;
+    if (h.version != kHandshakeVersion) {
+      drop(pc, "handshake version " + std::to_string(h.version) + ", expected " +
+                   std::to_string(kHandshakeVersion) + " (a different nanoccl build)");
       return Status::ok();
     }
-    if (h.secretBytes > kMaxSecretBytes || !secretsEqual(h.secret, p_.secret, h.secretBytes) ||
-        h.commIdHash != p_.commIdHash) {
-      drop(pc, "wrong secret or communicator id");
+    if (h.commIdHash != p_.commIdHash) {
+      drop(pc, "another communicator (comm id differs)");
+      return Status::ok();
+    }
+    Challenge& c = pc.challenge;
+    c.magic = kMagic;
+    c.rank = p_.rank;
+    NANOCCL_CHECK(crypto::randomBytes(c.nonce, sizeof(c.nonce)));
+    const crypto::Mac mac = challengeMac(p_.jobKey, h, c);
+    std::memcpy(c.mac, mac.data(), mac.size());
+    setOut(pc, c);
+    expectIn<Proof>(pc);
+    pc.stage = Pending::Stage::kSending;
+    return step(pc);
+  }
+
+  Status onProof(Pending& pc) {
+    Proof proof;
+    std::memcpy(&proof, pc.in, sizeof(proof));
+    const Hello& h = pc.hello;
+    const crypto::Mac expected = proofMac(p_.jobKey, h, pc.challenge);
+    if (!crypto::equalConstantTime(expected.data(), proof.mac, expected.size())) {
+      drop(pc, "no proof of the job secret (a wrong secret, or a replayed handshake)");
       return Status::ok();
     }
     // From here on the peer belongs to the job: disagreements are fatal and explained.
-    HelloAck ack{kMagic, HelloVerdict::kAccepted, p_.rank, p_.nsocks, p_.stripeMinBytes};
+    const uint32_t ourFlags = p_.encrypt ? kHelloEncrypt : 0;
+    HelloAck ack{kMagic, HelloVerdict::kAccepted, p_.rank, p_.nsocks, p_.stripeMinBytes,
+                 ourFlags, 0};
     Status fatal;
     if (h.size != p_.size || h.rank <= p_.rank || h.rank >= p_.size || h.nsocks != p_.nsocks ||
-        h.stripeMinBytes != p_.stripeMinBytes || h.socketIndex >= p_.nsocks) {
+        h.stripeMinBytes != p_.stripeMinBytes || h.socketIndex >= p_.nsocks ||
+        h.flags != ourFlags) {
       ack.verdict = HelloVerdict::kConfigMismatch;
       fatal = mismatchError(
           "rank " + std::to_string(p_.rank) + ": rank " + std::to_string(h.rank) +
           " connected with different settings (its size=" + std::to_string(h.size) +
           " nsocks=" + std::to_string(h.nsocks) +
-          " stripe_min_bytes=" + std::to_string(h.stripeMinBytes) + "; ours size=" +
-          std::to_string(p_.size) + " nsocks=" + std::to_string(p_.nsocks) +
-          " stripe_min_bytes=" + std::to_string(p_.stripeMinBytes) +
-          "); set the same NANOCCL_* values on every rank");
-    } else if (fds_[h.rank][h.socketIndex] >= 0) {
+          " stripe_min_bytes=" + std::to_string(h.stripeMinBytes) + " " +
+          encryptionText(h.flags) + "; ours size=" + std::to_string(p_.size) +
+          " nsocks=" + std::to_string(p_.nsocks) +
+          " stripe_min_bytes=" + std::to_string(p_.stripeMinBytes) + " " +
+          encryptionText(ourFlags) + "); set the same NANOCCL_* values on every rank");
+    } else if (links_[h.rank][h.socketIndex].fd >= 0) {
       ack.verdict = HelloVerdict::kDuplicate;
     }
-    pc.peer = h.rank;
-    pc.socketIndex = h.socketIndex;
-    std::memcpy(pc.out, &ack, sizeof(ack));
-    pc.outLen = sizeof(ack);
+    setOut(pc, ack);
     pc.stage = Pending::Stage::kSending;
     if (!fatal.isOk()) {
       // Best effort: tell the peer why, then fail.
@@ -354,11 +426,14 @@ class MeshBuilder {
       drop(pc, "duplicate connection from rank " + std::to_string(h.rank));
       return Status::ok();
     }
+    pc.peer = h.rank;
+    pc.socketIndex = h.socketIndex;
     return step(pc);
   }
 
   void finishIncoming(Pending& pc) {
-    fds_[pc.peer][pc.socketIndex] = pc.fd;
+    const SessionKeys keys = sessionKeys(p_.jobKey, pc.hello, pc.challenge);
+    links_[pc.peer][pc.socketIndex] = {pc.fd, keys.acceptorToConnector, keys.connectorToAcceptor};
     pc.fd = -1;
     ++incomingDone_;
   }
@@ -369,7 +444,8 @@ class MeshBuilder {
   std::vector<SocketAddress> targets_;
   std::vector<Pending> pending_;
   std::vector<std::tuple<int, int, Clock::time_point>> refused_;
-  std::vector<std::vector<int>> fds_;
+  std::vector<std::vector<MeshLink>> links_;
+  std::string lastRejection_;
   int outgoingDone_ = 0;
   int incomingDone_ = 0;
   int expectedIncoming_ = 0;
@@ -398,16 +474,13 @@ Result<Listener> openListener(const std::string& ifnameSpec) {
   return l;
 }
 
-Result<std::vector<std::vector<int>>> buildMesh(const Listener& listener,
-                                                const std::vector<std::string>& addresses,
-                                                const MeshParams& params,
-                                                const Deadline& deadline) {
+Result<std::vector<std::vector<MeshLink>>> buildMesh(const Listener& listener,
+                                                     const std::vector<std::string>& addresses,
+                                                     const MeshParams& params,
+                                                     const Deadline& deadline) {
   if (static_cast<int>(addresses.size()) != params.size) {
     return invalidArgument("buildMesh: " + std::to_string(addresses.size()) +
                            " addresses for " + std::to_string(params.size) + " ranks");
-  }
-  if (params.secret.size() > kMaxSecretBytes) {
-    return invalidArgument("job secret longer than " + std::to_string(kMaxSecretBytes) + " bytes");
   }
   MeshBuilder builder(listener, addresses, params);
   return builder.run(deadline);

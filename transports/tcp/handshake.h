@@ -2,16 +2,18 @@
 //
 // Rank r connects nsocks times to every rank below it and accepts nsocks connections from
 // every rank above it, all in one poll() loop on the calling thread (no helper threads). A
-// connection is admitted only after its Hello presents the job's secret and communicator id:
-// a stranger, garbage, or a connection that says nothing is closed (logged) and setup goes
-// on; a member of the job whose settings differ (nsocks, stripe size, size) fails setup with
-// an error that names both ranks' values. Nothing read from an unauthenticated connection is
-// used to size an allocation.
+// connection is admitted only after both sides proved they hold the job key by challenge-
+// response over fresh nonces (wire.h), and the communicator id matches: a stranger, garbage,
+// a replayed handshake, or a connection that says nothing is closed (logged) and setup goes
+// on; a member of the job whose settings differ (nsocks, stripe size, size, encryption) fails
+// setup with an error that names both ranks' values. Nothing read from an unauthenticated
+// connection is used to size an allocation.
 #pragma once
 
 #include <string>
 #include <vector>
 
+#include "common/crypto.h"
 #include "common/deadline.h"
 #include "common/status.h"
 #include "transports/tcp/address.h"
@@ -33,14 +35,22 @@ struct MeshParams {
   int nsocks = 1;
   uint64_t stripeMinBytes = 0;
   uint64_t commIdHash = 0;
-  std::string secret;
+  crypto::Key jobKey{};  // common/secret.h
+  bool encrypt = false;  // must agree on every rank
 };
 
-// Builds the mesh; returns fds[peer][socketIndex] (connected, non-blocking, TCP_NODELAY;
-// fds[rank] is empty). Closes everything it opened on failure.
-Result<std::vector<std::vector<int>>> buildMesh(const Listener& listener,
-                                                const std::vector<std::string>& addresses,
-                                                const MeshParams& params,
-                                                const Deadline& deadline);
+// One connection of the mesh and the keys this rank seals (tx) and opens (rx) records with.
+struct MeshLink {
+  int fd = -1;
+  crypto::Key txKey{};
+  crypto::Key rxKey{};
+};
+
+// Builds the mesh; returns links[peer][socketIndex] (connected, non-blocking, TCP_NODELAY;
+// links[rank] is empty). Closes everything it opened on failure.
+Result<std::vector<std::vector<MeshLink>>> buildMesh(const Listener& listener,
+                                                     const std::vector<std::string>& addresses,
+                                                     const MeshParams& params,
+                                                     const Deadline& deadline);
 
 }  // namespace nanoccl::tcp

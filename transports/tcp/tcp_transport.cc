@@ -9,9 +9,12 @@
 #include <map>
 #include <mutex>
 #include <new>
+#include <optional>
 #include <vector>
 
+#include "common/crypto.h"
 #include "common/logging.h"
+#include "common/secret.h"
 #include "transports/request.h"
 #include "transports/tcp/handshake.h"
 #include "transports/tcp/socket_ops.h"
@@ -22,6 +25,17 @@ namespace {
 
 constexpr int kMaxSocketsPerPeer = 64;  // stripes are tracked in a 64-bit mask
 constexpr uint64_t kStripeAlign = 4096;
+
+// Encryption (NANOCCL_ENCRYPT=1): every frame travels as sealed records, its header as one
+// record of sizeof(FrameHeader) bytes and its payload as records of at most kRecordBytes, each
+// followed by its GCM tag; each direction of each connection has its own key (from the
+// handshake) and record counter (crypto::Aead). A send seals up to kRecordsPerSend records into
+// the connection's staging buffer while the previous ones drain from the socket buffer; a
+// receive takes one record into staging and opens it into the message's buffer.
+constexpr uint64_t kRecordBytes = 256 * 1024;
+constexpr uint64_t kRecordsPerSend = 2;
+constexpr uint64_t kSealedHeaderBytes = sizeof(FrameHeader) + crypto::kTagBytes;
+static_assert(kMaxAbortText <= kRecordBytes, "an abort text is one record");
 
 class TcpRequest : public BasicRequest {
  public:
@@ -63,8 +77,10 @@ struct MsgKey {
 struct OutFrame {
   FrameHeader hdr;
   const char* payload;
-  RequestPtr req;         // null for abort frames
-  std::string ownedText;  // abort text
+  RequestPtr req;
+  // Encrypted connections: how much of the frame is sealed (and posted) so far.
+  bool headerSealed = false;
+  uint64_t payloadSealed = 0;
 };
 
 struct Conn;
@@ -90,6 +106,14 @@ struct Conn {
   // Send side.
   std::deque<OutFrame> queue;
   bool sendInFlight = false;
+  // Encryption: set when the job encrypts (see kRecordBytes).
+  std::optional<crypto::Aead> tx;
+  std::optional<crypto::Aead> rx;
+  std::vector<char> txStage;
+  std::vector<char> rxStage;
+  char* rxDest = nullptr;    // where the record being received opens to
+  uint64_t rxRecord = 0;     // its payload bytes
+  uint64_t rxLeft = 0;       // payload bytes of the frame still to come after it
 };
 
 enum class CommandKind { kSend, kRecv, kAbort, kStop };
@@ -137,18 +161,27 @@ class TcpTransport : public Transport {
       mp.nsocks = o_.config.nsocks;
       mp.stripeMinBytes = o_.config.stripeMinBytes;
       mp.commIdHash = hashCommId(o_.commId);
-      mp.secret = o_.secret;
-      NANOCCL_ASSIGN_OR_RETURN(auto fds, buildMesh(listener_, addresses, mp, deadline));
+      mp.jobKey = jobKey(o_.secret);
+      mp.encrypt = o_.config.encrypt;
+      NANOCCL_ASSIGN_OR_RETURN(auto links, buildMesh(listener_, addresses, mp, deadline));
       // Setup is over: strangers now meet a closed port.
       close(listener_.fd);
       listener_.fd = -1;
       for (int p = 0; p < o_.size; ++p) {
-        for (int s = 0; s < static_cast<int>(fds[p].size()); ++s) {
+        for (int s = 0; s < static_cast<int>(links[p].size()); ++s) {
           auto c = std::make_unique<Conn>();
-          c->fd = fds[p][s];
+          c->fd = links[p][s].fd;
           c->peer = p;
           c->index = s;
           peers_[p].push_back(std::move(c));
+          if (o_.config.encrypt) {
+            Conn& conn = *peers_[p].back();
+            NANOCCL_ASSIGN_OR_RETURN(conn.tx, crypto::Aead::create(links[p][s].txKey));
+            NANOCCL_ASSIGN_OR_RETURN(conn.rx, crypto::Aead::create(links[p][s].rxKey));
+            conn.txStage.resize(kSealedHeaderBytes +
+                                kRecordsPerSend * (kRecordBytes + crypto::kTagBytes));
+            conn.rxStage.resize(kRecordBytes + crypto::kTagBytes);
+          }
         }
       }
       for (auto& row : peers_) {
@@ -205,7 +238,7 @@ class TcpTransport : public Transport {
 
   std::string describe() const override {
     return std::string("tcp/") + (engine_ ? engine_->name() : "?") + " x" +
-           std::to_string(o_.config.nsocks) +
+           std::to_string(o_.config.nsocks) + (o_.config.encrypt ? " encrypted" : "") +
            (listener_.ifname.empty() ? "" : " via " + listener_.ifname);
   }
 
@@ -299,11 +332,36 @@ class TcpTransport : public Transport {
     OutFrame& f = c.queue.front();
     iovec iov[2] = {{&f.hdr, sizeof(f.hdr)},
                     {const_cast<char*>(f.payload), static_cast<size_t>(f.hdr.length)}};
+    int iovcnt = 2;
+    if (c.tx) {
+      Result<size_t> sealed = sealNext(c, f);
+      if (!sealed.isOk()) return fail(sealed.status(), true);
+      iov[0] = {c.txStage.data(), sealed.value()};
+      iovcnt = 1;
+    }
     c.sendInFlight = true;
-    if (Status st = engine_->postSend(c.fd, iov, 2, &c.sendCookie); !st.isOk()) {
+    if (Status st = engine_->postSend(c.fd, iov, iovcnt, &c.sendCookie); !st.isOk()) {
       c.sendInFlight = false;
       fail(st, true);
     }
+  }
+
+  // Seals the frame's next records (its header first) into c.txStage; returns their bytes.
+  Result<size_t> sealNext(Conn& c, OutFrame& f) {
+    char* out = c.txStage.data();
+    size_t len = 0;
+    if (!f.headerSealed) {
+      NANOCCL_CHECK(c.tx->seal(&f.hdr, sizeof(f.hdr), out));
+      len += kSealedHeaderBytes;
+      f.headerSealed = true;
+    }
+    for (uint64_t i = 0; i < kRecordsPerSend && f.payloadSealed < f.hdr.length; ++i) {
+      const uint64_t n = std::min(kRecordBytes, f.hdr.length - f.payloadSealed);
+      NANOCCL_CHECK(c.tx->seal(f.payload + f.payloadSealed, n, out + len));
+      len += n + crypto::kTagBytes;
+      f.payloadSealed += n;
+    }
+    return len;
   }
 
   void startRecv(const RequestPtr& req) {
@@ -388,19 +446,44 @@ class TcpTransport : public Transport {
     if (!failed_.isOk()) return;
     c.stage = Conn::Stage::kHeader;
     c.target.reset();
-    c.recvInFlight = true;
-    if (Status st = engine_->postRecv(c.fd, &c.hdr, sizeof(c.hdr), &c.recvCookie); !st.isOk()) {
-      c.recvInFlight = false;
-      fail(st, true);
-    }
+    if (c.rx) return postRecv(c, c.rxStage.data(), kSealedHeaderBytes);
+    postRecv(c, &c.hdr, sizeof(c.hdr));
   }
 
   void postPayloadRecv(Conn& c, char* dest, uint64_t len) {
+    if (!c.rx) return postRecv(c, dest, len);
+    c.rxDest = dest;
+    c.rxLeft = len;
+    postNextRecord(c);
+  }
+
+  void postNextRecord(Conn& c) {
+    c.rxRecord = std::min(kRecordBytes, c.rxLeft);
+    c.rxLeft -= c.rxRecord;
+    postRecv(c, c.rxStage.data(), c.rxRecord + crypto::kTagBytes);
+  }
+
+  void postRecv(Conn& c, void* dest, uint64_t len) {
     c.recvInFlight = true;
     if (Status st = engine_->postRecv(c.fd, dest, len, &c.recvCookie); !st.isOk()) {
       c.recvInFlight = false;
       fail(st, true);
     }
+  }
+
+  // Opens the record that just arrived on an encrypted connection: the frame header, or the
+  // next piece of a payload. A record that fails its tag fails the transport.
+  Status openRecord(Conn& c) {
+    Status st = c.stage == Conn::Stage::kHeader
+                    ? c.rx->open(c.rxStage.data(), sizeof(c.hdr), &c.hdr)
+                    : c.rx->open(c.rxStage.data(), c.rxRecord, c.rxDest);
+    if (!st.isOk()) {
+      return protocolError("rank " + std::to_string(o_.rank) + ": from rank " +
+                           std::to_string(c.peer) + " (connection " + std::to_string(c.index) +
+                           "): " + st.message() + "; the receive fails rather than deliver it");
+    }
+    if (c.stage != Conn::Stage::kHeader) c.rxDest += c.rxRecord;
+    return Status::ok();
   }
 
   void onCompletion(const IoCompletion& ev) {
@@ -416,6 +499,10 @@ class TcpTransport : public Transport {
 
   void onSendDone(Conn& c, int64_t result) {
     c.sendInFlight = false;
+    if (c.tx && result > 0 && failed_.isOk() &&
+        c.queue.front().payloadSealed < c.queue.front().hdr.length) {
+      return kickSend(c);  // the frame's next records
+    }
     OutFrame f = std::move(c.queue.front());
     c.queue.pop_front();
     if (!failed_.isOk()) {
@@ -448,14 +535,24 @@ class TcpTransport : public Transport {
     }
     if (result == 0 && c.stage == Conn::Stage::kHeader) return onOrderlyClose(c);
     if (result <= 0) return fail(connectionError(c, result), true);
+    if (c.rx) {
+      if (Status st = openRecord(c); !st.isOk()) return fail(st, true);
+      if (c.stage != Conn::Stage::kHeader && c.rxLeft > 0) {
+        c.target = std::move(target);
+        return postNextRecord(c);
+      }
+    }
     switch (c.stage) {
       case Conn::Stage::kHeader: return onHeader(c);
       case Conn::Stage::kPayload: return onPayload(c, target);
-      case Conn::Stage::kAbortText:
-        return fail(peerError("rank " + std::to_string(o_.rank) + ": rank " +
-                              std::to_string(c.peer) + " failed: " + c.abortText),
-                    true);
+      case Conn::Stage::kAbortText: return onAbortText(c);
     }
+  }
+
+  void onAbortText(const Conn& c) {
+    fail(peerError("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(c.peer) +
+                   " failed: " + c.abortText),
+         true);
   }
 
   void onHeader(Conn& c) {
@@ -468,7 +565,7 @@ class TcpTransport : public Transport {
     if (h.kind == FrameKind::kAbort) {
       c.stage = Conn::Stage::kAbortText;
       c.abortText.assign(h.length, '\0');
-      if (h.length == 0) return onRecvDone(c, 1);
+      if (h.length == 0) return onAbortText(c);
       return postPayloadRecv(c, c.abortText.data(), h.length);
     }
     InMsgPtr msg;
@@ -716,9 +813,23 @@ class TcpTransport : public Transport {
           h.kind = FrameKind::kAbort;
           h.total = h.length = text.size();
           iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(text.data()), text.size()}};
+          size_t iovlen = 2;
+          std::string sealed;  // header and text records, on an encrypted connection
+          if (c->tx) {
+            sealed.resize(kSealedHeaderBytes + text.size() + crypto::kTagBytes);
+            if (!c->tx->seal(&h, sizeof(h), sealed.data()).isOk() ||
+                (!text.empty() &&
+                 !c->tx->seal(text.data(), text.size(), sealed.data() + kSealedHeaderBytes)
+                      .isOk())) {
+              continue;
+            }
+            if (text.empty()) sealed.resize(kSealedHeaderBytes);
+            iov[0] = {sealed.data(), sealed.size()};
+            iovlen = 1;
+          }
           msghdr m{};
           m.msg_iov = iov;
-          m.msg_iovlen = 2;
+          m.msg_iovlen = iovlen;
           [[maybe_unused]] ssize_t n = sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
         }
       }

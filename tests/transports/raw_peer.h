@@ -1,0 +1,105 @@
+// A raw peer for tests: plays the connecting side of the TCP handshake (transports/tcp/
+// wire.h) over a plain socket, as a stranger, an impostor or a replayer would.
+#pragma once
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <optional>
+#include <string>
+
+#include "common/crypto.h"
+#include "common/secret.h"
+#include "transports/frame.h"
+#include "transports/tcp/address.h"
+#include "transports/tcp/wire.h"
+
+namespace nanoccl::testing {
+
+inline int dial(const std::string& address) {
+  auto a = tcp::SocketAddress::parse(address);
+  EXPECT_TRUE(a.isOk());
+  const int fd = socket(a->family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
+  EXPECT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&a->storage), a->length), 0);
+  return fd;
+}
+
+// Whether the other side closed `fd` within `ms` (a read returns 0 or an error).
+inline bool closedByPeer(int fd, int ms = 5000) {
+  pollfd p{fd, POLLIN, 0};
+  if (poll(&p, 1, ms) <= 0) return false;
+  char b[256];
+  return recv(fd, b, sizeof(b), 0) <= 0;
+}
+
+inline crypto::Key keyOf(const std::string& secret) { return jobKey(secret); }
+
+inline tcp::Hello helloFor(int rank, int size, int nsocks = 1, int socket = 0, uint32_t flags = 0,
+                           const std::string& commId = "test-comm") {
+  tcp::Hello h{};
+  h.magic = kMagic;
+  h.version = tcp::kHandshakeVersion;
+  h.socketIndex = static_cast<uint16_t>(socket);
+  h.rank = rank;
+  h.size = size;
+  h.nsocks = nsocks;
+  h.flags = flags;
+  h.commIdHash = hashCommId(commId);
+  h.stripeMinBytes = 64 * 1024;
+  EXPECT_TRUE(crypto::randomBytes(h.nonce, sizeof(h.nonce)).isOk());
+  return h;
+}
+
+inline bool sendAll(int fd, const void* p, size_t n) {
+  return send(fd, p, n, MSG_NOSIGNAL) == static_cast<ssize_t>(n);
+}
+
+inline bool recvAll(int fd, void* p, size_t n, int ms = 5000) {
+  pollfd pf{fd, POLLIN, 0};
+  if (poll(&pf, 1, ms) <= 0) return false;
+  return recv(fd, p, n, MSG_WAITALL) == static_cast<ssize_t>(n);
+}
+
+// What a raw connector saw of the handshake it played (handshake()).
+struct Played {
+  bool acceptorProved = false;   // the Challenge's MAC verified under our key
+  std::optional<tcp::HelloAck> ack;   // none: the acceptor closed the connection instead
+  std::string sent;              // every byte we sent (Hello, Proof), for replays
+};
+
+// Plays the connector's side of the handshake on `fd` under `key`: Hello, Challenge, Proof,
+// HelloAck. A `replay` of an earlier transcript is sent instead of a fresh Hello and Proof.
+inline Played handshake(int fd, const tcp::Hello& h, const crypto::Key& key,
+                 const std::string& replay = "") {
+  Played out;
+  const std::string hello = replay.empty() ? std::string(reinterpret_cast<const char*>(&h),
+                                                         sizeof(h))
+                                           : replay.substr(0, sizeof(tcp::Hello));
+  if (!sendAll(fd, hello.data(), hello.size())) return out;
+  out.sent += hello;
+  tcp::Challenge c{};
+  if (!recvAll(fd, &c, sizeof(c))) return out;
+  tcp::Hello sentHello;
+  std::memcpy(&sentHello, hello.data(), sizeof(sentHello));
+  const crypto::Mac expected = tcp::challengeMac(key, sentHello, c);
+  out.acceptorProved = crypto::equalConstantTime(expected.data(), c.mac, expected.size());
+  tcp::Proof proof{};
+  proof.magic = kMagic;
+  const crypto::Mac mac = tcp::proofMac(key, sentHello, c);
+  std::memcpy(proof.mac, mac.data(), mac.size());
+  std::string p(reinterpret_cast<const char*>(&proof), sizeof(proof));
+  if (!replay.empty()) p = replay.substr(sizeof(tcp::Hello), sizeof(tcp::Proof));
+  if (!sendAll(fd, p.data(), p.size())) return out;
+  out.sent += p;
+  tcp::HelloAck ack{};
+  if (recvAll(fd, &ack, sizeof(ack))) out.ack = ack;
+  return out;
+}
+
+}  // namespace nanoccl::testing
