@@ -22,3 +22,16 @@ def perf() -> ModuleType:
 @pytest.fixture(scope="session")
 def emucluster() -> ModuleType:
     return load_module("emucluster", BENCH / "emucluster.py")
+
+
+@pytest.fixture
+def can_make_namespaces(emucluster: ModuleType) -> None:
+    probe = emucluster.EmuCluster(nodes=1, rate="none")
+    try:
+        probe.up()
+    except emucluster.NoPrivilegeError as exc:
+        pytest.skip(f"cannot create network namespaces here: {exc}")
+    except emucluster.EmuClusterError as exc:
+        pytest.skip(f"cannot build the emulated cluster here: {exc}")
+    finally:
+        probe.down()

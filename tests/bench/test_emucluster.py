@@ -48,19 +48,6 @@ def _namespaces(prefix: str) -> list[str]:
             if line.strip() and line.startswith(prefix)]
 
 
-@pytest.fixture
-def can_make_namespaces(emucluster: ModuleType) -> None:
-    probe = emucluster.EmuCluster(nodes=1, rate="none")
-    try:
-        probe.up()
-    except emucluster.NoPrivilegeError as exc:
-        pytest.skip(f"cannot create network namespaces here: {exc}")
-    except emucluster.EmuClusterError as exc:
-        pytest.skip(f"cannot build the emulated cluster here: {exc}")
-    finally:
-        probe.down()
-
-
 def test_parse_rate(emucluster: ModuleType) -> None:
     assert emucluster.parse_rate("1gbit") == 10**9
     assert emucluster.parse_rate("100mbit") == 10**8

@@ -77,6 +77,11 @@ class Options:
     (``compression_min_bytes``, default 1 MiB); everything else stays lossless. Every rank
     ends with the same result. For error feedback use :mod:`nanoccl.hooks` or
     :func:`allreduce_compressed`.
+
+    ``secret_file`` names a file only the job's user can read holding the job secret (see the
+    README's "Security" section): nothing secret then goes into the store. ``encrypt=True``
+    encrypts every byte on TCP connections (AES-256-GCM, keys per connection). Both must be
+    the same on every rank.
     """
 
     def __init__(
@@ -95,6 +100,8 @@ class Options:
         compression: str | None = None,
         min_bytes: int | None = None,
         compression_block: int | None = None,
+        secret_file: str | None = None,
+        encrypt: bool | None = None,
         **more: SettingValue,
     ) -> None:
         self._settings: dict[str, str] = {}
@@ -112,6 +119,8 @@ class Options:
             "compression": compression,
             "compression_min_bytes": min_bytes,
             "compression_block": compression_block,
+            "secret_file": secret_file,
+            "encrypt": encrypt,
         }
         for name, value in {**named, **more}.items():
             if value is not None:
@@ -141,7 +150,8 @@ class Options:
         raise AttributeError(f"nanoccl.Options has no setting {name!r} set")
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{k}={v!r}" for k, v in self._settings.items())
+        inner = ", ".join(f"{k}={'(set)' if k == 'secret' else v!r}"
+                          for k, v in self._settings.items())
         return f"nanoccl.Options({inner})"
 
     def __eq__(self, other: object) -> bool:

@@ -617,6 +617,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "against the codec's error bound")
     p.add_argument("--block-size", type=int, default=0,
                    help="with --compression int8/int4: elements per scale (0: the codec's)")
+    p.add_argument("--encrypt", action="store_true",
+                   help="the nanoccl side encrypts its TCP bytes (Options(encrypt=True)); "
+                        "with --ab nanoccl the reference side stays plaintext")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"),
                    help="tensor device (auto: cuda when a backend is nccl and CUDA is there)")
     p.add_argument("--timeout", type=float, default=300.0,
@@ -685,24 +688,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     if device.type == "cuda":
         torch.cuda.set_device(local_rank)
         device = torch.device("cuda", local_rank)
-    if args.ab and args.ab == backend:
+    if args.ab and args.ab == backend and not args.encrypt and \
+            args.compression in (None, "none"):
         notes.append(f"--ab {args.ab} equals --backend: both sides run {backend} "
                      "(the ratio shows run-to-run noise)")
 
     timeout = datetime.timedelta(seconds=args.timeout)
     pg_options = None
     codec = args.compression if args.compression not in (None, "none") else None
+    settings: dict[str, Any] = {}
     if codec is not None:
+        settings.update(compression=codec, min_bytes=0, compression_block=args.block_size)
+    if args.encrypt:
+        settings["encrypt"] = True
+    if settings:
         if backend != "nanoccl":
-            parser.error("--compression needs --backend nanoccl")
+            parser.error("--compression and --encrypt need --backend nanoccl")
         import nanoccl
-        pg_options = nanoccl.Options(compression=codec, min_bytes=0,
-                                     compression_block=args.block_size)
+        pg_options = nanoccl.Options(**settings)
     dist.init_process_group(backend=backend, timeout=timeout, pg_options=pg_options,
                             device_id=device if device.type == "cuda" else None)
     try:
         ctrl = dist.new_group(backend="gloo", timeout=timeout)
-        label = backend if codec is None else f"{backend}+{codec}"
+        label = backend + (f"+{codec}" if codec else "") + ("+aes" if args.encrypt else "")
         sides = [Side(label, backend, dist.group.WORLD, codec)]
         if args.ab:
             label_b = args.ab if args.ab != backend else f"{args.ab}(ref)"

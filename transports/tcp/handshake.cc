@@ -300,7 +300,10 @@ class MeshBuilder {
                            " closed the connection during the handshake (is it running a "
                            "different job, with another secret or communicator id?)");
         } else {
-          drop(pc, "closed during the handshake");
+          // After our Challenge, a peer that cannot verify it (another secret) hangs up.
+          drop(pc, pc.phase == 0 ? "closed during the handshake"
+                                 : "closed after our challenge instead of proving the job "
+                                   "secret (a rank holding a different secret, or a stranger)");
           return Status::ok();
         }
       }
