@@ -1,6 +1,9 @@
 #include "common/config.h"
 
 #include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
 #include <stdlib.h>
 
 #include <map>
@@ -208,10 +211,30 @@ TEST(ConfigTest, SetRejectsUnknownNamesListingTheKnownOnes) {
   EXPECT_FALSE(c.set("", "1").isOk());
 }
 
-TEST(ConfigTest, LogOnceIsHarmless) {
-  const Config c;
-  c.logOnce();
-  c.logOnce();
+TEST(ConfigTest, LogOncePrintsTheConfigurationOncePerProcessAtInfo) {
+  // In a fresh process (the level is read once, the line printed once per process).
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(
+      {
+        setenv("NANOCCL_DEBUG", "INFO", 1);
+        Config c;
+        c.secret = "never-print-this-secret";
+        ::testing::internal::CaptureStderr();
+        c.logOnce();
+        c.logOnce();
+        Config().logOnce();
+        const std::string out = ::testing::internal::GetCapturedStderr();
+        size_t lines = 0;
+        for (size_t at = out.find("configuration:"); at != std::string::npos;
+             at = out.find("configuration:", at + 1)) {
+          ++lines;
+        }
+        const bool ok = lines == 1 && out.find("nsocks=2") != std::string::npos &&
+                        out.find("never-print") == std::string::npos;
+        std::fprintf(stderr, "%s", ok ? "" : out.c_str());
+        std::exit(ok ? 0 : 1);
+      },
+      ::testing::ExitedWithCode(0), "");
 }
 
 TEST(ConfigTest, IntegersOutOfRangeOrPaddedAreRejectedNotTruncated) {
