@@ -13,6 +13,10 @@
 #include "common/logging.h"
 #include "common/reduce_internal.h"
 
+#if NANOCCL_REDUCE_X86
+#include <cpuid.h>
+#endif
+
 namespace nanoccl {
 namespace reduce_internal {
 namespace {
@@ -105,6 +109,19 @@ bool isaCompiled(Isa isa) {
 #endif
 }
 
+#if NANOCCL_REDUCE_X86
+// clang before 16 knows no "f16c" for __builtin_cpu_supports (the fuzz build uses clang 14):
+// read the CPUID bit there.
+bool hasF16c() {
+#if defined(__clang__)
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(1, &a, &b, &c, &d) != 0 && (c & bit_F16C) != 0;
+#else
+  return __builtin_cpu_supports("f16c");
+#endif
+}
+#endif
+
 bool cpuSupports(Isa isa) {
   switch (isa) {
     case Isa::kScalar:
@@ -113,8 +130,7 @@ bool cpuSupports(Isa isa) {
     // __builtin_cpu_supports also checks that the OS saves the wider registers (XCR0).
     case Isa::kAvx2:
       __builtin_cpu_init();
-      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-             __builtin_cpu_supports("f16c");
+      return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && hasF16c();
     case Isa::kAvx512:
       return cpuSupports(Isa::kAvx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512dq");

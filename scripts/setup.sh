@@ -32,6 +32,7 @@ APT_PACKAGES=(
   libgtest-dev libgmock-dev libbenchmark-dev      # C++ tests and microbenchmarks
   iproute2 tcpdump                                # ip netns / tc for the emulated cluster; captures
   libssl-dev                                      # libcrypto: HMAC and AES-GCM
+  clang libclang-rt-14-dev                        # libFuzzer targets (scripts/fuzz.sh)
 )
 # Python packages besides torch (tests, plots, building the extension module).
 PY_PACKAGES=(numpy pytest pytest-timeout matplotlib pybind11 scikit-build-core ninja)

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of nanoccl: scripts/setup.sh (idempotent), then the C++ suites (GoogleTest,
-# through ctest) and the Python suites (pytest: tests/torch, tests/bench, tests/study). Exits
+# through ctest), the fuzz targets (scripts/fuzz.sh: libFuzzer, ASan + UBSan, a bounded time
+# each) and the Python suites (pytest: tests/torch, tests/bench, tests/study). Exits
 # non-zero if anything failed; the last line is the summary, "test.sh: N passed, N failed, N skipped".
 set -uo pipefail
 
@@ -38,6 +39,19 @@ fi
 cpp_passed=$((cpp_total - cpp_failed - cpp_skipped))
 ((cpp_passed < 0)) && cpp_passed=0
 
+# ---- Fuzz --------------------------------------------------------------------------------
+# libFuzzer targets (tests/fuzz/), ASan + UBSan, a bounded time each (scripts/fuzz.sh).
+echo "test.sh: fuzz targets (scripts/fuzz.sh, ${NANOCCL_FUZZ_SECONDS:-20} s each)"
+FUZZ_LOG="$BUILD_DIR/fuzz-summary.log"
+scripts/fuzz.sh 2>&1 | tee "$FUZZ_LOG"
+fuzz_rc=${PIPESTATUS[0]}
+fuzz_line="$(grep -E '^fuzz.sh: [0-9]+ passed' "$FUZZ_LOG" | tail -n 1)"
+fuzz_count() { if [[ $fuzz_line =~ ([0-9]+)\ $1 ]]; then echo "${BASH_REMATCH[1]}"; else echo 0; fi; }
+fuzz_passed=$(fuzz_count passed)
+fuzz_failed=$(fuzz_count failed)
+fuzz_skipped=$(fuzz_count skipped)
+((fuzz_rc != 0 && fuzz_failed == 0)) && fuzz_failed=1
+
 # ---- Python ------------------------------------------------------------------------------
 py_rc=0 py_passed=0 py_failed=0 py_skipped=0 py_note=""
 PY_SUITES=(tests/torch tests/bench tests/study)
@@ -67,9 +81,11 @@ fi
 
 elapsed=$(($(date +%s) - START))
 status=PASS
-((cpp_rc != 0 || py_rc != 0)) && status=FAIL
+((cpp_rc != 0 || fuzz_rc != 0 || py_rc != 0)) && status=FAIL
 echo "test.sh: $status in ${elapsed} s; C++: $cpp_passed passed, $cpp_failed failed," \
-  "$cpp_skipped skipped; Python: $py_passed passed, $py_failed failed, $py_skipped skipped$py_note"
-echo "test.sh: $((cpp_passed + py_passed)) passed, $((cpp_failed + py_failed)) failed," \
-  "$((cpp_skipped + py_skipped)) skipped"
+  "$cpp_skipped skipped; fuzz: $fuzz_passed passed, $fuzz_failed failed, $fuzz_skipped" \
+  "skipped; Python: $py_passed passed, $py_failed failed, $py_skipped skipped$py_note"
+echo "test.sh: $((cpp_passed + fuzz_passed + py_passed)) passed," \
+  "$((cpp_failed + fuzz_failed + py_failed)) failed," \
+  "$((cpp_skipped + fuzz_skipped + py_skipped)) skipped"
 [[ $status == PASS ]]
