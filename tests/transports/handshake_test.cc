@@ -389,6 +389,42 @@ TEST_P(TamperTest, AReplayedRecordFailsBothRanks) {
   });
 }
 
+// A failing rank sends its reason only on idle connections; a busy one just closes. Rank 0
+// waits on ranks 1 and 2; rank 1's connection closes with no reason, and a moment later rank 2
+// sends one: both receives fail with that reason, not with "closed its connection".
+TEST_P(InsiderTest, AReasonOnAnotherStreamWinsOverABareClose) {
+  cfg_ = loopbackConfig(GetParam(), 1);
+  t0_ = createTransport("tcp", optionsFor(0, 3, cfg_)).value();
+  const std::string a0 = t0_->listen().value();
+  auto setup = std::async(std::launch::async, [&] {
+    return t0_->connect({a0, "127.0.0.1:1", "127.0.0.1:2"}, soon(20));
+  });
+  const int fd1 = dial(a0);
+  ASSERT_TRUE(handshake(fd1, helloFor(1, 3), keyOf("test-secret")).ack.has_value());
+  const int fd2 = dial(a0);
+  ASSERT_TRUE(handshake(fd2, helloFor(2, 3), keyOf("test-secret")).ack.has_value());
+  ASSERT_TRUE(setup.get().isOk());
+  uint8_t b1 = 0, b2 = 0;
+  auto r1 = t0_->irecv(1, collectiveEnvelope(1, 0, 1), &b1, 1);
+  auto r2 = t0_->irecv(2, collectiveEnvelope(1, 0, 1), &b2, 1);
+  close(fd1);  // no reason given
+  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  const std::string text = "rank 2: the real reason";
+  FrameHeader h{};
+  h.magic = kMagic;
+  h.version = kVersion;
+  h.kind = FrameKind::kAbort;
+  h.total = h.length = text.size();
+  ASSERT_TRUE(sendAll(fd2, &h, sizeof(h)));
+  ASSERT_TRUE(sendAll(fd2, text.data(), text.size()));
+  for (auto* r : {&r1, &r2}) {
+    const Status st = (*r)->wait(soon());
+    ASSERT_EQ(st.code(), StatusCode::kPeerError) << st.toString();
+    EXPECT_NE(st.message().find("the real reason"), std::string::npos) << st.message();
+  }
+  close(fd2);
+}
+
 INSTANTIATE_TEST_SUITE_P(Engines, HandshakeTest, ::testing::Values("epoll", "uring"));
 INSTANTIATE_TEST_SUITE_P(Engines, TamperTest, ::testing::Values("epoll", "uring"));
 INSTANTIATE_TEST_SUITE_P(Engines, InsiderTest, ::testing::Values("epoll", "uring"));

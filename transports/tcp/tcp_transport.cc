@@ -3,6 +3,8 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <condition_variable>
 #include <cstring>
 #include <deque>
@@ -36,6 +38,11 @@ constexpr uint64_t kRecordBytes = 256 * 1024;
 constexpr uint64_t kRecordsPerSend = 2;
 constexpr uint64_t kSealedHeaderBytes = sizeof(FrameHeader) + crypto::kTagBytes;
 static_assert(kMaxAbortText <= kRecordBytes, "an abort text is one record");
+
+// A peer that fails sends its reason on every idle connection, but a connection busy with a
+// frame only closes. When a close would fail this transport, it waits this long for a reason
+// to arrive on another stream (from that peer or any other) and fails with it if one comes.
+constexpr auto kCloseGrace = std::chrono::milliseconds(200);
 
 class TcpRequest : public BasicRequest {
  public:
@@ -282,8 +289,16 @@ class TcpTransport : public Transport {
       }
       updateDrained();
       if (stopping && inFlight() == 0) return;
-      const Status st = engine_->poll(1000, [this](const IoCompletion& c) { onCompletion(c); });
+      int timeoutMs = 1000;
+      if (closing_) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(closing_->until -
+                                                                       Clock::now());
+        timeoutMs = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000));
+      }
+      const Status st =
+          engine_->poll(timeoutMs, [this](const IoCompletion& c) { onCompletion(c); });
       if (!st.isOk()) fail(st.withContext("rank " + std::to_string(o_.rank) + ": "), true);
+      if (closing_ && Clock::now() >= closing_->until) fail(closing_->why, true);
     }
   }
 
@@ -311,8 +326,7 @@ class TcpTransport : public Transport {
     const auto stripes = layout(seq, req->env.tag, fp.op, req->bytes);
     for (const Stripe& s : stripes) {
       if (peers_[req->peer][s.conn]->closed) {
-        fail(connectionError(*peers_[req->peer][s.conn], 0), true);
-        return req->complete(failed_, -1);
+        return failOnClose(connectionError(*peers_[req->peer][s.conn], 0), req);
       }
     }
     req->framesLeft = stripes.size();
@@ -402,10 +416,7 @@ class TcpTransport : public Transport {
         fail(skippedError(*req, c.lastSeq), true);
         return req->complete(failed_, -1);
       }
-      if (c.closed) {
-        fail(closedWhileWaiting(c, *req), true);
-        return req->complete(failed_, -1);
-      }
+      if (c.closed) return failOnClose(closedWhileWaiting(c, *req), req);
     }
     postedColl_[key] = req;
   }
@@ -427,9 +438,9 @@ class TcpTransport : public Transport {
       return;
     }
     if (unreachable(req->peer)) {
-      fail(closedWhileWaiting(*peers_[req->peer == kAnySource ? firstPeer() : req->peer][0], *req),
-           true);
-      return req->complete(failed_, -1);
+      return failOnClose(
+          closedWhileWaiting(*peers_[req->peer == kAnySource ? firstPeer() : req->peer][0], *req),
+          req);
     }
     postedP2P_.push_back(req);
   }
@@ -509,11 +520,7 @@ class TcpTransport : public Transport {
       if (f.req && !busy(*f.req)) f.req->complete(failed_, -1);
       return;
     }
-    if (result < 0) {
-      fail(connectionError(c, result), true);
-      if (f.req && !busy(*f.req)) f.req->complete(failed_, -1);
-      return;
-    }
+    if (result < 0) return failOnClose(connectionError(c, result), f.req);
     if (f.req && --f.req->framesLeft == 0) {
       {
         std::lock_guard<std::mutex> lock(countersMu_);
@@ -534,7 +541,7 @@ class TcpTransport : public Transport {
       return;
     }
     if (result == 0 && c.stage == Conn::Stage::kHeader) return onOrderlyClose(c);
-    if (result <= 0) return fail(connectionError(c, result), true);
+    if (result <= 0) return failOnClose(connectionError(c, result));
     if (c.rx) {
       if (Status st = openRecord(c); !st.isOk()) return fail(st, true);
       if (c.stage != Conn::Stage::kHeader && c.rxLeft > 0) {
@@ -708,19 +715,19 @@ class TcpTransport : public Transport {
     NANOCCL_INFO("rank " << o_.rank << ": rank " << c.peer << " closed connection " << c.index);
     for (const auto& [key, req] : postedColl_) {
       for (const Stripe& s : layout(key.seq, key.tag, req->env.fingerprint.op, req->bytes)) {
-        if (peers_[key.peer][s.conn]->closed) return fail(closedWhileWaiting(c, *req), true);
+        if (peers_[key.peer][s.conn]->closed) return failOnClose(closedWhileWaiting(c, *req));
       }
     }
     for (const auto& [key, m] : inflight_) {
       if (!m->req) continue;
       for (const Stripe& s : layout(key.seq, key.tag, m->first.op, m->first.total)) {
         if (peers_[key.peer][s.conn]->closed && !(m->arrivedMask >> s.conn & 1)) {
-          return fail(closedWhileWaiting(c, *m->req), true);
+          return failOnClose(closedWhileWaiting(c, *m->req));
         }
       }
     }
     for (const auto& req : postedP2P_) {
-      if (unreachable(req->peer)) return fail(closedWhileWaiting(c, *req), true);
+      if (unreachable(req->peer)) return failOnClose(closedWhileWaiting(c, *req));
     }
   }
 
@@ -787,9 +794,22 @@ class TcpTransport : public Transport {
 
   // Fails the transport: every request completes with `why` (those whose buffers a socket
   // operation still targets as soon as that operation ends), and peers are told.
+  // A connection closed under a pending request: fail after kCloseGrace with `why`, unless a
+  // peer's reason (an abort frame) or another failure comes first. `parked` (a request that
+  // cannot proceed, held by no table) completes when the transport fails.
+  void failOnClose(const Status& why, const RequestPtr& parked = nullptr) {
+    if (!failed_.isOk()) {
+      if (parked && !busy(*parked)) parked->complete(failed_, -1);
+      return;
+    }
+    if (parked) parked_.push_back(parked);
+    if (!closing_) closing_ = Closing{why, Clock::now() + kCloseGrace};
+  }
+
   void fail(const Status& why, bool notifyPeers) {
     if (!failed_.isOk()) return;
     failed_ = why;
+    closing_.reset();
     {
       std::lock_guard<std::mutex> lock(mu_);
       failedPublic_ = why;
@@ -853,6 +873,10 @@ class TcpTransport : public Transport {
     }
     inflight_.clear();
     unexpectedP2P_.clear();
+    for (auto& r : parked_) {
+      if (!busy(*r)) r->complete(why, -1);
+    }
+    parked_.clear();
     updateDrained();
   }
 
@@ -892,6 +916,12 @@ class TcpTransport : public Transport {
   std::map<MsgKey, InMsgPtr> inflight_;
   std::deque<RequestPtr> postedP2P_;
   std::deque<InMsgPtr> unexpectedP2P_;
+  struct Closing {
+    Status why;
+    Clock::time_point until;
+  };
+  std::optional<Closing> closing_;  // failOnClose()
+  std::vector<RequestPtr> parked_;
 };
 
 }  // namespace
