@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test of nanoccl: scripts/setup.sh (idempotent), then the C++ suites (GoogleTest,
 # through ctest), the fuzz targets (scripts/fuzz.sh: libFuzzer, ASan + UBSan, a bounded time
-# each) and the Python suites (pytest: tests/torch, tests/bench, tests/study). Exits
+# each), the C++ suites again under sanitizers (scripts/sanitize.sh) and the Python suites (pytest: tests/torch, tests/bench, tests/study). Exits
 # non-zero if anything failed; the last line is the summary, "test.sh: N passed, N failed, N skipped".
 set -uo pipefail
 
@@ -52,6 +52,20 @@ fuzz_failed=$(fuzz_count failed)
 fuzz_skipped=$(fuzz_count skipped)
 ((fuzz_rc != 0 && fuzz_failed == 0)) && fuzz_failed=1
 
+# ---- Sanitizers --------------------------------------------------------------------------
+# The core suites with ASan + UBSan, the transport and collective suites with TSan, each in a
+# build directory of its own (scripts/sanitize.sh).
+echo "test.sh: sanitizers (scripts/sanitize.sh: ASan+UBSan, TSan)"
+SAN_LOG="$BUILD_DIR/sanitize-summary.log"
+scripts/sanitize.sh 2>&1 | tee "$SAN_LOG"
+san_rc=${PIPESTATUS[0]}
+san_line="$(grep -E '^sanitize.sh: [0-9]+ passed' "$SAN_LOG" | tail -n 1)"
+san_count() { if [[ $san_line =~ ([0-9]+)\ $1 ]]; then echo "${BASH_REMATCH[1]}"; else echo 0; fi; }
+san_passed=$(san_count passed)
+san_failed=$(san_count failed)
+san_skipped=$(san_count skipped)
+((san_rc != 0 && san_failed == 0)) && san_failed=1
+
 # ---- Python ------------------------------------------------------------------------------
 py_rc=0 py_passed=0 py_failed=0 py_skipped=0 py_note=""
 PY_SUITES=(tests/torch tests/bench tests/study)
@@ -81,11 +95,12 @@ fi
 
 elapsed=$(($(date +%s) - START))
 status=PASS
-((cpp_rc != 0 || fuzz_rc != 0 || py_rc != 0)) && status=FAIL
+((cpp_rc != 0 || fuzz_rc != 0 || san_rc != 0 || py_rc != 0)) && status=FAIL
 echo "test.sh: $status in ${elapsed} s; C++: $cpp_passed passed, $cpp_failed failed," \
   "$cpp_skipped skipped; fuzz: $fuzz_passed passed, $fuzz_failed failed, $fuzz_skipped" \
-  "skipped; Python: $py_passed passed, $py_failed failed, $py_skipped skipped$py_note"
-echo "test.sh: $((cpp_passed + fuzz_passed + py_passed)) passed," \
-  "$((cpp_failed + fuzz_failed + py_failed)) failed," \
-  "$((cpp_skipped + fuzz_skipped + py_skipped)) skipped"
+  "skipped; sanitizers: $san_passed passed, $san_failed failed, $san_skipped skipped;" \
+  "Python: $py_passed passed, $py_failed failed, $py_skipped skipped$py_note"
+echo "test.sh: $((cpp_passed + fuzz_passed + san_passed + py_passed)) passed," \
+  "$((cpp_failed + fuzz_failed + san_failed + py_failed)) failed," \
+  "$((cpp_skipped + fuzz_skipped + san_skipped + py_skipped)) skipped"
 [[ $status == PASS ]]

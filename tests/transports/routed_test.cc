@@ -259,11 +259,13 @@ TEST(RoutedTransport, CountersMergePerRankAndDescribeNamesBoth) {
   SKIP_WITHOUT_SHM();
   auto ts = makeRoutedMesh("aab");
   ASSERT_EQ(ts.size(), 3u);
-  std::vector<uint8_t> src(1000), dst1(1000), dst2(1000);
+  // Each receive its own buffer: the shm and tcp receives run concurrently (TSan saw them
+  // share one).
+  std::vector<uint8_t> src(1000), dst1(1000), dst2(1000), dst3(10);
   std::vector<std::shared_ptr<Request>> reqs = {
       ts[1]->irecv(0, collectiveEnvelope(1, 0, 1000), dst1.data(), 1000),
       ts[2]->irecv(0, collectiveEnvelope(1, 0, 1000), dst2.data(), 1000),
-      ts[1]->irecv(0, p2pEnvelope(0, 10), dst1.data(), 10),
+      ts[1]->irecv(0, p2pEnvelope(0, 10), dst3.data(), 10),
       ts[0]->isend(1, collectiveEnvelope(1, 0, 1000), src.data(), 1000),
       ts[0]->isend(2, collectiveEnvelope(1, 0, 1000), src.data(), 1000),
       ts[0]->isend(1, p2pEnvelope(0, 10), src.data(), 10)};
