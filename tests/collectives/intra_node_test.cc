@@ -3,6 +3,9 @@
 // threads with emulated node ids: on one node (1x4) every flat collective works and tcp carries
 // no collective byte; on 2x2 the flat algorithms' local legs take shm, the remote ones tcp;
 // NANOCCL_INTRA_TRANSPORT=tcp and one-rank nodes keep plain tcp; point-to-point stays on tcp.
+#include <dirent.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <numeric>
 
@@ -315,6 +318,51 @@ TEST(IntraTransport, RanksOfOneNodeThatDisagreeFailSetupNamingTheSetting) {
   }
   EXPECT_NE(results[0].message().find("NANOCCL_INTRA_TRANSPORT"), std::string::npos)
       << results[0].toString();
+}
+
+// This process's nanoccl segments still named in /dev/shm.
+size_t segmentsOfThisProcess() {
+  size_t n = 0;
+  const std::string suffix = "-" + std::to_string(getpid());
+  if (DIR* d = opendir("/dev/shm")) {
+    while (dirent* e = readdir(d)) {
+      const std::string name = e->d_name;
+      n += name.rfind("nanoccl-", 0) == 0 && name.size() > suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    }
+    closedir(d);
+  }
+  return n;
+}
+
+TEST(IntraTransport, ASetupThatTimesOutLeavesNoSegmentBehind) {
+  if (!shmBuiltIn()) GTEST_SKIP() << "no shm in this build";
+  // Ranks 0 and 1 share node a; node b's ranks announce themselves, then never connect (they
+  // died during setup, as in the soak): setup times out and unlinks what it created.
+  auto store = std::make_shared<InMemoryStore>();
+  PrefixStore p("nanoccl/intra-timeout", store);
+  for (int r = 2; r < 4; ++r) {
+    ASSERT_TRUE(p.set("auth/" + std::to_string(r), "the store").isOk());
+    ASSERT_TRUE(p.set("node/" + std::to_string(r), "b").isOk());
+  }
+  std::vector<Status> results(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      CommunicatorOptions co;
+      co.rank = r;
+      co.size = 4;
+      co.store = store;
+      co.commId = "intra-timeout";
+      co.config = worldConfig(worldOf("aabb", "auto", "auto"));
+      co.timeout = std::chrono::milliseconds(1500);
+      co.nodeId = "a";
+      results[r] = Communicator::create(co).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (const Status& st : results) EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.toString();
+  EXPECT_EQ(segmentsOfThisProcess(), 0u);
 }
 
 TEST(IntraTransport, AMismatchOnInterleavedNodesFailsEveryRankNamingBoth) {
