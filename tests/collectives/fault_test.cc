@@ -238,7 +238,7 @@ TEST(PeerDeath, DestroyedWhileOthersWait) {
   for (int r = 0; r < 2; ++r) {
     tasks.push_back(comms[r]->allreduce(buf[r], 1 << 20, DataType::kFloat32, ReduceOp::kSum));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_TRUE(waitUntilSending(comms, 2)) << "the allreduce never started";
   comms[2].reset();
   const auto st = waitAll(tasks, std::chrono::seconds(40));
   for (int r = 0; r < 2; ++r) {
@@ -259,7 +259,7 @@ TEST(PeerDeath, AbortMidCollective) {
   for (int r = 0; r < 2; ++r) {
     tasks.push_back(comms[r]->allreduce(buf[r], 1 << 20, DataType::kFloat32, ReduceOp::kSum));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(waitUntilSending(comms, 2)) << "the allreduce never started";
   comms[2]->abort(abortedError("test abort by rank 2"));
   tasks.push_back(comms[2]->allreduce(buf[2], 1 << 20, DataType::kFloat32, ReduceOp::kSum));
   const auto st = waitAll(tasks, std::chrono::seconds(40));
@@ -278,7 +278,8 @@ TEST(PeerDeath, DestroyWithPendingCalls) {
   auto t1 = comms[0]->allreduce(buf[0], 100, DataType::kFloat32, ReduceOp::kSum);
   auto t2 = comms[0]->allreduce(buf[0], 100, DataType::kFloat32, ReduceOp::kSum);
   auto rx = comms[0]->recv(buf[0], 4, DataType::kInt32, 1, 0);
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  // t1 runs (it has sent to rank 1, which never calls), t2 and rx are still queued.
+  ASSERT_TRUE(waitUntilSending(comms, 1)) << "the first allreduce never started";
   comms[0].reset();
   for (const auto& t : {t1, t2, rx}) {
     ASSERT_TRUE(t->test());

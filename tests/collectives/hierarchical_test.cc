@@ -590,7 +590,7 @@ TEST_P(HierarchicalFaults, PeerDestroyedMidAllreduce) {
     tasks.push_back(
         comms[r]->allreduce(bufs[r].data(), kCount, DataType::kFloat32, ReduceOp::kSum));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_TRUE(waitUntilSending(comms, 3)) << "the allreduce never started";
   comms[3].reset();
   const std::vector<Status> st = waitAll(tasks, std::chrono::seconds(40));
   for (int r = 0; r < 3; ++r) {
@@ -611,7 +611,7 @@ TEST_P(HierarchicalFaults, PeerAbortsMidAllreduce) {
     tasks.push_back(
         comms[r]->allreduce(bufs[r].data(), kCount, DataType::kFloat32, ReduceOp::kSum));
   }
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  ASSERT_TRUE(waitUntilSending(comms, 5)) << "the allreduce never started";
   comms[5]->abort(abortedError("test abort by rank 5"));
   tasks.push_back(comms[5]->allreduce(bufs[5].data(), kCount, DataType::kFloat32, ReduceOp::kSum));
   const std::vector<Status> st = waitAll(tasks, std::chrono::seconds(40));

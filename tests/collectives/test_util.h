@@ -96,6 +96,28 @@ inline Status makeWorld(const WorldOptions& o, std::vector<std::shared_ptr<Commu
     ASSERT_TRUE(world_status_.isOk()) << world_status_.toString();                           \
   } while (0)
 
+// Payload bytes this communicator has sent so far, to every peer and over every transport.
+inline uint64_t bytesSent(const Communicator& c) {
+  uint64_t n = 0;
+  for (const PeerCounters& p : c.stats().perPeer) n += p.bytesSent;
+  return n;
+}
+
+// Waits (at most `limit`) until each of `comms[0..n)` has sent payload: their calls are then
+// running, not merely queued. Tests that act "mid-collective" use this instead of a sleep, so
+// that a loaded machine makes them slower, never vacuous. False on timeout.
+inline bool waitUntilSending(const std::vector<std::shared_ptr<Communicator>>& comms, int n,
+                             std::chrono::milliseconds limit = std::chrono::seconds(30)) {
+  const auto until = std::chrono::steady_clock::now() + limit;
+  for (int r = 0; r < n; ++r) {
+    while (bytesSent(*comms[r]) == 0) {
+      if (std::chrono::steady_clock::now() > until) return false;
+      std::this_thread::yield();
+    }
+  }
+  return true;
+}
+
 // Waits for every task; a task that does not finish within `limit` is a test failure (the
 // communicator's own timeout should have failed it long before).
 inline std::vector<Status> waitAll(const std::vector<std::shared_ptr<Task>>& tasks,
