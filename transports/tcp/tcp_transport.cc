@@ -298,7 +298,10 @@ class TcpTransport : public Transport {
       const Status st =
           engine_->poll(timeoutMs, [this](const IoCompletion& c) { onCompletion(c); });
       if (!st.isOk()) fail(st.withContext("rank " + std::to_string(o_.rank) + ": "), true);
-      if (closing_ && Clock::now() >= closing_->until) fail(closing_->why, true);
+      if (closing_ && Clock::now() >= closing_->until) {
+        const Status why = std::move(closing_->why);  // fail() resets closing_
+        fail(why, true);
+      }
     }
   }
 
