@@ -39,32 +39,32 @@ fi
 cpp_passed=$((cpp_total - cpp_failed - cpp_skipped))
 ((cpp_passed < 0)) && cpp_passed=0
 
-# ---- Fuzz --------------------------------------------------------------------------------
-# libFuzzer targets (tests/fuzz/), ASan + UBSan, a bounded time each (scripts/fuzz.sh).
-echo "test.sh: fuzz targets (scripts/fuzz.sh, ${NANOCCL_FUZZ_SECONDS:-20} s each)"
-FUZZ_LOG="$BUILD_DIR/fuzz-summary.log"
-scripts/fuzz.sh 2>&1 | tee "$FUZZ_LOG"
-fuzz_rc=${PIPESTATUS[0]}
-fuzz_line="$(grep -E '^fuzz.sh: [0-9]+ passed' "$FUZZ_LOG" | tail -n 1)"
-fuzz_count() { if [[ $fuzz_line =~ ([0-9]+)\ $1 ]]; then echo "${BASH_REMATCH[1]}"; else echo 0; fi; }
-fuzz_passed=$(fuzz_count passed)
-fuzz_failed=$(fuzz_count failed)
-fuzz_skipped=$(fuzz_count skipped)
-((fuzz_rc != 0 && fuzz_failed == 0)) && fuzz_failed=1
+# ---- Parts run by scripts of their own ------------------------------------------------------
+# Runs `script`, teeing its output to build/<name>-summary.log, and sets <name>_rc, and
+# <name>_passed / _failed / _skipped from its last "N passed, N failed, N skipped" line.
+run_part() {
+  local name="$1" script="$2" log="$BUILD_DIR/$1-summary.log" line rc kind n
+  local failed="${name}_failed"
+  "$script" 2>&1 | tee "$log"
+  rc=${PIPESTATUS[0]}
+  line="$(grep -E '^[a-z]+\.sh: [0-9]+ passed' "$log" | tail -n 1)"
+  for kind in passed failed skipped; do
+    n=0
+    [[ $line =~ ([0-9]+)\ $kind ]] && n="${BASH_REMATCH[1]}"
+    printf -v "${name}_${kind}" '%s' "$n"
+  done
+  # A script that failed before it could count still counts as one failure.
+  ((rc != 0 && ${!failed} == 0)) && printf -v "$failed" '%s' 1
+  printf -v "${name}_rc" '%s' "$rc"
+}
 
-# ---- Sanitizers --------------------------------------------------------------------------
+# libFuzzer targets (tests/fuzz/), ASan + UBSan, a bounded time each.
+echo "test.sh: fuzz targets (scripts/fuzz.sh, ${NANOCCL_FUZZ_SECONDS:-20} s each)"
+run_part fuzz scripts/fuzz.sh
 # The core suites with ASan + UBSan, the transport and collective suites with TSan, each in a
-# build directory of its own (scripts/sanitize.sh).
+# build directory of its own.
 echo "test.sh: sanitizers (scripts/sanitize.sh: ASan+UBSan, TSan)"
-SAN_LOG="$BUILD_DIR/sanitize-summary.log"
-scripts/sanitize.sh 2>&1 | tee "$SAN_LOG"
-san_rc=${PIPESTATUS[0]}
-san_line="$(grep -E '^sanitize.sh: [0-9]+ passed' "$SAN_LOG" | tail -n 1)"
-san_count() { if [[ $san_line =~ ([0-9]+)\ $1 ]]; then echo "${BASH_REMATCH[1]}"; else echo 0; fi; }
-san_passed=$(san_count passed)
-san_failed=$(san_count failed)
-san_skipped=$(san_count skipped)
-((san_rc != 0 && san_failed == 0)) && san_failed=1
+run_part san scripts/sanitize.sh
 
 # ---- Python ------------------------------------------------------------------------------
 py_rc=0 py_passed=0 py_failed=0 py_skipped=0 py_note=""

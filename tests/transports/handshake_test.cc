@@ -37,15 +37,7 @@ class Proxy {
  public:
   using Mutate = std::function<void(const std::string& seen, std::string& chunk)>;
   Proxy(const std::string& target, Mutate mutate) : target_(target), mutate_(std::move(mutate)) {
-    listenFd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    EXPECT_EQ(bind(listenFd_, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-    EXPECT_EQ(listen(listenFd_, 4), 0);
-    socklen_t len = sizeof(a);
-    getsockname(listenFd_, reinterpret_cast<sockaddr*>(&a), &len);
-    address_ = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+    listenFd_ = listenLoopback(&address_);
     thread_ = std::thread([this] { run(); });
   }
   ~Proxy() {
@@ -300,15 +292,8 @@ TEST_P(HandshakeTest, AReplayedHandshakeIsTurnedAway) {
 TEST_P(HandshakeTest, TheAcceptorMustProveTheSecretToo) {
   // Something else answers at rank 0's address with a Challenge it cannot sign: rank 1 fails
   // at once, naming it, and never sends a Proof an impostor could use.
-  const int impostor = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  ASSERT_EQ(bind(impostor, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  ASSERT_EQ(listen(impostor, 4), 0);
-  socklen_t len = sizeof(a);
-  getsockname(impostor, reinterpret_cast<sockaddr*>(&a), &len);
-  const std::string fake = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  std::string fake;
+  const int impostor = listenLoopback(&fake);
   auto proofSeen = std::async(std::launch::async, [&] {
     const int fd = accept(impostor, nullptr, nullptr);
     Hello h{};

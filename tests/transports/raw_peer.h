@@ -31,6 +31,21 @@ inline int dial(const std::string& address) {
 }
 
 // Whether the other side closed `fd` within `ms` (a read returns 0 or an error).
+// A listening socket on 127.0.0.1 with a port the kernel picks, for a fake peer or a proxy;
+// `address` is what a rank would publish.
+inline int listenLoopback(std::string* address) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  EXPECT_EQ(listen(fd, 4), 0);
+  socklen_t len = sizeof(a);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len);
+  *address = "127.0.0.1:" + std::to_string(ntohs(a.sin_port));
+  return fd;
+}
+
 inline bool closedByPeer(int fd, int ms = 5000) {
   pollfd p{fd, POLLIN, 0};
   if (poll(&p, 1, ms) <= 0) return false;

@@ -70,6 +70,14 @@ void expectIn(Pending& pc) {
   pc.inDone = 0;
 }
 
+// The next exchange of the handshake: send `record`, then read a `Reply`.
+template <typename Reply, typename T>
+void sendThenRead(Pending& pc, const T& record) {
+  setOut(pc, record);
+  expectIn<Reply>(pc);
+  pc.stage = Pending::Stage::kSending;
+}
+
 std::string encryptionText(uint32_t flags) {
   return (flags & kHelloEncrypt) != 0 ? "encrypt=1" : "encrypt=0";
 }
@@ -330,9 +338,7 @@ class MeshBuilder {
     proof.magic = kMagic;
     const crypto::Mac mac = proofMac(p_.jobKey, pc.hello, c);
     std::memcpy(proof.mac, mac.data(), mac.size());
-    setOut(pc, proof);
-    expectIn<HelloAck>(pc);
-    pc.stage = Pending::Stage::kSending;
+    sendThenRead<HelloAck>(pc, proof);
     return step(pc);
   }
 
@@ -381,9 +387,7 @@ class MeshBuilder {
     NANOCCL_CHECK(crypto::randomBytes(c.nonce, sizeof(c.nonce)));
     const crypto::Mac mac = challengeMac(p_.jobKey, h, c);
     std::memcpy(c.mac, mac.data(), mac.size());
-    setOut(pc, c);
-    expectIn<Proof>(pc);
-    pc.stage = Pending::Stage::kSending;
+    sendThenRead<Proof>(pc, c);
     return step(pc);
   }
 
