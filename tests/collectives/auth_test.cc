@@ -54,18 +54,23 @@ class OpenStore : public Store {
 
 constexpr char kSecret[] = "f00dfeedcafe0123456789abcdef0042";
 
+// kSecret in a file of its own directory with `mode`; both removed at the end of the test.
+struct SecretFile {
+  explicit SecretFile(mode_t mode) {
+    char tmpl[] = "/tmp/nanoccl-auth-XXXXXX";
+    EXPECT_NE(mkdtemp(tmpl), nullptr);
+    dir = tmpl;
+    path = dir + "/secret";
+    std::ofstream(path) << kSecret << "\n";
+    chmod(path.c_str(), mode);
+  }
+  ~SecretFile() { std::system(("rm -rf " + dir).c_str()); }
+  std::string dir;
+  std::string path;
+};
+
 class AuthTest : public ::testing::TestWithParam<bool> {  // param: the secret is in a file
  protected:
-  void SetUp() override {
-    char tmpl[] = "/tmp/nanoccl-auth-XXXXXX";
-    ASSERT_NE(mkdtemp(tmpl), nullptr);
-    dir_ = tmpl;
-    secretFile_ = dir_ + "/secret";
-    std::ofstream(secretFile_) << kSecret << "\n";
-    chmod(secretFile_.c_str(), 0600);
-  }
-  void TearDown() override { std::system(("rm -rf " + dir_).c_str()); }
-
   CommunicatorOptions optionsFor(int rank, std::chrono::milliseconds timeout) {
     CommunicatorOptions co;
     co.rank = rank;
@@ -78,7 +83,7 @@ class AuthTest : public ::testing::TestWithParam<bool> {  // param: the secret i
     co.config.tcpEngine = "epoll";
     co.config.nsocks = 1;
     co.config.encrypt = true;
-    if (GetParam()) co.config.secretFile = secretFile_;
+    if (GetParam()) co.config.secretFile = secret_.path;
     return co;
   }
 
@@ -107,8 +112,7 @@ class AuthTest : public ::testing::TestWithParam<bool> {  // param: the secret i
     return admitted;
   }
 
-  std::string dir_;
-  std::string secretFile_;
+  SecretFile secret_{0600};
   std::shared_ptr<OpenStore> store_ = std::make_shared<OpenStore>();
 };
 
@@ -149,11 +153,8 @@ INSTANTIATE_TEST_SUITE_P(Secret, AuthTest, ::testing::Values(false, true),
                          [](const auto& i) { return i.param ? "file" : "store"; });
 
 TEST(AuthSetup, RanksThatDisagreeAboutTheSecretSourceFailNamingIt) {
-  char tmpl[] = "/tmp/nanoccl-auth-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string file = std::string(tmpl) + "/secret";
-  std::ofstream(file) << kSecret;
-  chmod(file.c_str(), 0600);
+  const SecretFile secret(0600);
+  const std::string& file = secret.path;
   auto store = std::make_shared<InMemoryStore>();
   std::vector<std::future<Result<std::shared_ptr<Communicator>>>> made;
   for (int r = 0; r < 2; ++r) {
@@ -175,15 +176,11 @@ TEST(AuthSetup, RanksThatDisagreeAboutTheSecretSourceFailNamingIt) {
     EXPECT_NE(r.status().message().find("NANOCCL_SECRET_FILE"), std::string::npos)
         << r.status().message();
   }
-  std::system((std::string("rm -rf ") + tmpl).c_str());
 }
 
 TEST(AuthSetup, ASecretFileOthersCanReadIsRefusedBeforeAnythingIsPublished) {
-  char tmpl[] = "/tmp/nanoccl-auth-XXXXXX";
-  ASSERT_NE(mkdtemp(tmpl), nullptr);
-  const std::string file = std::string(tmpl) + "/secret";
-  std::ofstream(file) << kSecret;
-  chmod(file.c_str(), 0644);
+  const SecretFile secret(0644);
+  const std::string& file = secret.path;
   auto store = std::make_shared<OpenStore>();
   CommunicatorOptions co;
   co.rank = 0;
@@ -196,7 +193,6 @@ TEST(AuthSetup, ASecretFileOthersCanReadIsRefusedBeforeAnythingIsPublished) {
   ASSERT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().toString();
   EXPECT_NE(r.status().message().find("mode 0644"), std::string::npos) << r.status().message();
   EXPECT_TRUE(store->everything().empty());
-  std::system((std::string("rm -rf ") + tmpl).c_str());
 }
 
 }  // namespace
