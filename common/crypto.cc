@@ -24,13 +24,22 @@ Status randomBytes(void* out, size_t n) {
   return Status::ok();
 }
 
-Mac hmac(const Key& key, std::initializer_list<std::string_view> parts) {
-  std::string input;
+namespace {
+
+// Appends each part after its 8-byte length: no two lists of parts give the same bytes.
+void appendLengthPrefixed(std::string& out, std::initializer_list<std::string_view> parts) {
   for (std::string_view part : parts) {
     const uint64_t len = part.size();
-    input.append(reinterpret_cast<const char*>(&len), sizeof(len));
-    input.append(part);
+    out.append(reinterpret_cast<const char*>(&len), sizeof(len));
+    out.append(part);
   }
+}
+
+}  // namespace
+
+Mac hmac(const Key& key, std::initializer_list<std::string_view> parts) {
+  std::string input;
+  appendLengthPrefixed(input, parts);
   Mac out{};
   unsigned int outLen = 0;
   HMAC(EVP_sha256(), key.data(), static_cast<int>(key.size()),
@@ -41,11 +50,7 @@ Mac hmac(const Key& key, std::initializer_list<std::string_view> parts) {
 
 Key derive(const Key& key, std::string_view label, std::initializer_list<std::string_view> parts) {
   std::string input(label);
-  for (std::string_view part : parts) {
-    const uint64_t len = part.size();
-    input.append(reinterpret_cast<const char*>(&len), sizeof(len));
-    input.append(part);
-  }
+  appendLengthPrefixed(input, parts);
   const Mac m = hmac(key, {input});
   Key out;
   static_assert(sizeof(out) == sizeof(m));

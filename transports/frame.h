@@ -71,6 +71,17 @@ inline FrameHeader dataFrameHeader(const OpFingerprint& fp, uint32_t tag, uint64
   return h;
 }
 
+// The header of an abort frame: `length` bytes of the sender's error text follow.
+inline FrameHeader abortFrameHeader(uint64_t length) {
+  FrameHeader h{};
+  h.magic = kMagic;
+  h.version = kVersion;
+  h.kind = FrameKind::kAbort;
+  h.total = length;
+  h.length = length;
+  return h;
+}
+
 inline OpFingerprint fingerprintOf(const FrameHeader& h) {
   OpFingerprint fp;
   fp.op = h.op;

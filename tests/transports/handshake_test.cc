@@ -243,11 +243,7 @@ TEST_P(InsiderTest, AnAbortFrameIsReportedWithItsText) {
   std::vector<uint8_t> dst(16);
   auto r = t0_->irecv(1, collectiveEnvelope(1, 0, 16), dst.data(), dst.size());
   const std::string text = "rank 1: out of memory";
-  FrameHeader h{};
-  h.magic = kMagic;
-  h.version = kVersion;
-  h.kind = FrameKind::kAbort;
-  h.total = h.length = text.size();
+  const FrameHeader h = abortFrameHeader(text.size());
   ASSERT_EQ(send(fd, &h, sizeof(h), 0), static_cast<ssize_t>(sizeof(h)));
   ASSERT_EQ(send(fd, text.data(), text.size(), 0), static_cast<ssize_t>(text.size()));
   const Status st = r->wait(soon());
@@ -395,11 +391,7 @@ TEST_P(InsiderTest, AReasonOnAnotherStreamWinsOverABareClose) {
   close(fd1);  // no reason given
   std::this_thread::sleep_for(std::chrono::milliseconds(30));
   const std::string text = "rank 2: the real reason";
-  FrameHeader h{};
-  h.magic = kMagic;
-  h.version = kVersion;
-  h.kind = FrameKind::kAbort;
-  h.total = h.length = text.size();
+  const FrameHeader h = abortFrameHeader(text.size());
   ASSERT_TRUE(sendAll(fd2, &h, sizeof(h)));
   ASSERT_TRUE(sendAll(fd2, text.data(), text.size()));
   for (auto* r : {&r1, &r2}) {

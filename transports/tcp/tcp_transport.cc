@@ -830,11 +830,7 @@ class TcpTransport : public Transport {
         // reads it whichever connection it hears from first.
         for (auto& c : row) {
           if (c->sendInFlight) continue;
-          FrameHeader h{};
-          h.magic = kMagic;
-          h.version = kVersion;
-          h.kind = FrameKind::kAbort;
-          h.total = h.length = text.size();
+          FrameHeader h = abortFrameHeader(text.size());
           iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(text.data()), text.size()}};
           size_t iovlen = 2;
           std::string sealed;  // header and text records, on an encrypted connection
