@@ -639,17 +639,11 @@ CommStats Communicator::stats() const {
   }
   s.calls = impl_->calls.load();
 
-  auto add = [](PeerCounters& into, const PeerCounters& c) {
-    into.bytesSent += c.bytesSent;
-    into.bytesReceived += c.bytesReceived;
-    into.messagesSent += c.messagesSent;
-    into.messagesReceived += c.messagesReceived;
-  };
   auto addTransport = [&](const std::string& name, const std::vector<PeerCounters>& c) {
     auto it = std::find_if(s.perTransport.begin(), s.perTransport.end(),
                            [&](const auto& e) { return e.first == name; });
     if (it == s.perTransport.end()) it = s.perTransport.insert(it, {name, PeerCounters{}});
-    for (const PeerCounters& p : c) add(it->second, p);
+    for (const PeerCounters& p : c) it->second += p;
   };
   if (impl_->routed != nullptr) {
     for (const auto& [name, c] : impl_->routed->countersPerTransport()) addTransport(name, c);
@@ -664,7 +658,7 @@ CommStats Communicator::stats() const {
       const std::vector<PeerCounters> c = g->transport->counters();
       addTransport(g == &h->local ? impl_->localKind : impl_->transportKind, c);
       for (size_t i = 0; i < c.size() && i < g->ranks.size(); ++i) {
-        add(s.perPeer[g->ranks[i]], c[i]);
+        s.perPeer[g->ranks[i]] += c[i];
       }
     }
   }

@@ -69,6 +69,18 @@ struct PeerCounters {
   uint64_t bytesReceived = 0;
   uint64_t messagesSent = 0;
   uint64_t messagesReceived = 0;
+  // Connections this peer closed in order (it finished and left): what it sent before stays
+  // receivable. Tests use it to know that the close has been seen.
+  uint64_t connectionsClosed = 0;
+
+  PeerCounters& operator+=(const PeerCounters& c) {
+    bytesSent += c.bytesSent;
+    bytesReceived += c.bytesReceived;
+    messagesSent += c.messagesSent;
+    messagesReceived += c.messagesReceived;
+    connectionsClosed += c.connectionsClosed;
+    return *this;
+  }
 };
 
 struct TransportOptions {

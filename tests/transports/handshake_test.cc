@@ -389,7 +389,7 @@ TEST_P(InsiderTest, AReasonOnAnotherStreamWinsOverABareClose) {
   auto r1 = t0_->irecv(1, collectiveEnvelope(1, 0, 1), &b1, 1);
   auto r2 = t0_->irecv(2, collectiveEnvelope(1, 0, 1), &b2, 1);
   close(fd1);  // no reason given
-  std::this_thread::sleep_for(std::chrono::milliseconds(30));
+  ASSERT_TRUE(waitUntilClosedBy(*t0_, 1, 1));  // seen before the reason below is sent
   const std::string text = "rank 2: the real reason";
   const FrameHeader h = abortFrameHeader(text.size());
   ASSERT_TRUE(sendAll(fd2, &h, sizeof(h)));

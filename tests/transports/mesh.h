@@ -96,6 +96,17 @@ inline Envelope p2pEnvelope(uint32_t tag, uint64_t count, DataType dtype = DataT
 
 inline Deadline soon(int seconds = 10) { return Deadline::after(std::chrono::seconds(seconds)); }
 
+// Waits until `t` has seen `connections` of `peer`'s connections close in order (the state a
+// test wants to reach after the peer left), or the deadline; returns whether it did.
+inline bool waitUntilClosedBy(const Transport& t, int peer, uint64_t connections,
+                              const Deadline& deadline = soon()) {
+  while (t.counters()[static_cast<size_t>(peer)].connectionsClosed < connections) {
+    if (deadline.expired()) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
 // The engines this machine can run: epoll always, uring when the probe passes.
 inline std::vector<std::string> engines() {
   std::vector<std::string> out = {"epoll"};

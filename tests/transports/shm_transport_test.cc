@@ -369,7 +369,7 @@ TEST(ShmTransport, APeerThatFinishedAndClosedDoesNotFailTheOthers) {
   const uint8_t two = 2, one = 1;
   ASSERT_TRUE(ts[2]->isend(0, collectiveEnvelope(5, 0, 1), &two, 1)->wait(soon()).isOk());
   ts[2].reset();  // done with its part, gone
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let rank 0 see it closed
+  ASSERT_TRUE(waitUntilClosedBy(*ts[0], 2, 1));  // rank 0 has seen it close
   ASSERT_TRUE(ts[1]->isend(0, collectiveEnvelope(5, 0, 1), &one, 1)->wait(soon()).isOk());
   EXPECT_TRUE(r1->wait(soon()).isOk());
   EXPECT_TRUE(r2->wait(soon()).isOk());

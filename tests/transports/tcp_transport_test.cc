@@ -212,7 +212,8 @@ TEST_P(TcpTransportTest, WhatArrivedBeforeAPeerLeftCanStillBeReceived) {
   ASSERT_TRUE(
       ts[0]->isend(1, collectiveEnvelope(1, 1, big.size()), big.data(), big.size())->wait(soon()).isOk());
   ts[0].reset();  // the sender finished its last call and left
-  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  // Rank 1 has seen every connection of rank 0 close before it posts anything.
+  ASSERT_TRUE(waitUntilClosedBy(*ts[1], 0, static_cast<uint64_t>(cfg().nsocks)));
   ASSERT_TRUE(ts[1]->irecv(0, collectiveEnvelope(1, 0, 1), &smallIn, 1)->wait(soon()).isOk());
   EXPECT_EQ(smallIn, 42);
   ASSERT_TRUE(ts[1]->irecv(0, collectiveEnvelope(1, 1, big.size()), bigIn.data(), bigIn.size())

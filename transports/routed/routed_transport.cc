@@ -19,13 +19,6 @@ std::string ranksText(const std::vector<int>& ranks) {
   return s;
 }
 
-void add(PeerCounters& into, const PeerCounters& c) {
-  into.bytesSent += c.bytesSent;
-  into.bytesReceived += c.bytesReceived;
-  into.messagesSent += c.messagesSent;
-  into.messagesReceived += c.messagesReceived;
-}
-
 Status checkRoute(const TransportOptions& options, const RouteOptions& route) {
   const std::vector<int>& lr = route.localRanks;
   const bool ascending = std::adjacent_find(lr.begin(), lr.end(), [](int a, int b) {
@@ -159,7 +152,7 @@ class Routed : public RoutedTransport {
   std::vector<PeerCounters> counters() const override {
     std::vector<PeerCounters> out(static_cast<size_t>(size_));
     for (const auto& [name, perRank] : countersPerTransport()) {
-      for (size_t r = 0; r < perRank.size() && r < out.size(); ++r) add(out[r], perRank[r]);
+      for (size_t r = 0; r < perRank.size() && r < out.size(); ++r) out[r] += perRank[r];
     }
     return out;
   }

@@ -692,6 +692,10 @@ class ShmTransport : public Transport {
       while (failed_.isOk() && pumpRx(p)) {
       }
       peers_[p].closed = true;
+      {
+        std::lock_guard<std::mutex> lock(countersMu_);
+        counters_[p].connectionsClosed += 1;
+      }
       if (failed_.isOk() && stillWaitingOn(p)) fail(st, true);
     }
   }

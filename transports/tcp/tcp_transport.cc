@@ -716,6 +716,10 @@ class TcpTransport : public Transport {
   void onOrderlyClose(Conn& c) {
     c.closed = true;
     NANOCCL_INFO("rank " << o_.rank << ": rank " << c.peer << " closed connection " << c.index);
+    {
+      std::lock_guard<std::mutex> lock(countersMu_);
+      counters_[c.peer].connectionsClosed += 1;
+    }
     for (const auto& [key, req] : postedColl_) {
       for (const Stripe& s : layout(key.seq, key.tag, req->env.fingerprint.op, req->bytes)) {
         if (peers_[key.peer][s.conn]->closed) return failOnClose(closedWhileWaiting(c, *req));
