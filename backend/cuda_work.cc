@@ -1,4 +1,5 @@
 #include "backend/cuda_work.h"
+#include "backend/work_deadline.h"
 
 #include <ATen/core/ivalue.h>
 #include <ATen/ATen.h>
@@ -12,10 +13,6 @@
 
 namespace nanoccl {
 namespace {
-
-// As WorkNanoccl's: room past the group timeout before a wait without its own timeout gives up
-// (every call fails by itself within the timeout; reaching this is a bug, reported).
-constexpr std::chrono::milliseconds kWaitGrace{30000};
 
 std::exception_ptr makeError(const std::string& message) {
   try {
@@ -48,9 +45,7 @@ class WorkCuda : public c10d::Work {
 
   // Host stages over (or the error), then the caller's current stream waits for the call.
   bool wait(std::chrono::milliseconds timeout) override {
-    const auto limit =
-        timeout == kNoTimeout || timeout.count() < 0 ? timeout_ + kWaitGrace : timeout;
-    const Status s = job_->waitEnqueued(Deadline::after(limit));
+    const Status s = job_->waitEnqueued(pg::workWaitDeadline(issued_, timeout_, timeout));
     if (!s.isOk()) {
       C10_THROW_ERROR(DistBackendError, "nanoccl rank " + std::to_string(rank_) + ": " + what_ +
                                             " failed: " + s.toString());
@@ -111,6 +106,7 @@ class WorkCuda : public c10d::Work {
   const std::shared_ptr<CudaJob> job_;
   const std::weak_ptr<CudaGroup> group_;
   const std::chrono::milliseconds timeout_;
+  const Clock::time_point issued_ = Clock::now();
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };
 

@@ -23,6 +23,7 @@
 
 #include "backend/cuda_work.h"
 #include "backend/process_group_nanoccl.h"
+#include "backend/work_deadline.h"
 #include "collectives/communicator.h"
 #include "common/dtype.h"
 #include "common/status.h"
@@ -39,11 +40,6 @@ using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
 // Queues one call on the communicator; built once all checks passed.
 using Queue = std::function<TaskPtr()>;
-
-// Room past the group timeout before a Work::wait without its own timeout gives up: the
-// communicator completes every Task within the timeout, so reaching this is a bug, reported
-// instead of a hang.
-constexpr std::chrono::milliseconds kWaitGrace{30000};
 
 std::exception_ptr makeError(const std::string& message);
 
@@ -84,15 +80,16 @@ class WorkNanoccl : public c10d::Work {
     }
   }
 
+  // Deadlines count from the issue (backend/work_deadline.h).
   bool wait(std::chrono::milliseconds timeout) override {
-    const auto limit =
-        timeout == kNoTimeout || timeout.count() < 0 ? timeout_ + kWaitGrace : timeout;
+    const Deadline until = workWaitDeadline(issued_, timeout_, timeout);
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      if (!cv_.wait_for(lock, limit, [&] { return completed_; })) {
+      if (!cv_.wait_until(lock, until.at(), [&] { return completed_; })) {
         C10_THROW_ERROR(DistBackendError, "nanoccl rank " + std::to_string(rank_) + ": " + what_ +
                                               " did not complete within " +
-                                              std::to_string(limit.count()) + " ms of waiting");
+                                              std::to_string(msSince(issued_)) +
+                                              " ms of being issued");
       }
     }
     // Set right after the Work is finished (complete()), before any callback runs.
@@ -160,6 +157,7 @@ class WorkNanoccl : public c10d::Work {
   const std::string what_;
   const std::vector<at::Tensor> outputs_;
   const std::chrono::milliseconds timeout_;
+  const Clock::time_point issued_ = Clock::now();
   const std::weak_ptr<Communicator> comm_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   std::vector<at::Tensor> held_;

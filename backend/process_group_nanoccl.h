@@ -18,7 +18,9 @@
 //   aborts the group, so that the other ranks fail at once instead of waiting for a partner
 //   that will never come: after any error the group is unusable, as in NCCL.
 // - Options::timeout (torch's init_process_group / new_group timeout) is every call's
-//   deadline: each Work completes, successfully or with an exception, within it.
+//   deadline, counted from when the call was issued (not from when it ran or was waited on):
+//   each Work completes, successfully or with an exception, within it. Work::wait(timeout)
+//   counts from the issue too (backend/work_deadline.h says it all in one place).
 // - Tensors are dense CPU tensors of any dtype (reductions: the nanoccl::DataType set).
 //   Non-contiguous tensors go through a contiguous copy.
 // - CUDA tensors (builds with CUDA and NCCL): allreduce, broadcast, allgather, reduce_scatter

@@ -145,6 +145,7 @@ namespace {
 
 struct QueuedCall {
   std::shared_ptr<Task> task;
+  Deadline deadline = Deadline::never();  // issue time + the timeout
   OpFingerprint fingerprint;
   CallArgs args;
   const AlgorithmRow* algorithm = nullptr;
@@ -263,6 +264,7 @@ struct Communicator::Impl {
 
 std::shared_ptr<Task> Communicator::Impl::submit(OpFingerprint fingerprint, CallArgs args,
                                                  const Status& invalid) {
+  const Deadline deadline = Deadline::after(timeout);  // from the issue, queued or not
   auto task = std::make_shared<Task>();
   const std::string call = who() + opTypeName(fingerprint.op) + " (" +
                            sizeText(fingerprint.dtype, fingerprint.count) + "): ";
@@ -293,7 +295,7 @@ std::shared_ptr<Task> Communicator::Impl::submit(OpFingerprint fingerprint, Call
       task->complete(s);
       return task;
     }
-    queue.push_back(QueuedCall{task, fingerprint, std::move(args), algorithm.value()});
+    queue.push_back(QueuedCall{task, deadline, fingerprint, std::move(args), algorithm.value()});
   }
   workCv.notify_all();
   return task;
@@ -324,11 +326,17 @@ void Communicator::Impl::runCall(QueuedCall& call) {
   const std::string what = who() + call.fingerprint.describe() + ": ";
   Status s;
   {
-    // The deadline starts when the call starts running, not when it was queued.
-    detail::Context ctx(transport.get(), rank, size, call.fingerprint, Deadline::after(timeout),
-                        timeout, config, hierarchy.get());
+    // The deadline counts from the issue: a call that waited out its timeout in the queue
+    // fails without starting (the peers fail with it, as on any timeout).
+    detail::Context ctx(transport.get(), rank, size, call.fingerprint, call.deadline, timeout,
+                        config, hierarchy.get());
     NANOCCL_TRACE(what << "running " << (size == 1 ? "local" : call.algorithm->name));
-    s = size == 1 ? detail::runLocal(call.args) : call.algorithm->run(ctx, call.args);
+    if (size > 1 && call.deadline.expired()) {
+      s = timeoutError("timed out after " + std::to_string(timeout.count()) +
+                       " ms before it could start: the calls issued before it took that long");
+    } else {
+      s = size == 1 ? detail::runLocal(call.args) : call.algorithm->run(ctx, call.args);
+    }
     // Stages on the sub-communicators count here too (child Contexts add to ctx).
     const auto op = static_cast<size_t>(call.fingerprint.op);
     sentPerOp[op] += ctx.bytesSent();

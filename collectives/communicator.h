@@ -16,7 +16,10 @@
 // - Point-to-point send/recv are not queued behind collectives and not sequence-numbered: they
 //   are posted to the transport at once (so irecv-then-isend pairs on two ranks cannot
 //   deadlock) and match by (peer, tag) in order; kAnySource receives from whoever sends first.
-// - Every Task completes within the communicator's timeout: done, or failed with a Status.
+// - Every Task completes within the communicator's timeout of the moment it was issued (the
+//   call that returned it), done or failed with a Status: time spent queued behind earlier
+//   calls counts, as in ProcessGroupNCCL. The same holds for p2p and for the torch Works
+//   (backend/work_deadline.h).
 // - The destructor aborts pending Tasks, joins the threads and closes every socket.
 //
 // Topology (collectives/topology.h)

@@ -297,7 +297,9 @@ def check_allreduce(ck: Checks, nano: Any, gloo: Any, rank: int, world: int) -> 
     ck.run("all_reduce future", future)
 
     def wait_timeout() -> None:
-        # A peer late by 3 s; wait(timeout=0.5 s) gives up with an error, the call completes.
+        # A peer late by 3 s; wait(timeout=1.5 s) gives up with an error, the call completes.
+        # The timeout counts from the issue (backend/work_deadline.h): waiting 1.5 s from 2 s
+        # after the issue would see the peer join at 3 s and return.
         if world == 1:
             return
         if rank == 0:
@@ -305,11 +307,13 @@ def check_allreduce(ck: Checks, nano: Any, gloo: Any, rank: int, world: int) -> 
         t = torch.ones(4)
         work = dist.all_reduce(t, group=nano, async_op=True)
         if rank != 0:
+            time.sleep(2)
             try:
-                work.wait(timeout=datetime.timedelta(seconds=0.5))
-                ck.fail("wait(timeout)", "returned before the late peer joined")
+                work.wait(timeout=datetime.timedelta(seconds=1.5))
+                ck.fail("wait(timeout)", "returned: the timeout did not count from the issue")
             except RuntimeError as exc:
-                ck.expect("wait(timeout) message", "did not complete" in str(exc), str(exc))
+                ck.expect("wait(timeout) message", "did not complete" in str(exc)
+                          and "of being issued" in str(exc), str(exc))
         work.wait()
         ck.same("wait(timeout) then wait()", t, torch.full((4,), float(world)))
 
