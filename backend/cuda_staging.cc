@@ -13,6 +13,7 @@
 
 #include "common/logging.h"
 #include "common/reduce.h"
+#include "common/thread_name.h"
 #include "transports/nccl/nccl_comm.h"
 
 namespace nanoccl {
@@ -715,7 +716,7 @@ Result<std::shared_ptr<CudaGroup>> CudaGroup::create(const CudaGroupOptions& opt
   impl->shards = t.minLocalSize();
   Impl* raw = impl.get();
   std::shared_ptr<CudaGroup> group(new CudaGroup(std::move(impl)));
-  raw->executor = std::thread([raw] { raw->loop(); });
+  raw->executor = namedThread("cuda", [raw] { raw->loop(); });
   return group;
 }
 

@@ -10,8 +10,14 @@ down for a few seconds, at random moments. Each job that a fault broke is starte
   the exact expected result: integers exactly, floats within reordering error) or raises;
 - a job that a fault broke ends on every surviving rank with an error, within the process
   group's timeout (plus a grace for teardown): no hang, ever;
-- nothing grows: a fault-free job reports, per rank, open file descriptors, threads and RSS
-  after its first and its last batch; after every job no nanoccl segment is left in /dev/shm.
+- nothing grows: a job runs the same schedule of calls `--rounds` times over one process
+  group; each rank records open file descriptors, threads (nanoccl's own, named
+  "nanoccl-*", and all) and RSS after every round. Counts must end where the first round left
+  them. RSS moves by tens of MiB from round to round with the allocator's caching (as much
+  under Gloo); what would betray a leak is a trend, so the soak reports the least-squares slope
+  of RSS over the rounds after the first (which warms the allocator up), per rank and job;
+  after every job no nanoccl segment is left in /dev/shm;
+- teardown is prompt: each rank records how long destroy_process_group took.
 
     python bench/soak.py --minutes 30 --json results/soak/soak.json
 
@@ -38,6 +44,7 @@ HERE = Path(__file__).resolve().parent
 OPS = ["all_reduce", "broadcast", "all_gather", "reduce_scatter", "all_to_all", "barrier",
        "send_recv", "reduce", "gather"]
 DTYPES = ["float32", "float64", "int32", "int64", "bfloat16", "uint8"]
+USAGE_KEYS = ("fds", "threads", "nanoccl_threads", "rss")  # what must not grow
 
 
 # ----------------------------------------------------------------------------- rank program
@@ -70,21 +77,30 @@ def rank_program(args: argparse.Namespace) -> int:
 
     def usage() -> dict[str, int]:
         fds = len(os.listdir("/proc/self/fd"))
-        threads = len(os.listdir("/proc/self/task"))
+        tasks = os.listdir("/proc/self/task")
+        threads = len(tasks)
+        ours = 0  # nanoccl's own threads are named "nanoccl-<role>" (common/thread_name.h)
+        for t in tasks:
+            try:
+                ours += Path(f"/proc/self/task/{t}/comm").read_text().startswith("nanoccl-")
+            except OSError:
+                pass  # a thread that just ended
         rss = 0
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("VmRSS:"):
                 rss = int(line.split()[1]) * 1024
-        return {"fds": fds, "threads": threads, "rss": rss}
+        return {"fds": fds, "threads": threads, "nanoccl_threads": ours, "rss": rss}
 
     import datetime
 
-    rng = random.Random(args.seed)  # the same schedule on every rank
     ok = wrong = 0
     try:
-        dist.init_process_group("nanoccl", timeout=datetime.timedelta(seconds=args.pg_timeout))
+        dist.init_process_group(args.backend,
+                                timeout=datetime.timedelta(seconds=args.pg_timeout))
         world = dist.get_world_size()
-        for call in range(args.calls):
+        for rnd, call in ((r, c) for r in range(args.rounds) for c in range(args.calls)):
+            if call == 0:
+                rng = random.Random(args.seed)  # the same schedule on every rank, every round
             op = rng.choice(OPS)
             dtype = getattr(torch, rng.choice(DTYPES))
             n = rng.choice([1, 7, 1000, 65_537, 1 << 18, 1 << 20, 3 << 20])
@@ -139,10 +155,12 @@ def rank_program(args: argparse.Namespace) -> int:
             wrong += not good
             if not good:
                 record(kind="wrong", call=call, op=op, dtype=str(dtype), n=n)
-            if call == 0 or call == args.calls - 1:
-                record(kind="usage", call=call, **usage())
+            if call == args.calls - 1:
+                record(kind="usage", round=rnd, **usage())
         record(kind="done", ok=ok, wrong=wrong)
+        t0 = time.monotonic()
         dist.destroy_process_group()
+        record(kind="destroyed", seconds=round(time.monotonic() - t0, 3))
         return 0 if wrong == 0 else 1
     except Exception as exc:  # noqa: BLE001 - what the soak checks is that it is clear
         record(kind="error", ok=ok, wrong=wrong, message=f"{type(exc).__name__}: {exc}"[:2000])
@@ -156,6 +174,14 @@ def _shm_segments() -> list[str]:
         return [n for n in os.listdir("/dev/shm") if n.startswith("nanoccl-")]
     except OSError:
         return []
+
+
+def _slope(ys: list[float]) -> float:
+    """Least-squares slope of ys over 0, 1, 2, ..."""
+    n = len(ys)
+    mx, my = (n - 1) / 2, sum(ys) / n
+    den = sum((x - mx) ** 2 for x in range(n))
+    return sum((x - mx) * (y - my) for x, y in enumerate(ys)) / den if den else 0.0
 
 
 def _read_records(d: Path) -> list[dict[str, Any]]:
@@ -177,8 +203,11 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
     totals: dict[str, Any] = {"jobs": 0, "calls_ok": 0, "calls_wrong": 0, "faults": 0,
                               "kills": 0, "link_downs": 0, "jobs_failed_cleanly": 0,
                               "errors": 0, "hangs": 0, "shm_left": 0, "usage": [],
-                              "error_examples": [], "minutes": args.minutes}
-    deadline = time.monotonic() + args.minutes * 60
+                              "error_examples": [], "minutes": args.minutes,
+                              "rounds_per_job": args.rounds, "calls_per_round": args.calls,
+                              "destroy_s_max": 0.0, "samples": []}
+    soak_start = time.monotonic()
+    deadline = soak_start + args.minutes * 60
     cluster = emucluster.EmuCluster(nodes=2, procs_per_node=2, rate=args.rate)
     with cluster:
         while time.monotonic() < deadline:
@@ -188,7 +217,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             seed = rng.randrange(1 << 30)
             fault = rng.random() < args.fault_rate
             kind = rng.choice(["kill", "link"]) if fault else "none"
-            job_timeout = args.calls * 2.0 + args.pg_timeout * 3 + 60
+            job_timeout = args.rounds * args.calls * 2.0 + args.pg_timeout * 3 + 60
             env = {"NANOCCL_ENCRYPT": "1" if rng.random() < 0.3 else "0"}
             status: dict[str, int] = {}
 
@@ -196,6 +225,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 status["rc"] = cluster.run(
                     [str(Path(__file__).resolve()), "--rank-program", "--out", str(work),
                      "--seed", str(seed), "--calls", str(args.calls),
+                     "--rounds", str(args.rounds),
                      "--pg-timeout", str(args.pg_timeout)],
                     timeout_s=job_timeout, env=env, out=open(work / "job.log", "w"),
                     fail_grace_s=args.pg_timeout + 15)
@@ -205,8 +235,13 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             th.start()
             fault_at = None
             victim_node = None
+            # After start-up, at a random moment of the job (a round takes ~7 s); a job that
+            # ended first gets none.
             if fault:
-                time.sleep(rng.uniform(3.0, 12.0))  # after start-up, at a random moment
+                th.join(timeout=rng.uniform(3.0, 7.0 * args.rounds))
+                fault = th.is_alive()
+                kind = kind if fault else "none"
+            if fault:
                 fault_at = time.time()
                 if kind == "kill":
                     victim = rng.randrange(4)
@@ -220,6 +255,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                         victim_node = victim // 2
                     except (OSError, ValueError):
                         fault_at = None  # the job had already ended
+                        kind = "none"
                 else:
                     node = cluster.node_list[rng.randrange(2)]
                     down = rng.uniform(1.0, 5.0)
@@ -254,15 +290,25 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 if fault_at is not None and kind == "kill":
                     late = max(r["t"] for r in errors) - fault_at
                     totals.setdefault("error_latency_s", []).append(round(late, 2))
+            destroyed = [r["seconds"] for r in records if r["kind"] == "destroyed"]
+            totals["destroy_s_max"] = max([totals["destroy_s_max"], *destroyed])
             if not fault and len(done) == 4:
                 use = [r for r in records if r["kind"] == "usage"]
                 by_rank: dict[int, list[dict[str, Any]]] = {}
                 for r in use:
                     by_rank.setdefault(r["rank"], []).append(r)
-                for rk, rs in by_rank.items():
-                    if len(rs) == 2:
-                        totals["usage"].append({k: rs[1][k] - rs[0][k]
-                                                for k in ("fds", "threads", "rss")})
+                for rk, rs in sorted(by_rank.items()):
+                    rs.sort(key=lambda r: r["round"])
+                    if len(rs) == args.rounds and args.rounds >= 3:
+                        grown = {k: rs[-1][k] - rs[0][k] for k in USAGE_KEYS}
+                        grown["rss_slope"] = _slope([r["rss"] for r in rs[1:]])
+                        totals["usage"].append(grown)
+                    # The time series: rank 0's figures after each round, job by job.
+                    if rk == 0:
+                        totals["samples"].append({
+                            "minute": round((time.monotonic() - soak_start) / 60, 1),
+                            "job": job,
+                            **{k: [r[k] for r in rs] for k in USAGE_KEYS}})
             left = _shm_segments()
             totals["shm_left"] = max(totals["shm_left"], len(left))
             print(f"soak: job {job} seed {seed} fault {kind} encrypt {env['NANOCCL_ENCRYPT']}: "
@@ -283,31 +329,43 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rank-program", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", default="")
     p.add_argument("--minutes", type=float, default=30.0)
-    p.add_argument("--calls", type=int, default=60, help="calls per job")
+    p.add_argument("--calls", type=int, default=60, help="calls per round")
+    p.add_argument("--rounds", type=int, default=3,
+                   help="rounds of the same calls per job (growth: last round - first)")
     p.add_argument("--fault-rate", type=float, default=0.5, help="share of jobs with a fault")
     p.add_argument("--pg-timeout", type=float, default=20.0)
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--backend", default="nanoccl", help=argparse.SUPPRESS)  # gloo: a reference
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
     if args.rank_program:
         return rank_program(args)
     t = soak(args)
     usage = t.pop("usage")
-    growth = {k: max((u[k] for u in usage), default=0) for k in ("fds", "threads", "rss")}
-    t["max_growth_within_a_job"] = growth
+    growth = {k: max((u[k] for u in usage), default=0) for k in USAGE_KEYS}  # counts
+    t["max_growth_first_to_last_round"] = growth
+    slopes = sorted(u["rss_slope"] for u in usage)
+    t["rss_slope_mib_per_round"] = {
+        "median": round(slopes[len(slopes) // 2] / 2**20, 2) if slopes else 0,
+        "max": round(slopes[-1] / 2**20, 2) if slopes else 0,
+        "share_positive": round(sum(x > 0 for x in slopes) / len(slopes), 2) if slopes else 0}
     t["fault_free_jobs_measured"] = len(usage) // 4
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(t, indent=2) + "\n")
     lat = t.get("error_latency_s", [])
+    slope = t["rss_slope_mib_per_round"]
     print(f"soak: {t['minutes']} min, {t['jobs']} jobs, {t['calls_ok']} calls correct, "
           f"{t['calls_wrong']} wrong; {t['faults']} faults ({t['kills']} kills, "
           f"{t['link_downs']} link downs); {t['errors']} rank errors in "
           f"{t['jobs_failed_cleanly']} failed jobs, hangs {t['hangs']}; "
-          f"max error latency after a fault {max(lat) if lat else '-'} s; growth within a "
-          f"fault-free job: fds {growth['fds']}, threads {growth['threads']}, RSS "
-          f"{growth['rss'] / 2**20:.1f} MiB; /dev/shm segments left {t['shm_left']}")
+          f"max error latency after a fault {max(lat) if lat else '-'} s; growth from the "
+          f"first to the last round of a fault-free job: fds {growth['fds']}, nanoccl threads "
+          f"{growth['nanoccl_threads']} (all threads {growth['threads']}); RSS slope over "
+          f"rounds 2.. {slope['median']} MiB/round median, {slope['max']} max, "
+          f"{slope['share_positive']:.0%} positive; /dev/shm segments left {t['shm_left']}; "
+          f"slowest destroy_process_group {t['destroy_s_max']} s")
     return 0 if t["calls_wrong"] == 0 and t["hangs"] == 0 else 1
 
 

@@ -15,6 +15,7 @@
 #include "common/crypto.h"
 #include "common/logging.h"
 #include "common/secret.h"
+#include "common/thread_name.h"
 #include "transports/routed/routed_transport.h"
 
 namespace nanoccl {
@@ -571,8 +572,8 @@ Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOpt
   NANOCCL_INFO("rank " << options.rank << "/" << options.size << ": communicator '"
                        << options.commId << "' ready" << over);
   Impl* raw = impl.get();
-  impl->worker = std::thread([raw] { raw->workerLoop(); });
-  if (options.size > 1) impl->watchdog = std::thread([raw] { raw->watchdogLoop(); });
+  impl->worker = namedThread("worker", [raw] { raw->workerLoop(); });
+  if (options.size > 1) impl->watchdog = namedThread("watch", [raw] { raw->watchdogLoop(); });
   return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
 }
 
@@ -582,7 +583,7 @@ Communicator::~Communicator() {
   if (tlsInCallbacks > 0) {
     // Possibly on this communicator's worker, watchdog or progress thread: hand the teardown
     // to a short-lived thread that can join them all.
-    std::thread([impl = impl_.release()] {
+    namedThread("destroy", [impl = impl_.release()] {
       impl->shutdown();
       delete impl;
     }).detach();

@@ -47,6 +47,7 @@
 
 #include "collectives/algorithm.h"
 #include "common/reduce.h"
+#include "common/thread_name.h"
 
 namespace nanoccl::detail {
 namespace {
@@ -443,14 +444,14 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
     }
     crossed.finish();
   };
-  std::thread crossThread([&] {
+  std::thread crossThread = namedThread("cross", [&] {
     if (args.codec != nullptr && lr < h.shards) {
       compressedCross();
     } else {
       stage(reduced, &crossed, reduceAcrossNodes);
     }
   });
-  std::thread gatherThread([&] { stage(crossed, nullptr, gatherInNode); });
+  std::thread gatherThread = namedThread("gather", [&] { stage(crossed, nullptr, gatherInNode); });
   for (int b = 0; b < blocks; ++b) {
     const Status s = reduceInNode(b);
     if (!s.isOk()) {

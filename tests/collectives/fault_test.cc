@@ -1,7 +1,9 @@
 // Bad input and faults: every case ends with a clear Status on every rank, never a hang.
 #include <dirent.h>
 
+#include <fstream>
 #include <functional>
+#include <map>
 
 #include "tests/collectives/test_util.h"
 
@@ -397,12 +399,32 @@ int threadCount() {
   return n;
 }
 
+// Threads named "nanoccl-<role>" (common/thread_name.h) of this process, by role.
+std::map<std::string, int> nanocclThreads() {
+  std::map<std::string, int> roles;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream f(std::string("/proc/self/task/") + e->d_name + "/comm");
+      std::string name;
+      if (std::getline(f, name) && name.rfind("nanoccl-", 0) == 0) ++roles[name.substr(8)];
+    }
+    closedir(d);
+  }
+  return roles;
+}
+
 // Destroying communicators, healthy or failed, leaves no thread behind.
 TEST(Lifecycle, NoThreadsLeft) {
   const int before = threadCount();
   {
     std::vector<std::shared_ptr<Communicator>> comms;
     NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(3), comms);
+    // Every rank's threads carry nanoccl's names: a worker, a watchdog and a progress thread.
+    const auto roles = nanocclThreads();
+    EXPECT_EQ(roles.count("worker") ? roles.at("worker") : 0, 3);
+    EXPECT_EQ(roles.count("watch") ? roles.at("watch") : 0, 3);
+    EXPECT_EQ(roles.count("tcp") ? roles.at("tcp") : 0, 3);
     Buffers buf(3);
     runCalls(comms, [&](int r, Communicator& c) {
       return c.allreduce(buf[r], 1000, DataType::kFloat32, ReduceOp::kSum);
@@ -412,6 +434,7 @@ TEST(Lifecycle, NoThreadsLeft) {
     });
   }
   EXPECT_EQ(threadCount(), before);
+  EXPECT_TRUE(nanocclThreads().empty());
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <thread>
 
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "transports/request.h"
 
 namespace nanoccl::routed {
@@ -226,7 +227,7 @@ class Routed : public RoutedTransport {
     failing_ = true;
     NANOCCL_INFO("rank " << rank_ << ": routed transport fails both inner transports: "
                           << why.toString());
-    failer_ = std::thread([this, why] {
+    failer_ = namedThread("abort", [this, why] {
       remote_->abort(why);
       if (local_) local_->abort(why);
     });

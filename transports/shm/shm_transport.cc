@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "transports/request.h"
 #include "transports/shm/segment.h"
 #include "transports/frame.h"
@@ -137,7 +138,7 @@ class ShmTransport : public Transport {
     }
     NANOCCL_INFO("rank " << o_.rank << ": " << describe() << " connected to " << o_.size - 1
                          << " peers");
-    thread_ = std::thread([this] { progressLoop(); });
+    thread_ = namedThread("shm", [this] { progressLoop(); });
     connected_.store(true, std::memory_order_release);
     return Status::ok();
   }

@@ -17,6 +17,7 @@
 #include "common/crypto.h"
 #include "common/logging.h"
 #include "common/secret.h"
+#include "common/thread_name.h"
 #include "transports/request.h"
 #include "transports/tcp/handshake.h"
 #include "transports/tcp/socket_ops.h"
@@ -197,7 +198,7 @@ class TcpTransport : public Transport {
     }
     NANOCCL_INFO("rank " << o_.rank << ": " << describe() << " connected to " << o_.size - 1
                          << " peers");
-    thread_ = std::thread([this] { progressLoop(); });
+    thread_ = namedThread("tcp", [this] { progressLoop(); });
     return Status::ok();
   }
 
