@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test of nanoccl: scripts/setup.sh (idempotent), then the C++ suites (GoogleTest,
 # through ctest), the fuzz targets (scripts/fuzz.sh: libFuzzer, ASan + UBSan, a bounded time
-# each), the C++ suites again under sanitizers (scripts/sanitize.sh) and the Python suites (pytest: tests/torch, tests/bench, tests/study). Exits
-# non-zero if anything failed; the last line is the summary, "test.sh: N passed, N failed, N skipped".
+# each), the C++ suites again under sanitizers (scripts/sanitize.sh) and the Python suites
+# (pytest: tests/torch, tests/bench, tests/study). Exits non-zero if anything failed; the last
+# line is the summary, "test.sh: N passed, N failed, N skipped".
 set -uo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
