@@ -85,11 +85,12 @@ class WorkNanoccl : public c10d::Work {
     const Deadline until = workWaitDeadline(issued_, timeout_, timeout);
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      if (!cv_.wait_until(lock, until.at(), [&] { return completed_; })) {
+      auto done = [&] { return completed_; };
+      if (until.at() == Clock::time_point::max()) {
+        cv_.wait(lock, done);  // wait_until(max) would overflow inside the library
+      } else if (!cv_.wait_until(lock, until.at(), done)) {
         C10_THROW_ERROR(DistBackendError, "nanoccl rank " + std::to_string(rank_) + ": " + what_ +
-                                              " did not complete within " +
-                                              std::to_string(msSince(issued_)) +
-                                              " ms of being issued");
+                                              " " + waitFailure(issued_, timeout));
       }
     }
     // Set right after the Work is finished (complete()), before any callback runs.

@@ -153,15 +153,13 @@ void ProcessGroupNanoccl::shutdown() {
     pending = std::move(pending_);
   }
   // Let what was issued finish first, so that peers still receiving from this rank are not
-  // cut off; every Task completes within the timeout.
+  // cut off; every Work completes within the timeout of its issue, so this is bounded by the
+  // timeout (backend/work_deadline.h).
   const auto deadline = std::chrono::steady_clock::now() + options_->timeout;
   for (auto& weak : pending) {
     if (auto work = weak.lock()) {
-      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-          deadline - std::chrono::steady_clock::now());
-      if (left.count() <= 0) break;
       try {
-        work->wait(left);
+        work->wait();
       } catch (const std::exception&) {
         // Its error belongs to whoever waits on it; shutting down goes on.
       }
@@ -210,10 +208,7 @@ void addStats(CommStats& into, const CommStats& from) {
     auto it = std::find_if(into.perTransport.begin(), into.perTransport.end(),
                            [&](const auto& e) { return e.first == name; });
     if (it == into.perTransport.end()) it = into.perTransport.insert(it, {name, PeerCounters{}});
-    it->second.bytesSent += c.bytesSent;
-    it->second.bytesReceived += c.bytesReceived;
-    it->second.messagesSent += c.messagesSent;
-    it->second.messagesReceived += c.messagesReceived;
+    it->second += c;
   }
 }
 

@@ -154,7 +154,7 @@ def rank_program(args: argparse.Namespace) -> int:
             ok += good
             wrong += not good
             if not good:
-                record(kind="wrong", call=call, op=op, dtype=str(dtype), n=n)
+                record(kind="wrong", round=rnd, call=call, op=op, dtype=str(dtype), n=n)
             if call == args.calls - 1:
                 record(kind="usage", round=rnd, **usage())
         record(kind="done", ok=ok, wrong=wrong)
@@ -165,7 +165,26 @@ def rank_program(args: argparse.Namespace) -> int:
     except Exception as exc:  # noqa: BLE001 - what the soak checks is that it is clear
         record(kind="error", ok=ok, wrong=wrong, message=f"{type(exc).__name__}: {exc}"[:2000])
         log.close()
+        # torchrun stops a node's other ranks as soon as one of them exits non-zero: linger
+        # until they have reported too (or their timeout is long past), so that a rank the
+        # launcher stopped is never taken for one that hung, nor the other way round.
+        _linger_for_siblings(out_dir, args.pg_timeout + 5)
         os._exit(3)  # a broken group is not torn down
+
+
+def _linger_for_siblings(out_dir: Path, limit_s: float) -> None:
+    lws = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    first = int(os.environ.get("GROUP_RANK", "0")) * lws  # torchrun: a node's ranks are contiguous
+    until = time.monotonic() + limit_s
+    while time.monotonic() < until:
+        reported = 0
+        for r in range(first, first + lws):
+            f = out_dir / f"rank{r}.jsonl"
+            text = f.read_text() if f.exists() else ""
+            reported += '"kind": "error"' in text or '"kind": "done"' in text
+        if reported == lws:
+            return
+        time.sleep(0.1)
 
 
 # ------------------------------------------------------------------------------------ driver
@@ -225,7 +244,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 status["rc"] = cluster.run(
                     [str(Path(__file__).resolve()), "--rank-program", "--out", str(work),
                      "--seed", str(seed), "--calls", str(args.calls),
-                     "--rounds", str(args.rounds),
+                     "--rounds", str(args.rounds), "--backend", args.backend,
                      "--pg-timeout", str(args.pg_timeout)],
                     timeout_s=job_timeout, env=env, out=open(work / "job.log", "w"),
                     fail_grace_s=args.pg_timeout + 15)
@@ -235,16 +254,19 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             th.start()
             fault_at = None
             victim_node = None
-            # After start-up, at a random moment of the job (a round takes ~7 s); a job that
-            # ended first gets none.
+            # After start-up, at a random moment of the job (a round of 60 calls takes ~7 s);
+            # a job that ended first gets none. Drawn now, so that a seed gives the same jobs.
+            fault_after = rng.uniform(3.0, 7.0 * args.rounds * args.calls / 60)
+            victim = rng.randrange(4)
+            node = cluster.node_list[rng.randrange(2)]
+            down = rng.uniform(1.0, 5.0)
             if fault:
-                th.join(timeout=rng.uniform(3.0, 7.0 * args.rounds))
+                th.join(timeout=fault_after)
                 fault = th.is_alive()
                 kind = kind if fault else "none"
             if fault:
                 fault_at = time.time()
                 if kind == "kill":
-                    victim = rng.randrange(4)
                     pid_file = work / f"pid{victim}"
                     try:
                         os.kill(int(pid_file.read_text()), signal.SIGKILL)
@@ -255,10 +277,8 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                         victim_node = victim // 2
                     except (OSError, ValueError):
                         fault_at = None  # the job had already ended
-                        kind = "none"
+                        fault, kind = False, "none"
                 else:
-                    node = cluster.node_list[rng.randrange(2)]
-                    down = rng.uniform(1.0, 5.0)
                     subprocess.run(["ip", "-n", node.netns, "link", "set", node.ifname, "down"],
                                    check=False)
                     time.sleep(down)
@@ -299,7 +319,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                     by_rank.setdefault(r["rank"], []).append(r)
                 for rk, rs in sorted(by_rank.items()):
                     rs.sort(key=lambda r: r["round"])
-                    if len(rs) == args.rounds and args.rounds >= 3:
+                    if len(rs) == args.rounds:
                         grown = {k: rs[-1][k] - rs[0][k] for k in USAGE_KEYS}
                         grown["rss_slope"] = _slope([r["rss"] for r in rs[1:]])
                         totals["usage"].append(grown)
@@ -330,8 +350,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default="")
     p.add_argument("--minutes", type=float, default=30.0)
     p.add_argument("--calls", type=int, default=60, help="calls per round")
-    p.add_argument("--rounds", type=int, default=3,
-                   help="rounds of the same calls per job (growth: last round - first)")
+    p.add_argument("--rounds", type=int, default=4,
+                   help="rounds of the same calls per job, at least 4 (the RSS trend is fitted "
+                        "over the rounds after the first)")
     p.add_argument("--fault-rate", type=float, default=0.5, help="share of jobs with a fault")
     p.add_argument("--pg-timeout", type=float, default=20.0)
     p.add_argument("--rate", default="1gbit")
@@ -339,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--backend", default="nanoccl", help=argparse.SUPPRESS)  # gloo: a reference
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
+    if args.rounds < 4 and not args.rank_program:
+        p.error("--rounds must be at least 4: growth is judged over rounds 2.. of a job")
     if args.rank_program:
         return rank_program(args)
     t = soak(args)

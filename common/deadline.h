@@ -10,7 +10,15 @@ using Clock = std::chrono::steady_clock;
 
 class Deadline {
  public:
-  static Deadline after(std::chrono::milliseconds d) { return Deadline(Clock::now() + d); }
+  // Saturates: a duration past the clock's range (e.g. Python's timedelta.max) is never().
+  static Deadline after(std::chrono::milliseconds d) { return from(Clock::now(), d); }
+  static Deadline from(Clock::time_point start, std::chrono::milliseconds d) {
+    if (d >= std::chrono::duration_cast<std::chrono::milliseconds>(
+                 Clock::time_point::max() - start)) {
+      return never();
+    }
+    return Deadline(start + d);
+  }
   static Deadline never() { return Deadline(Clock::time_point::max()); }
   explicit Deadline(Clock::time_point at) : at_(at) {}
 

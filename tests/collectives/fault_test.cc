@@ -232,9 +232,9 @@ TEST(Order, MissingRankTimesOut) {
 }
 
 // A call's deadline counts from its issue, not from when it starts running: rank 0 issues A
-// and B at once; rank 1 joins A late (0.8 T) and issues B at 1.4 T. Rank 0's B has waited out
-// its timeout T in the queue and behind A, so it fails with kTimeout (counted from when it
-// started, at 0.8 T, it would have run until 1.8 T and succeeded).
+// and B at once; rank 1 joins A late (0.5 T) and issues B at 1.25 T. Rank 0's B, queued
+// behind A until 0.5 T, fails with kTimeout at T (with a deadline counted from its start at
+// 0.5 T it would have run until 1.5 T and succeeded).
 TEST(Order, ADeadlineCountsFromTheIssueNotFromTheStart) {
   constexpr int kTimeoutMs = 3000;
   std::vector<std::shared_ptr<Communicator>> comms;
@@ -243,12 +243,12 @@ TEST(Order, ADeadlineCountsFromTheIssueNotFromTheStart) {
   const auto issued = Clock::now();
   auto tA0 = comms[0]->allreduce(&a0, 1, DataType::kFloat32, ReduceOp::kSum);
   auto tB0 = comms[0]->allreduce(&b0, 1, DataType::kFloat32, ReduceOp::kSum);
-  std::this_thread::sleep_until(issued + std::chrono::milliseconds(kTimeoutMs * 8 / 10));
+  std::this_thread::sleep_until(issued + std::chrono::milliseconds(kTimeoutMs / 2));
   auto tA1 = comms[1]->allreduce(&a1, 1, DataType::kFloat32, ReduceOp::kSum);
   ASSERT_TRUE(tA1->wait(Deadline::after(std::chrono::seconds(40))).isOk());
   ASSERT_TRUE(tA0->wait(Deadline::after(std::chrono::seconds(40))).isOk());
   EXPECT_EQ(a0, 3.0f);
-  std::this_thread::sleep_until(issued + std::chrono::milliseconds(kTimeoutMs * 14 / 10));
+  std::this_thread::sleep_until(issued + std::chrono::milliseconds(kTimeoutMs * 5 / 4));
   auto tB1 = comms[1]->allreduce(&b1, 1, DataType::kFloat32, ReduceOp::kSum);
   const auto st = waitAll({tB0, tB1}, std::chrono::seconds(40));
   EXPECT_EQ(st[0].code(), StatusCode::kTimeout) << st[0].toString();

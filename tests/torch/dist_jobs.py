@@ -313,7 +313,7 @@ def check_allreduce(ck: Checks, nano: Any, gloo: Any, rank: int, world: int) -> 
                 ck.fail("wait(timeout)", "returned: the timeout did not count from the issue")
             except RuntimeError as exc:
                 ck.expect("wait(timeout) message", "did not complete" in str(exc)
-                          and "of being issued" in str(exc), str(exc))
+                          and "counted from its issue" in str(exc), str(exc))
         work.wait()
         ck.same("wait(timeout) then wait()", t, torch.full((4,), float(world)))
 
