@@ -334,10 +334,12 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allreduceCompressed(
   return run("allreduce_compressed", true, [&](Communicator& comm, const CommPtr& owner) {
     const char* what = "allreduce_compressed";
     checkTensor(tensor, what);
-    if (tensor.scalar_type() != at::kFloat) {
-      reject(std::string(what) + ": takes float32 tensors, got " +
-             std::string(c10::toString(tensor.scalar_type())));
+    const at::ScalarType st = tensor.scalar_type();
+    if (st != at::kFloat && st != at::kHalf && st != at::kBFloat16) {
+      reject(std::string(what) + ": takes float32, float16 or bfloat16 tensors, got " +
+             std::string(c10::toString(st)));
     }
+    const DataType dt = reduceType(tensor, what);
     if (residual.defined()) {
       checkTensor(residual, what);
       if (residual.scalar_type() != at::kFloat || !residual.is_contiguous() ||
@@ -354,7 +356,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allreduceCompressed(
     if (blockSize < 0 || blockSize > std::numeric_limits<uint32_t>::max()) {
       reject(std::string(what) + ": block_size " + std::to_string(blockSize) + " out of range");
     }
-    const Reduction red = mapReduction(op, DataType::kFloat32, what);
+    const Reduction red = mapReduction(op, dt, what);
     std::vector<at::Tensor> tensors{tensor};
     auto work = NANOCCL_WORK(c10d::OpType::ALLREDUCE, what, tensors);
     at::Tensor buf = output(*work, tensor, true);
@@ -368,7 +370,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allreduceCompressed(
     WorkNanoccl::start(work, {[&] {
                          return comm.allreduceCompressed(ptr(buf),
                                                          static_cast<size_t>(buf.numel()),
-                                                         DataType::kFloat32, red.op, request,
+                                                         dt, red.op, request,
                                                          red.factor);
                        }});
     return work;

@@ -58,8 +58,8 @@ struct CallArgs {
   size_t count = 0;
   std::vector<size_t> counts;
   std::vector<size_t> recvCounts;
-  // Compression of the inter-node leg (allreduce, reduce_scatter; float32 only): null for a
-  // lossless call. Set by the communicator only where a lossy row of the table runs the call.
+  // Compression of the inter-node leg (allreduce, reduce_scatter; float32, and float16/bfloat16
+  // through runInFloat32): null for a lossless call. Set by the communicator only where a lossy row of the table runs the call.
   const codec::Codec* codec = nullptr;
   codec::CodecParams codecParams;
   // Error feedback (allreduce only, may be null): `count` floats owned by the caller; what this
@@ -328,6 +328,10 @@ Status compressedReduceScatter(Context& ctx, const codec::Codec& codec,
 // The flat rows: every node has one rank.
 Status allreduceCompressed(Context& ctx, const CallArgs& args);
 Status reduceScatterCompressed(Context& ctx, const CallArgs& args);
+// A float16/bfloat16 allreduce or reduce_scatter under a codec: `run` (a lossy row) runs it in
+// float32 on widened copies (every stage accumulates in float32, the codec encodes float32, the
+// residual is float32 as for float32 calls), and the result is rounded back once.
+Status runInFloat32(Status (*run)(Context&, const CallArgs&), Context& ctx, const CallArgs& args);
 
 // World size 1: the result of every op as plain local copies.
 Status runLocal(const CallArgs& args);

@@ -332,7 +332,15 @@ void Communicator::Impl::runCall(QueuedCall& call) {
     detail::Context ctx(transport.get(), rank, size, call.fingerprint, call.deadline, timeout,
                         config, hierarchy.get());
     NANOCCL_TRACE(what << "running " << (size == 1 ? "local" : call.algorithm->name));
-    s = size == 1 ? detail::runLocal(call.args) : call.algorithm->run(ctx, call.args);
+    const bool widened = call.args.codec != nullptr && (call.args.dtype == DataType::kFloat16 ||
+                                                        call.args.dtype == DataType::kBFloat16);
+    if (size == 1) {
+      s = detail::runLocal(call.args);
+    } else if (widened) {
+      s = detail::runInFloat32(call.algorithm->run, ctx, call.args);
+    } else {
+      s = call.algorithm->run(ctx, call.args);
+    }
     // Stages on the sub-communicators count here too (child Contexts add to ctx).
     const auto op = static_cast<size_t>(call.fingerprint.op);
     sentPerOp[op] += ctx.bytesSent();
@@ -359,13 +367,16 @@ Status Communicator::Impl::chooseCodec(CallArgs& args, const CompressionRequest*
   if (name == "none" || (request == nullptr && args.planBytes() < config.compressionMinBytes)) {
     return Status::ok();
   }
-  const bool floatSum = args.dtype == DataType::kFloat32 &&
-                        (args.redop == ReduceOp::kSum || args.redop == ReduceOp::kAvg ||
-                         args.redop == ReduceOp::kPremulSum);
+  // float16/bfloat16 run in float32 (detail::runInFloat32).
+  const bool floatSum =
+      (args.dtype == DataType::kFloat32 || args.dtype == DataType::kFloat16 ||
+       args.dtype == DataType::kBFloat16) &&
+      (args.redop == ReduceOp::kSum || args.redop == ReduceOp::kAvg ||
+       args.redop == ReduceOp::kPremulSum);
   if (!floatSum) {
     if (request == nullptr) return Status::ok();  // integers, MIN, MAX...: lossless
-    return invalidArgument(std::string("compressed allreduce takes float32 with sum, avg or "
-                                       "premul_sum, got ") +
+    return invalidArgument(std::string("compressed allreduce takes float32, float16 or bfloat16 "
+                                       "with sum, avg or premul_sum, got ") +
                            dataTypeName(args.dtype) + " with " + reduceOpName(args.redop));
   }
   NANOCCL_ASSIGN_OR_RETURN(const codec::Codec* c, codec::findCodec(name));

@@ -149,13 +149,17 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // `premulFactor` first. kAvg divides the sum by size() (integer division for integers).
   std::shared_ptr<Task> allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
                                   double premulFactor = 1.0);
-  // With config().compression set, a float32 kSum/kAvg/kPremulSum allreduce or reduceScatter
-  // of at least compressionMinBytes between several nodes compresses its inter-node leg: the
-  // result is then the same on every rank but lossy (collectives/codec/codec.h gives the error
-  // per codec). Everything else, and everything within a node, stays lossless.
+  // With config().compression set, a float32, float16 or bfloat16 kSum/kAvg/kPremulSum
+  // allreduce or reduceScatter of at least compressionMinBytes between several nodes compresses
+  // its inter-node leg: the result is then the same on every rank but lossy
+  // (collectives/codec/codec.h gives the error per codec). float16/bfloat16 calls run in
+  // float32 (accumulated in float32, encoded from float32, rounded back to the input type once;
+  // the intra-node stages move float32). Everything else, and everything within a node, stays
+  // lossless.
   //
   // allreduce with compression asked for by this call, whatever its size and the config: the
-  // same contract otherwise. The buffer must be float32 and the reduction kSum, kAvg or
+  // same contract otherwise. The buffer must be float32, float16 or bfloat16 (the residual is
+  // `count` floats either way) and the reduction kSum, kAvg or
   // kPremulSum (else kInvalidArgument). A single-node communicator runs it lossless (and leaves
   // the residual alone). Every rank must pass the same codec and block size.
   std::shared_ptr<Task> allreduceCompressed(void* buf, size_t count, DataType dtype, ReduceOp op,

@@ -290,4 +290,24 @@ Status reduceScatterCompressed(Context& ctx, const CallArgs& args) {
   return Status::ok();
 }
 
+Status runInFloat32(Status (*run)(Context&, const CallArgs&), Context& ctx, const CallArgs& args) {
+  const bool allreduce = args.op == OpType::kAllreduce;
+  size_t inCount = args.count;
+  if (!allreduce) {
+    inCount = 0;
+    for (size_t c : args.counts) inCount += c;
+  }
+  const size_t outCount = allreduce ? args.count : args.counts[ctx.rank()];
+  CallArgs wide = args;
+  wide.dtype = DataType::kFloat32;
+  auto* in = reinterpret_cast<float*>(ctx.scratch(inCount * sizeof(float)));
+  NANOCCL_CHECK(widenToFloat32(in, allreduce ? args.recv : args.send, inCount, args.dtype));
+  float* out = in;
+  if (!allreduce) out = reinterpret_cast<float*>(ctx.scratch(outCount * sizeof(float)));
+  wide.send = in;
+  wide.recv = out;
+  NANOCCL_CHECK(run(ctx, wide));
+  return narrowFromFloat32(args.recv, out, outCount, args.dtype);
+}
+
 }  // namespace nanoccl::detail

@@ -170,7 +170,44 @@ Status reduceWith(Isa isa, void* out, const void* a, const void* b, size_t count
   return Status::ok();
 }
 
+namespace {
+
+Status checkConversion(const void* out, const void* in, size_t count, DataType t) {
+  if (t != DataType::kFloat16 && t != DataType::kBFloat16) {
+    return invalidArgument(std::string("convert: float16 or bfloat16 <-> float32 only, not ") +
+                           dataTypeName(t));
+  }
+  if (count > 0 && (out == nullptr || in == nullptr)) {
+    return invalidArgument("convert: null buffer for " + std::to_string(count) + " elements");
+  }
+  return Status::ok();
+}
+
+}  // namespace
+
+Status widenWith(Isa isa, float* out, const void* in, size_t count, DataType t) {
+  NANOCCL_CHECK(checkConversion(out, in, count, t));
+  if (count == 0) return Status::ok();
+  kernels(isa).widen[static_cast<size_t>(t)](out, static_cast<const uint16_t*>(in), count);
+  return Status::ok();
+}
+
+Status narrowWith(Isa isa, void* out, const float* in, size_t count, DataType t) {
+  NANOCCL_CHECK(checkConversion(out, in, count, t));
+  if (count == 0) return Status::ok();
+  kernels(isa).narrow[static_cast<size_t>(t)](static_cast<uint16_t*>(out), in, count);
+  return Status::ok();
+}
+
 }  // namespace reduce_internal
+
+Status widenToFloat32(float* out, const void* in, size_t count, DataType t) {
+  return reduce_internal::widenWith(reduce_internal::activeIsa(), out, in, count, t);
+}
+
+Status narrowFromFloat32(void* out, const float* in, size_t count, DataType t) {
+  return reduce_internal::narrowWith(reduce_internal::activeIsa(), out, in, count, t);
+}
 
 Status reduceInto(void* dst, const void* src, size_t count, DataType t, ReduceOp op) {
   return reduce_internal::reduceWith(reduce_internal::activeIsa(), dst, dst, src, count, t, op);

@@ -25,6 +25,12 @@ Status scaleInPlace(void* buf, size_t count, DataType t, double factor);
 // buf[i] /= divisor (for kAvg). Integers use integer division (truncation), like NCCL.
 Status divideInPlace(void* buf, size_t count, DataType t, int64_t divisor);
 
+// float16/bfloat16 <-> float32, vectorized like the reductions: widening is exact (a float16
+// signaling NaN comes out quiet); narrowing rounds to nearest even (NaN stays NaN, as floatToHalf()/floatToBFloat16()). Compressed
+// collectives run half-precision calls in float32 with these. kInvalidArgument for other types.
+Status widenToFloat32(float* out, const void* in, size_t count, DataType t);
+Status narrowFromFloat32(void* out, const float* in, size_t count, DataType t);
+
 // Which kernel variant reduceInto uses on this CPU: "avx512", "avx2" or "scalar"
 // (NANOCCL_REDUCE_ISA=scalar|avx2|avx512 lowers it, for tests and benchmarks).
 const char* reduceIsa();

@@ -24,9 +24,18 @@ enum class Isa : uint8_t { kScalar = 0, kAvx2, kAvx512, kNumIsas };
 // out[i] = a[i] (op) b[i] for i < count; out may be a or b, but no other overlap.
 using BinaryFn = void (*)(void* out, const void* a, const void* b, size_t count);
 
+// float16/bfloat16 <-> float32 over `count` elements (widening is exact, but for a float16
+// signaling NaN, which comes out quiet as F16C makes it; narrowing rounds to nearest even, NaN
+// as floatToHalf()/floatToBFloat16() make it).
+using WidenFn = void (*)(float* out, const uint16_t* in, size_t count);
+using NarrowFn = void (*)(uint16_t* out, const float* in, size_t count);
+
 struct KernelTable {
   // Indexed [DataType][ReduceOp]; nullptr where reduceOpSupported() is false.
   BinaryFn fn[static_cast<size_t>(DataType::kNumTypes)][static_cast<size_t>(ReduceOp::kNumOps)];
+  // Indexed [DataType]; set for kFloat16 and kBFloat16 only.
+  WidenFn widen[static_cast<size_t>(DataType::kNumTypes)];
+  NarrowFn narrow[static_cast<size_t>(DataType::kNumTypes)];
 };
 
 const char* isaName(Isa isa);  // "scalar", "avx2", "avx512"
@@ -41,6 +50,9 @@ Isa activeIsa();
 // reduceTo() through a chosen variant (tests compare variants with it; the CPU must support it).
 Status reduceWith(Isa isa, void* out, const void* a, const void* b, size_t count, DataType t,
                   ReduceOp op);
+// widenToFloat32() / narrowFromFloat32() through a chosen variant.
+Status widenWith(Isa isa, float* out, const void* in, size_t count, DataType t);
+Status narrowWith(Isa isa, void* out, const float* in, size_t count, DataType t);
 
 // Defined by each variant's translation unit: overwrite the entries it implements.
 void fillScalarKernels(KernelTable& table);

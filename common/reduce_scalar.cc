@@ -119,6 +119,27 @@ uint16_t viaBFloat16(uint16_t a, uint16_t b) {
   return floatToBFloat16(Op(bfloat16ToFloat(a), bfloat16ToFloat(b)));
 }
 
+// F16C's vcvtph2ps quiets a signaling NaN; so does the scalar widening, for the same bits.
+float quietHalfToFloat(uint16_t h) {
+  float f = halfToFloat(h);
+  if (f != f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    bits |= 0x00400000u;
+    std::memcpy(&f, &bits, sizeof f);
+  }
+  return f;
+}
+
+template <float (*ToFloat)(uint16_t)>
+void widenLoop(float* out, const uint16_t* in, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = ToFloat(in[i]);
+}
+template <uint16_t (*FromFloat)(float)>
+void narrowLoop(uint16_t* out, const float* in, size_t n) {
+  for (size_t i = 0; i < n; ++i) out[i] = FromFloat(in[i]);
+}
+
 // bool (one byte, 0 or 1; any non-zero byte reads as true): results are always 0 or 1.
 uint8_t boolOr(uint8_t a, uint8_t b) { return (a | b) != 0; }
 uint8_t boolAnd(uint8_t a, uint8_t b) { return a != 0 && b != 0; }
@@ -198,6 +219,10 @@ void fillScalarKernels(KernelTable& t) {
               viaHalf<maxFloat<float>>>(t, DataType::kFloat16);
   setHalfLike<viaBFloat16<addFloat<float>>, viaBFloat16<mulFloat<float>>,
               viaBFloat16<minFloat<float>>, viaBFloat16<maxFloat<float>>>(t, DataType::kBFloat16);
+  t.widen[static_cast<size_t>(DataType::kFloat16)] = widenLoop<quietHalfToFloat>;
+  t.narrow[static_cast<size_t>(DataType::kFloat16)] = narrowLoop<floatToHalf>;
+  t.widen[static_cast<size_t>(DataType::kBFloat16)] = widenLoop<bfloat16ToFloat>;
+  t.narrow[static_cast<size_t>(DataType::kBFloat16)] = narrowLoop<floatToBFloat16>;
   setInteger<int8_t>(t, DataType::kInt8);
   setInteger<uint8_t>(t, DataType::kUInt8);
   setInteger<int16_t>(t, DataType::kInt16);

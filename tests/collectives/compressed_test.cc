@@ -234,6 +234,100 @@ TEST_P(CompressedReduceScatter, EachRankGetsItsSumWithinTheCodecsError) {
 INSTANTIATE_TEST_SUITE_P(Shapes, CompressedReduceScatter,
                          ::testing::Values("aabb", "abc", "aab", "abbab"));
 
+// float16 / bfloat16 under int8: the call runs in float32 (runInFloat32) and is rounded back
+// once. Every rank ends with the same bits; the error is the float32 call's plus one rounding
+// to the input type; the inter-node bytes are int8's (one byte per element, from float32),
+// not the lossless half-precision call's two; sum, avg and premul_sum (what FSDP2 sends).
+struct HalfCase {
+  std::string shape;
+  DataType dtype;
+  ReduceOp op;
+  bool reduceScatter = false;
+};
+
+std::string halfCaseName(const ::testing::TestParamInfo<HalfCase>& info) {
+  const HalfCase& c = info.param;
+  return c.shape + "_" + dataTypeName(c.dtype) + "_" + reduceOpName(c.op) +
+         (c.reduceScatter ? "_reduce_scatter" : "_allreduce");
+}
+
+class CompressedHalf : public ::testing::TestWithParam<HalfCase> {};
+
+TEST_P(CompressedHalf, SameBitsEverywhereWithinTheCodecsErrorPlusOneRounding) {
+  const HalfCase& c = GetParam();
+  Comms comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(compressedWorld(c.shape, "int8"), comms);
+  const int n = static_cast<int>(comms.size());
+  const bool bf16 = c.dtype == DataType::kBFloat16;
+  auto toHalf = [&](float f) { return bf16 ? floatToBFloat16(f) : floatToHalf(f); };
+  auto toFloat = [&](uint16_t h) { return bf16 ? bfloat16ToFloat(h) : halfToFloat(h); };
+  const double factor = c.op == ReduceOp::kPremulSum ? 0.375 : 1.0;
+  const double scale = c.op == ReduceOp::kAvg ? 1.0 / n : factor;
+  std::vector<size_t> counts(n);
+  for (int r = 0; r < n; ++r) counts[r] = c.reduceScatter ? 20011 + 331 * r : 0;
+  const size_t total = c.reduceScatter ? std::accumulate(counts.begin(), counts.end(), size_t{0})
+                                       : size_t{100003};
+  std::vector<std::vector<uint16_t>> in(n), out(n);
+  std::vector<double> exact(total, 0.0);
+  for (int r = 0; r < n; ++r) {
+    const std::vector<float> v = inputOf(r, total);
+    for (float f : v) in[r].push_back(toHalf(f));
+    for (size_t i = 0; i < total; ++i) exact[i] += toFloat(in[r][i]) * scale;
+    out[r] = c.reduceScatter ? std::vector<uint16_t>(counts[r]) : in[r];
+  }
+  std::vector<std::shared_ptr<Task>> tasks;
+  for (int r = 0; r < n; ++r) {
+    tasks.push_back(c.reduceScatter ? comms[r]->reduceScatter(in[r].data(), out[r].data(),
+                                                              counts, c.dtype, c.op, factor)
+                                    : comms[r]->allreduce(out[r].data(), total, c.dtype, c.op,
+                                                          factor));
+  }
+  expectAllOk(tasks);
+  // One rounding to the input type: half an ulp, 2^-9 (bfloat16) or 2^-12 (float16) relative.
+  const double rounding = bf16 ? std::ldexp(1.0, -8) : std::ldexp(1.0, -11);
+  double worst = 0;
+  size_t at = 0;
+  for (int r = 0; r < n; ++r) {
+    if (!c.reduceScatter && r > 0) {
+      ASSERT_EQ(out[r], out[0]) << "rank " << r << " differs from rank 0";
+      continue;
+    }
+    for (size_t i = 0; i < out[r].size(); ++i) {
+      const double want = exact[at + i];
+      const double err = std::abs(toFloat(out[r][i]) - want);
+      worst = std::max(worst, err);
+      ASSERT_LE(err, errorBound("int8", n) * std::abs(scale) + std::abs(want) * rounding)
+          << "rank " << r << " element " << i;
+    }
+    at += out[r].size();
+  }
+  EXPECT_GT(worst, 0.0);
+  // The int8 codec carried the inter-node leg: about a quarter of float32's bytes, well under
+  // the lossless half-precision call's half.
+  uint64_t inter = 0;
+  for (int r = 0; r < n; ++r) inter += comms[r]->stats().interNodeBytesSent;
+  const int m = nodesOf(c.shape);
+  const double f32Ideal = (c.reduceScatter ? 1.0 : 2.0) * (m - 1) / m * total * sizeof(float) * m;
+  EXPECT_LE(static_cast<double>(inter), f32Ideal * 0.26 * 1.02) << "inter-node bytes " << inter;
+  EXPECT_GT(inter, 0u);
+}
+
+std::vector<HalfCase> halfCases() {
+  std::vector<HalfCase> out;
+  for (const char* shape : {"aabb", "abc", "aab"}) {
+    for (DataType t : {DataType::kBFloat16, DataType::kFloat16}) {
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kPremulSum}) {
+        out.push_back({shape, t, op, false});
+      }
+      out.push_back({shape, t, ReduceOp::kSum, true});
+    }
+  }
+  out.push_back({"aabb", DataType::kBFloat16, ReduceOp::kAvg, true});
+  return out;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CompressedHalf, ::testing::ValuesIn(halfCases()), halfCaseName);
+
 // Calls that must stay lossless under NANOCCL_COMPRESSION: integer-valued inputs whose sums
 // are exact in float32, so any encoding would show.
 TEST(CompressedLossless, IntegersMinMaxSmallMessagesAndForcedFlatRows) {

@@ -566,6 +566,63 @@ TEST(ReduceIsaExhaustiveTest, EveryHalfAndBFloat16Value) {
   if (compared == 0) GTEST_SKIP() << "no vector variant runs on this CPU";
 }
 
+// Conversions: every float16/bfloat16 value widens exactly (to what halfToFloat() and
+// bfloat16ToFloat() give; float16 NaNs come out quiet, as F16C makes them), and floats that exercise rounding ties, overflow, subnormals, signed
+// zeros and NaN payloads narrow to what floatToHalf()/floatToBFloat16() give; in every variant
+// the CPU runs and at every length (the vector tails).
+TEST(ConvertTest, EveryVariantMatchesTheScalarConversions) {
+  std::vector<uint16_t> all(65536);
+  for (uint32_t i = 0; i < 65536; ++i) all[i] = static_cast<uint16_t>(i);
+  std::vector<float> floats;
+  for (uint32_t bits : {0x00000000u, 0x80000000u, 0x3f800000u, 0x3f808000u, 0x3f818000u,
+                        0x3f7fffffu, 0x477fe000u, 0x477ff000u, 0x7f7fffffu, 0xff7fffffu,
+                        0x7f800000u, 0xff800000u, 0x7fc00000u, 0xffc00001u, 0x7f800001u,
+                        0x00000001u, 0x33800000u, 0x387fc000u, 0x38800000u, 0xb3000001u}) {
+    float f;
+    std::memcpy(&f, &bits, sizeof f);
+    floats.push_back(f);
+  }
+  for (int i = 0; i < 4000; ++i) floats.push_back(std::ldexp(std::sin(0.37 * i), (i % 61) - 30));
+  int compared = 0;
+  for (size_t i = 0; i < static_cast<size_t>(Isa::kNumIsas); ++i) {
+    const auto isa = static_cast<Isa>(i);
+    if (!reduce_internal::cpuSupports(isa)) continue;
+    for (const DataType t : {DataType::kFloat16, DataType::kBFloat16}) {
+      const bool half = t == DataType::kFloat16;
+      std::vector<float> wide(all.size());
+      ASSERT_TRUE(reduce_internal::widenWith(isa, wide.data(), all.data(), all.size(), t).isOk());
+      for (uint32_t k = 0; k < 65536; ++k) {
+        float want = half ? halfToFloat(all[k]) : bfloat16ToFloat(all[k]);
+        if (half && want != want) {
+          uint32_t bits;
+          std::memcpy(&bits, &want, sizeof bits);
+          bits |= 0x00400000u;
+          std::memcpy(&want, &bits, sizeof want);
+        }
+        ASSERT_EQ(std::memcmp(&wide[k], &want, sizeof want), 0)
+            << reduce_internal::isaName(isa) << " widen " << dataTypeName(t) << " 0x"
+            << std::hex << k;
+      }
+      for (size_t n : {size_t{0}, size_t{1}, size_t{7}, size_t{17}, size_t{33}, floats.size()}) {
+        std::vector<uint16_t> narrow(n + 1, 0xabcd);
+        ASSERT_TRUE(reduce_internal::narrowWith(isa, narrow.data(), floats.data(), n, t).isOk());
+        for (size_t k = 0; k < n; ++k) {
+          ASSERT_EQ(narrow[k], half ? floatToHalf(floats[k]) : floatToBFloat16(floats[k]))
+              << reduce_internal::isaName(isa) << " narrow " << dataTypeName(t) << " #" << k;
+        }
+        EXPECT_EQ(narrow[n], 0xabcd) << "wrote past the end";
+      }
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 2);
+  float f = 0;
+  EXPECT_EQ(widenToFloat32(&f, &f, 1, DataType::kFloat32).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(narrowFromFloat32(nullptr, &f, 1, DataType::kBFloat16).code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_TRUE(narrowFromFloat32(nullptr, nullptr, 0, DataType::kBFloat16).isOk());
+}
+
 // ---- kAvg / kPremulSum scaling --------------------------------------------------------------
 
 // v holds the elements' parts (two per complex element).

@@ -102,6 +102,41 @@ def scenario_compressed(a: argparse.Namespace, ck: Checks) -> None:
         want_min = torch.stack(gathered(x, gloo)).min(dim=0).values
         ck.same(f"{codec} min exact", mins, want_min)
 
+    # bfloat16 / float16 under int8: reduced in float32 and rounded back once to the input
+    # type; the inter-node leg carries int8 (about a quarter of the float32 call's bytes, not
+    # the half a lossless half-precision call moves); AVG as FSDP2 sends it.
+    grp8 = dist.new_group(backend="nanoccl",
+                          pg_options=nanoccl.Options(compression="int8", min_bytes=0))
+    for dtype, rel in ((torch.bfloat16, 2.0 ** -8), (torch.float16, 2.0 ** -11)):
+        name = f"int8 {dtype}"
+        h = x.to(dtype)
+        want_h = h.double()
+        dist.all_reduce(want_h, group=gloo)
+        want_h /= world
+        before = nanoccl.stats(grp8)["per_link"]["inter-node"]["bytes_sent"]
+        y = h.clone()
+        dist.all_reduce(y, op=dist.ReduceOp.AVG, group=grp8)
+        inter = nanoccl.stats(grp8)["per_link"]["inter-node"]["bytes_sent"] - before
+        everyone = gathered(y, gloo)
+        ck.expect(f"{name} dtype kept", y.dtype == dtype, str(y.dtype))
+        ck.expect(f"{name} same bits", all(torch.equal(everyone[0], t) for t in everyone),
+                  "ranks differ")
+        err = (y.double() - want_h).abs()
+        allowed = bound("int8", world, amax) / world + want_h.abs() * rel
+        ck.expect(f"{name} error", bool((err <= allowed).all()),
+                  f"max excess {(err - allowed).max().item()}")
+        ck.expect(f"{name} lossy", err.max().item() > 0, "no error: was the codec applied?")
+        ck.expect(f"{name} inter-node bytes", inter <= lossless_inter * 0.26 * 1.02,
+                  f"{inter} vs the float32 call's lossless {lossless_inter}")
+    # allreduce_compressed of a bfloat16 tensor keeps a float32 residual.
+    hres = torch.zeros(count)
+    y = x.to(torch.bfloat16)
+    nanoccl.allreduce_compressed(y, hres, codec="int8", group=lossless)
+    everyone = gathered(y, gloo)
+    ck.expect("bf16 allreduce_compressed same bits",
+              all(torch.equal(everyone[0], t) for t in everyone))
+    ck.expect("bf16 allreduce_compressed dtype", y.dtype == torch.bfloat16, str(y.dtype))
+
     # The Python call with a caller-held residual, on the lossless group.
     residual = torch.zeros(count)
     y = x.clone()

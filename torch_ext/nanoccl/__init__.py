@@ -265,11 +265,13 @@ def allreduce_compressed(
     group: dist.ProcessGroup | None = None,
     async_op: bool = False,
 ) -> dist.Work | None:
-    """all_reduce of a float32 `tensor` in place with its inter-node leg compressed by `codec`.
+    """all_reduce of a float32, float16 or bfloat16 `tensor` in place with its inter-node leg
+    compressed by `codec`.
 
     Like ``dist.all_reduce`` (SUM or AVG), whatever the group's ``compression`` setting and
-    the tensor's size; every rank ends with the same bits. `residual` is this rank's error
-    feedback: a float32 tensor shaped like `tensor`, zeros at first, that the caller keeps
+    the tensor's size; every rank ends with the same bits. float16/bfloat16 tensors are reduced
+    in float32 and rounded back once. `residual` is this rank's error feedback: a float32
+    tensor (whatever the tensor's dtype) shaped like `tensor`, zeros at first, that the caller keeps
     and passes again with the next call of the same shape (what this rank's encodings lose is
     added back next time). ``block_size`` is int8/int4's elements per scale (0: the group's
     ``compression_block``, else 256 for int8 and 64 for int4). A group on one node runs it

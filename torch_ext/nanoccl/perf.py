@@ -202,11 +202,14 @@ def checked_dtype(dtype: DType, side: Any, world: int) -> DType:
     """What a side's results are checked against: a lossy codec gets the error it allows.
 
     Each rank's input (pattern values up to 13) is encoded at most once inside its node's
-    partial sum and the total once more: at most 2 x world x 13 x the codec's unit.
+    partial sum and the total once more: at most 2 x world x 13 x the codec's unit. A
+    bfloat16/float16 result is also rounded once to its type: the dtype's own rtol stays.
     """
     if not getattr(side, "codec", None) or not dtype.torch_dtype.is_floating_point:
         return dtype
-    return replace(dtype, rtol=0.0, atol=2 * world * 13 * CODEC_UNIT[side.codec] * 1.05)
+    half = dtype.torch_dtype in (torch.float16, torch.bfloat16)
+    return replace(dtype, rtol=dtype.rtol if half else 0.0,
+                   atol=2 * world * 13 * CODEC_UNIT[side.codec] * 1.05)
 
 
 # ----------------------------------------------------------------- collectives
