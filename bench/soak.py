@@ -303,6 +303,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
             silent = sorted(expected - reported)
             hung = status.get("rc") == 124 or bool(silent)
             totals["hangs"] += int(hung)
+            slow = False
             if errors:
                 totals["jobs_failed_cleanly"] += int(not hung)
                 if len(totals["error_examples"]) < 8:
@@ -310,6 +311,7 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 if fault_at is not None and kind == "kill":
                     late = max(r["t"] for r in errors) - fault_at
                     totals.setdefault("error_latency_s", []).append(round(late, 2))
+                    slow = late > args.slow_error_s
             destroyed = [r["seconds"] for r in records if r["kind"] == "destroyed"]
             totals["destroy_s_max"] = max([totals["destroy_s_max"], *destroyed])
             if not fault and len(done) == 4:
@@ -337,10 +339,11 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                   + (f" HUNG (silent ranks {silent})" if hung else "")
                   + (f", /dev/shm left {left}" if left else ""),
                   flush=True)
-            if not hung and not wrong and not left:
+            if not hung and not wrong and not left and not slow:
                 subprocess.run(["rm", "-rf", str(work)], check=False)
-            elif left:
-                print(f"soak: job {job} kept in {work}", flush=True)
+            else:
+                print(f"soak: job {job} kept in {work}"
+                      + (" (an error came late after its fault)" if slow else ""), flush=True)
     return totals
 
 
@@ -357,6 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pg-timeout", type=float, default=20.0)
     p.add_argument("--rate", default="1gbit")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--slow-error-s", type=float, default=5.0,
+                   help="keep the files of a job whose ranks took longer to fail after a kill")
     p.add_argument("--backend", default="nanoccl", help=argparse.SUPPRESS)  # gloo: a reference
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)

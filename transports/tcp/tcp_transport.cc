@@ -545,7 +545,12 @@ class TcpTransport : public Transport {
       return;
     }
     if (result == 0 && c.stage == Conn::Stage::kHeader) return onOrderlyClose(c);
-    if (result <= 0) return failOnClose(connectionError(c, result));
+    // Cut mid-frame (a peer killed while sending, say): the receive the frame was for is held
+    // by no table once `target` is dropped (a point-to-point message never is), so it is
+    // parked to complete with the failure.
+    if (result <= 0) {
+      return failOnClose(connectionError(c, result), target ? target->req : nullptr);
+    }
     if (c.rx) {
       if (Status st = openRecord(c); !st.isOk()) return fail(st, true);
       if (c.stage != Conn::Stage::kHeader && c.rxLeft > 0) {
