@@ -605,7 +605,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default 0: no cap)")
     p.add_argument("--min-iters", type=int, default=3,
                    help="floor of the --iter-budget cap (default 3)")
-    p.add_argument("-d", "--datatype", default="float", help=f"{', '.join(DTYPES)} (default float)")
+    p.add_argument("-d", "--datatype", "--dtype", dest="datatype", default="float",
+                   help=f"{', '.join(DTYPES)} (default float)")
     p.add_argument("-o", "--op", default="sum", help=f"{', '.join(REDOPS)} (default sum)")
     p.add_argument("-r", "--root", type=int, default=0, help="broadcast root (default 0)")
     p.add_argument("--check", type=int, default=1, choices=(0, 1),
