@@ -328,9 +328,10 @@ Status compressedReduceScatter(Context& ctx, const codec::Codec& codec,
 // The flat rows: every node has one rank.
 Status allreduceCompressed(Context& ctx, const CallArgs& args);
 Status reduceScatterCompressed(Context& ctx, const CallArgs& args);
-// A float16/bfloat16 allreduce or reduce_scatter under a codec: `run` (a lossy row) runs it in
-// float32 on widened copies (every stage accumulates in float32, the codec encodes float32, the
-// residual is float32 as for float32 calls), and the result is rounded back once.
+// A float16/bfloat16 allreduce or reduce_scatter on a flat compressed row: `run` runs it in
+// float32 on widened copies (accumulated in float32, encoded from float32, the residual float32
+// as for float32 calls), and the result is rounded back once. The hierarchical rows widen only
+// what crosses nodes (hierarchical.cc).
 Status runInFloat32(Status (*run)(Context&, const CallArgs&), Context& ctx, const CallArgs& args);
 
 // World size 1: the result of every op as plain local copies.

@@ -332,15 +332,7 @@ void Communicator::Impl::runCall(QueuedCall& call) {
     detail::Context ctx(transport.get(), rank, size, call.fingerprint, call.deadline, timeout,
                         config, hierarchy.get());
     NANOCCL_TRACE(what << "running " << (size == 1 ? "local" : call.algorithm->name));
-    const bool widened = call.args.codec != nullptr && (call.args.dtype == DataType::kFloat16 ||
-                                                        call.args.dtype == DataType::kBFloat16);
-    if (size == 1) {
-      s = detail::runLocal(call.args);
-    } else if (widened) {
-      s = detail::runInFloat32(call.algorithm->run, ctx, call.args);
-    } else {
-      s = call.algorithm->run(ctx, call.args);
-    }
+    s = size == 1 ? detail::runLocal(call.args) : call.algorithm->run(ctx, call.args);
     // Stages on the sub-communicators count here too (child Contexts add to ctx).
     const auto op = static_cast<size_t>(call.fingerprint.op);
     sentPerOp[op] += ctx.bytesSent();

@@ -152,10 +152,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // With config().compression set, a float32, float16 or bfloat16 kSum/kAvg/kPremulSum
   // allreduce or reduceScatter of at least compressionMinBytes between several nodes compresses
   // its inter-node leg: the result is then the same on every rank but lossy
-  // (collectives/codec/codec.h gives the error per codec). float16/bfloat16 calls run in
-  // float32 (accumulated in float32, encoded from float32, rounded back to the input type once;
-  // the intra-node stages move float32). Everything else, and everything within a node, stays
-  // lossless.
+  // (collectives/codec/codec.h gives the error per codec). float16/bfloat16 calls cross nodes
+  // in float32 (encoded from float32, accumulated in float32, rounded back to the input type
+  // once); the intra-node stages stay in the input type. Everything else, and everything
+  // within a node, stays lossless.
   //
   // allreduce with compression asked for by this call, whatever its size and the config: the
   // same contract otherwise. The buffer must be float32, float16 or bfloat16 (the residual is

@@ -257,6 +257,7 @@ Status compressedReduceScatter(Context& ctx, const codec::Codec& codec,
 
 Status allreduceCompressed(Context& ctx, const CallArgs& args) {
   if (args.count == 0) return Status::ok();
+  if (args.dtype != DataType::kFloat32) return runInFloat32(allreduceCompressed, ctx, args);
   char* buf = static_cast<char*>(args.recv);
   NANOCCL_CHECK(premultiplied(ctx, args, buf, args.count, buf).status());
   NANOCCL_CHECK(compressedAllreduce(ctx, *args.codec, args.codecParams,
@@ -271,6 +272,7 @@ Status reduceScatterCompressed(Context& ctx, const CallArgs& args) {
   size_t total = 0;
   for (size_t c : args.counts) total += c;
   if (total == 0) return Status::ok();
+  if (args.dtype != DataType::kFloat32) return runInFloat32(reduceScatterCompressed, ctx, args);
   // The other segments are encoded straight from the (scaled) input; this rank's own
   // contribution starts the accumulation in its output.
   NANOCCL_ASSIGN_OR_RETURN(const char* in, premultiplied(ctx, args, args.send, total, nullptr));

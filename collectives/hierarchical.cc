@@ -30,7 +30,9 @@
 //   nodes; what uneven nodes lose is only the parallelism of the extra local ranks.
 //
 // Compression (args.codec): only the cross stage is lossy (compressed.cc); the intra-node
-// stages move float32 losslessly, so each byte is encoded once per node, not once per rank.
+// stages move the input type losslessly, so each byte is encoded once per node, not once per
+// rank. A float16/bfloat16 call's shards are widened to float32 for the cross stage only (the
+// codec encodes and the peers' contributions accumulate in float32) and rounded back once.
 //
 // Reductions: kPremulSum scales this rank's input once, at the start; kAvg divides the final
 // sum by the world size once, where the reduced shard first exists. The stages reduce as kSum.
@@ -329,22 +331,41 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
     return inStage(h.local, ringReduceScatter(local, counts[b], src, seg[b], args.dtype, op,
                                               localChunk, 2 * b * localTags));
   };
+  // float16/bfloat16 under a codec: the node stages stay in the input type (lossless, as
+  // uncompressed calls), and only this rank's shard of each block crosses nodes in float32: a
+  // widened copy (wide[b]) that the codec encodes and the peers' contributions accumulate into,
+  // rounded back once by finishShard().
+  const bool half =
+      lossy && (args.dtype == DataType::kFloat16 || args.dtype == DataType::kBFloat16);
+  std::vector<float*> wide(blocks, nullptr);
+  auto widenShard = [&](int b) -> Status {
+    if (!half) return Status::ok();
+    wide[b] = reinterpret_cast<float*>(ctx.scratch(counts[b][lr] * sizeof(float)));
+    return widenToFloat32(wide[b], seg[b][lr], counts[b][lr], args.dtype);
+  };
   // Block b's shard across nodes under the codec (lossy across nodes only: the shard was
-  // reduced losslessly inside the node), not started yet.
+  // reduced losslessly inside the node), not started yet; widenShard(b) first.
   auto compressedBlock = [&](int b) {
     float* residual = args.residual ? args.residual + (seg[b][lr] - buf) / es : nullptr;
-    return std::make_unique<CompressedAllreduce>(cross, *args.codec, args.codecParams,
-                                                 reinterpret_cast<float*>(seg[b][lr]),
+    float* data = half ? wide[b] : reinterpret_cast<float*>(seg[b][lr]);
+    return std::make_unique<CompressedAllreduce>(cross, *args.codec, args.codecParams, data,
                                                  counts[b][lr], residual, b * crossTags);
   };
-  // kAvg's one division, where block b's reduced shard first exists.
-  auto averageShard = [&](int b) -> Status {
-    if (args.redop != ReduceOp::kAvg) return Status::ok();
+  // Where block b's reduced shard first exists: kAvg's one division, and the one rounding
+  // back of a widened shard (divided in float32 first).
+  auto finishShard = [&](int b) -> Status {
+    const bool avg = args.redop == ReduceOp::kAvg;
+    if (half) {
+      if (avg) NANOCCL_CHECK(divideInPlace(wide[b], counts[b][lr], DataType::kFloat32, ctx.size()));
+      return narrowFromFloat32(seg[b][lr], wide[b], counts[b][lr], args.dtype);
+    }
+    if (!avg) return Status::ok();
     return divideInPlace(seg[b][lr], counts[b][lr], args.dtype, ctx.size());
   };
   auto reduceAcrossNodes = [&](int b) -> Status {
     if (lr >= h.shards) return Status::ok();
     if (args.codec != nullptr) {
+      NANOCCL_CHECK(widenShard(b));
       NANOCCL_CHECK(inStage(h.cross, compressedBlock(b)->run()));
     } else if (blocks == 1) {
       CallArgs shard = args;
@@ -356,7 +377,7 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
       NANOCCL_CHECK(inStage(h.cross, ringAllreduceAt(cross, seg[b][lr], counts[b][lr], args.dtype,
                                                      op, crossChunk, 2 * b * crossTags)));
     }
-    return averageShard(b);
+    return finishShard(b);
   };
   auto gatherInNode = [&](int b) -> Status {
     if (h.local.size == 1) return Status::ok();
@@ -416,7 +437,7 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
     auto finishPrev = [&]() -> Status {
       if (!prev) return Status::ok();
       NANOCCL_CHECK(inStage(h.cross, prev->finish()));
-      NANOCCL_CHECK(averageShard(prevBlock));
+      NANOCCL_CHECK(finishShard(prevBlock));
       prev.reset();
       crossed.push(prevBlock);
       return Status::ok();
@@ -426,6 +447,7 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
       if (!reduced.ready()) s = finishPrev();  // nothing to start yet: finish what is open
       int b = -1;
       if (s.isOk()) s = reduced.pop(ctx.deadline(), &b);
+      if (s.isOk() && b >= 0) s = widenShard(b);
       if (s.isOk() && b >= 0) {
         cur = compressedBlock(b);
         s = inStage(h.cross, cur->start());
@@ -509,10 +531,21 @@ Status reduceScatterHierarchical(Context& ctx, const CallArgs& args) {
       acc[k] = z + lay.staged[lr][k] * es;
     }
     if (args.codec != nullptr) {
+      // float16/bfloat16: the shards cross nodes in float32 (see allreduceHierarchical).
+      const bool half = args.dtype == DataType::kFloat16 || args.dtype == DataType::kBFloat16;
       std::vector<float*> shards(m);
-      for (int k = 0; k < m; ++k) shards[k] = reinterpret_cast<float*>(acc[k]);
+      for (int k = 0; k < m; ++k) {
+        shards[k] = reinterpret_cast<float*>(acc[k]);
+        if (half) {
+          shards[k] = reinterpret_cast<float*>(ctx.scratch(counts[k] * sizeof(float)));
+          NANOCCL_CHECK(widenToFloat32(shards[k], acc[k], counts[k], args.dtype));
+        }
+      }
       NANOCCL_CHECK(inStage(h.cross, compressedReduceScatter(cross, *args.codec, args.codecParams,
                                                              counts, shards, 0)));
+      if (half) {
+        NANOCCL_CHECK(narrowFromFloat32(acc[node], shards[node], counts[node], args.dtype));
+      }
     } else {
       const std::vector<const char*> src(acc.begin(), acc.end());
       const size_t ce = chunkElements(cross, es, maxOf(counts), 1);
