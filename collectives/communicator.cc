@@ -464,7 +464,12 @@ void Communicator::Impl::finishP2p(uint64_t id, const Status& status, int source
     ++calls;
     completeTask(*call.task, Status::ok(), source);
   } else {
-    completeTask(*call.task, Status(status.code(), call.what + ": " + status.message()), source);
+    // As after a failed collective, the communicator is unusable: fail it, so that a peer
+    // waiting on this rank in a stage of another call (on a sub-communicator, which this
+    // transport's failure does not reach) hears it now, not at its timeout.
+    const Status s(status.code(), call.what + ": " + status.message());
+    fail(s);
+    completeTask(*call.task, s, source);
   }
 }
 

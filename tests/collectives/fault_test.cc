@@ -256,6 +256,30 @@ TEST(Order, ADeadlineCountsFromTheIssueNotFromTheStart) {
   for (const Status& s : st) EXPECT_FALSE(contains(s.message(), "caller's deadline")) << s.toString();
 }
 
+// A failed point-to-point call fails the whole communicator, as a failed collective does: on
+// 2 nodes x 2 ranks, rank 0's receive from rank 3 fails when rank 3 goes away, and rank 1,
+// waiting for rank 0 in the intra-node stage of an allreduce that rank 0 never joins (its
+// program stopped at the error), hears it then instead of timing out. Seen in bench/soak.py.
+TEST(PeerDeath, AFailedPointToPointCallFailsTheCommunicator) {
+  WorldOptions o = worldOf(4, 20000, "hierarchical");
+  o.nodeIds = {"node-a", "node-a", "node-b", "node-b"};
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(o, comms);
+  std::vector<float> in(1 << 16), mine(1 << 16, 1.0f);
+  auto recv = comms[0]->recv(in.data(), in.size(), DataType::kFloat32, 3, 0);
+  auto reduce = comms[1]->allreduce(mine.data(), mine.size(), DataType::kFloat32, ReduceOp::kSum);
+  // Rank 1 is in its intra-node stage once it has sent something there.
+  const Deadline until = Deadline::after(std::chrono::seconds(30));
+  while (bytesSent(*comms[1]) == 0 && !until.expired()) std::this_thread::yield();
+  ASSERT_GT(bytesSent(*comms[1]), 0u);
+  comms[3].reset();                         // rank 3 goes away
+  const auto st = waitAll({recv, reduce}, std::chrono::seconds(40));
+  EXPECT_EQ(st[0].code(), StatusCode::kPeerError) << st[0].toString();
+  EXPECT_NE(st[1].code(), StatusCode::kTimeout) << st[1].toString();
+  EXPECT_FALSE(st[1].isOk());
+  EXPECT_FALSE(contains(st[1].message(), "caller's deadline")) << st[1].toString();
+}
+
 // A peer whose communicator is destroyed (its sockets close) while the others wait for it.
 TEST(PeerDeath, DestroyedWhileOthersWait) {
   std::vector<std::shared_ptr<Communicator>> comms;
