@@ -359,7 +359,7 @@ Status Communicator::Impl::chooseCodec(CallArgs& args, const CompressionRequest*
   if (name == "none" || (request == nullptr && args.planBytes() < config.compressionMinBytes)) {
     return Status::ok();
   }
-  // float16/bfloat16 run in float32 (detail::runInFloat32).
+  // float16/bfloat16 cross nodes in float32 (hierarchical.cc; runInFloat32 on the flat rows).
   const bool floatSum =
       (args.dtype == DataType::kFloat32 || args.dtype == DataType::kFloat16 ||
        args.dtype == DataType::kBFloat16) &&

@@ -54,6 +54,9 @@
 namespace nanoccl::detail {
 namespace {
 
+// float16/bfloat16: under a codec, what crosses nodes is widened to float32.
+bool isHalfPrecision(DataType t) { return t == DataType::kFloat16 || t == DataType::kBFloat16; }
+
 // A run of elements [start, start + count) of some node's block.
 struct Range {
   size_t start = 0;
@@ -335,8 +338,7 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
   // uncompressed calls), and only this rank's shard of each block crosses nodes in float32: a
   // widened copy (wide[b]) that the codec encodes and the peers' contributions accumulate into,
   // rounded back once by finishShard().
-  const bool half =
-      lossy && (args.dtype == DataType::kFloat16 || args.dtype == DataType::kBFloat16);
+  const bool half = lossy && isHalfPrecision(args.dtype);
   std::vector<float*> wide(blocks, nullptr);
   auto widenShard = [&](int b) -> Status {
     if (!half) return Status::ok();
@@ -532,7 +534,7 @@ Status reduceScatterHierarchical(Context& ctx, const CallArgs& args) {
     }
     if (args.codec != nullptr) {
       // float16/bfloat16: the shards cross nodes in float32 (see allreduceHierarchical).
-      const bool half = args.dtype == DataType::kFloat16 || args.dtype == DataType::kBFloat16;
+      const bool half = isHalfPrecision(args.dtype);
       std::vector<float*> shards(m);
       for (int k = 0; k < m; ++k) {
         shards[k] = reinterpret_cast<float*>(acc[k]);
