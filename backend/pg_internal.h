@@ -78,11 +78,14 @@ class WorkNanoccl : public c10d::Work {
       Task* raw = task.get();  // valid while it runs its own callback
       task->onComplete([work, raw](const Status& s) { work->taskDone(s, raw->source()); });
     }
+    std::lock_guard<std::mutex> lock(work->tasksMu_);
+    work->tasks_ = std::move(tasks);
   }
 
   // Deadlines count from the issue (backend/work_deadline.h).
   bool wait(std::chrono::milliseconds timeout) override {
     const Deadline until = workWaitDeadline(issued_, timeout_, timeout);
+    runHere();
     {
       std::unique_lock<std::mutex> lock(mutex_);
       auto done = [&] { return completed_; };
@@ -100,12 +103,19 @@ class WorkNanoccl : public c10d::Work {
     return true;
   }
 
-  bool isCompleted() override { return c10d::Work::isCompleted() && future_->completed(); }
+  bool isCompleted() override {
+    if (c10d::Work::isCompleted() && future_->completed()) return true;
+    handOver();  // a caller that polls will not run the call itself (Task::runHere)
+    return false;
+  }
 
   void synchronize() override {}
   int sourceRank() const override { return source_.load(); }
   std::vector<at::Tensor> result() override { return outputs_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    handOver();  // a caller that waits on the future will not run the call itself
+    return future_;
+  }
 
   void abort() override {
     if (auto comm = comm_.lock()) {
@@ -114,6 +124,21 @@ class WorkNanoccl : public c10d::Work {
   }
 
  private:
+  void handOver() {
+    if (c10d::Work::isCompleted()) return;
+    if (auto comm = comm_.lock()) comm->handOver();
+  }
+
+  // A blocking call's tasks run on the waiting thread where they are next (Task::runHere).
+  void runHere() {
+    std::vector<TaskPtr> tasks;
+    {
+      std::lock_guard<std::mutex> lock(tasksMu_);
+      tasks = tasks_;
+    }
+    for (const TaskPtr& t : tasks) t->runHere();
+  }
+
   void taskDone(const Status& s, int source) {
     if (source >= 0) source_.store(source);
     if (!s.isOk()) {
@@ -144,6 +169,10 @@ class WorkNanoccl : public c10d::Work {
     }
     finishers_.clear();
     held_.clear();
+    {
+      std::lock_guard<std::mutex> lock(tasksMu_);
+      tasks_.clear();  // a Task's callbacks hold this Work: no cycle left behind
+    }
     // The Work first, then the future (whose callbacks run here): a callback may wait on this
     // Work. wait() and isCompleted() also cover the future, so no one sees one done and not
     // the other.
@@ -167,6 +196,8 @@ class WorkNanoccl : public c10d::Work {
   std::atomic<int> source_{-1};
   std::mutex errorMu_;
   Status firstError_;
+  std::mutex tasksMu_;
+  std::vector<TaskPtr> tasks_;  // for runHere(); cleared once they are all done
 };
 
 // ---- tensors -> buffers --------------------------------------------------------------------

@@ -98,11 +98,22 @@ bool Task::test() const {
 }
 
 Status Task::wait(const Deadline& deadline) const {
+  runHere();
   std::unique_lock<std::mutex> lock(mu_);
   if (!waitUntil(cv_, lock, deadline, [&] { return done_; })) {
     return timeoutError("the task did not complete before the caller's deadline");
   }
   return status_;
+}
+
+void Task::runHere() const {
+  std::shared_ptr<Communicator> owner;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (done_) return;
+    owner = owner_.lock();
+  }
+  if (owner) owner->runIfNext(*this);
 }
 
 Status Task::status() const {
@@ -146,6 +157,7 @@ namespace {
 
 struct QueuedCall {
   std::shared_ptr<Task> task;
+  Clock::time_point issued;
   Deadline deadline = Deadline::never();  // issue time + the timeout
   OpFingerprint fingerprint;
   CallArgs args;
@@ -163,6 +175,18 @@ struct P2pCall {
 };
 
 constexpr size_t kNumOpTypes = static_cast<size_t>(OpType::kNumOps);
+
+// The worker's hand-over (workerLoop). A blocking call is run by its caller (Task::runHere);
+// waking the worker for it anyway costs a wake-up on another core, about 20 us per 4-byte
+// allreduce on the project's 2-core VM (measured), more than the rest of the call. So while
+// calls are being made (one in the last kTickingFor) the worker wakes every kTick on its own
+// instead, and submit() does not wake it for a lone call. A caller that will not wait on the
+// Task says so (Communicator::handOver: the torch Work does on getFuture() and
+// isCompleted()), as do a second call and a point-to-point call; any other call nobody waits
+// on starts within kTick. Idle for longer, the worker sleeps until woken, and the first call
+// wakes it. (A 1 ms tick measured up to 2x slower back-to-back: each wake-up costs.)
+constexpr auto kTick = std::chrono::milliseconds(10);
+constexpr auto kTickingFor = std::chrono::milliseconds(200);
 
 // Non-zero while this thread runs Task callbacks: a communicator destroyed from inside one
 // (its last reference dropped there) may be running on one of its own threads, which cannot
@@ -187,6 +211,8 @@ struct Communicator::Impl {
   std::string commId;
   Config config;
   std::chrono::milliseconds timeout{0};
+  // How long the worker leaves a lone fresh call to its caller (Task::runHere): NANOCCL_SPIN_US.
+  std::chrono::microseconds handOverGrace{0};
   std::unique_ptr<Transport> transport;  // null for size 1: nothing to talk to
   // What carries `transport`'s bytes, for stats(): `routed` points into it where it is routed,
   // else it is one transport of table name `transportKind`.
@@ -200,9 +226,16 @@ struct Communicator::Impl {
   std::unique_ptr<detail::Hierarchy> hierarchy;
   // Calls run per row of the algorithm table (index = row - table.data()).
   std::unique_ptr<std::atomic<uint64_t>[]> callsPerRow;
+  // The Communicator that owns this Impl, for the Tasks' runHere().
+  std::weak_ptr<Communicator> self;
 
   std::mutex mu;
   std::condition_variable workCv;
+  // The worker's hand-over (kTick): whether it ticks now, when the last call was issued, and
+  // whether queued calls go to it at once (handOver()).
+  bool workerTicks = false;
+  Clock::time_point lastIssue{};
+  bool handOverNow = false;
   std::condition_variable watchCv;
   std::deque<QueuedCall> queue;
   uint64_t nextSeq = 1;
@@ -254,7 +287,16 @@ struct Communicator::Impl {
   // cannot honour (dtype, reduction) is an argument error.
   Status chooseCodec(CallArgs& args, const CompressionRequest* request) const;
   void workerLoop();
+  // The head of the queue, marked running (mu held, queue not empty).
+  QueuedCall takeNext();
+  // Runs (or, after a failure, fails) a call from takeNext(), on the worker or on a caller
+  // (Task::runHere), then clears `running`.
+  void runTaken(QueuedCall& call);
   void runCall(QueuedCall& call);
+  // Ends the running call's turn (clears `running`) and hands the next one to the worker.
+  void finishTurn();
+  // Communicator::handOver().
+  void handOver();
   std::shared_ptr<Task> postP2p(bool isSend, void* buf, size_t count, DataType dtype, int peer,
                                 uint32_t tag);
   void finishP2p(uint64_t id, const Status& status, int source);
@@ -265,7 +307,8 @@ struct Communicator::Impl {
 
 std::shared_ptr<Task> Communicator::Impl::submit(OpFingerprint fingerprint, CallArgs args,
                                                  const Status& invalid) {
-  const Deadline deadline = Deadline::after(timeout);  // from the issue, queued or not
+  const Clock::time_point issued = Clock::now();
+  const Deadline deadline = Deadline::from(issued, timeout);  // from the issue, queued or not
   auto task = std::make_shared<Task>();
   const std::string call = who() + opTypeName(fingerprint.op) + " (" +
                            sizeText(fingerprint.dtype, fingerprint.count) + "): ";
@@ -285,6 +328,7 @@ std::shared_ptr<Task> Communicator::Impl::submit(OpFingerprint fingerprint, Call
     args.residual = nullptr;
   }
   fingerprint.codec = args.codec != nullptr ? static_cast<uint8_t>(args.codec->id) : 0;
+  bool wake;
   {
     std::unique_lock<std::mutex> lock(mu);
     fingerprint.seq = nextSeq++;
@@ -296,31 +340,105 @@ std::shared_ptr<Task> Communicator::Impl::submit(OpFingerprint fingerprint, Call
       task->complete(s);
       return task;
     }
-    queue.push_back(QueuedCall{task, deadline, fingerprint, std::move(args), algorithm.value()});
+    task->owner_ = self;
+    queue.push_back(QueuedCall{task, issued, deadline, fingerprint, std::move(args),
+                               algorithm.value()});
+    lastIssue = issued;
+    // Whoever runs the current call hands this one on (workerLoop, finishTurn). A lone call
+    // on an idle communicator is probably waited on next, and then run by its caller
+    // (Task::runHere): a ticking worker finds it if not (kTick says why it is not woken).
+    wake = !running && !(queue.size() == 1 && workerTicks);
   }
-  workCv.notify_all();
+  if (wake) workCv.notify_all();
   return task;
 }
 
 void Communicator::Impl::workerLoop() {
   for (;;) {
     QueuedCall call;
-    Status first;
     {
       std::unique_lock<std::mutex> lock(mu);
-      workCv.wait(lock, [&] { return !queue.empty() || stopping; });
-      if (queue.empty()) return;
-      call = std::move(queue.front());
-      queue.pop_front();
-      first = failed;
-      running = first.isOk();
+      for (;;) {
+        // A caller may be running the head call itself (Task::runHere): its turn ends first.
+        if (!queue.empty() && !running) {
+          // A lone fresh call is left to its caller for a moment (NANOCCL_SPIN_US).
+          const Clock::time_point leftUntil = queue.front().issued + handOverGrace;
+          if (stopping || handOverNow || queue.size() > 1 || Clock::now() >= leftUntil) break;
+          workCv.wait_until(lock, leftUntil);
+        } else if (stopping) {
+          return;
+        } else if (handOverGrace.count() > 0 && Clock::now() - lastIssue < kTickingFor) {
+          // Calls are being made: tick, so that submit() need not wake this thread for each.
+          workerTicks = true;
+          workCv.wait_for(lock, kTick);
+          workerTicks = false;
+        } else {
+          workCv.wait(lock);
+        }
+      }
+      call = takeNext();
     }
-    if (!first.isOk()) {
-      completeTask(*call.task, laterFailure(who() + call.fingerprint.describe() + ": ", first));
-      continue;
-    }
-    runCall(call);
+    runTaken(call);
   }
+}
+
+QueuedCall Communicator::Impl::takeNext() {
+  QueuedCall call = std::move(queue.front());
+  queue.pop_front();
+  running = true;
+  if (queue.empty()) handOverNow = false;
+  return call;
+}
+
+void Communicator::Impl::runTaken(QueuedCall& call) {
+  Status first;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    first = failed;
+  }
+  if (!first.isOk()) {
+    finishTurn();
+    completeTask(*call.task, laterFailure(who() + call.fingerprint.describe() + ": ", first));
+    return;
+  }
+  runCall(call);
+}
+
+void Communicator::Impl::finishTurn() {
+  bool more;
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    running = false;
+    more = !queue.empty();
+  }
+  // The worker waits for the turn only where a caller ran this call (Task::runHere) while
+  // more were queued; an idle worker is not woken for nothing.
+  if (more) workCv.notify_all();
+}
+
+void Communicator::handOver() { impl_->handOver(); }
+
+void Communicator::Impl::handOver() {
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    if (queue.empty() || handOverNow) return;
+    handOverNow = true;
+    if (running) return;  // whoever runs the current call hands the queue on
+  }
+  workCv.notify_all();
+}
+
+void Communicator::runIfNext(const Task& task) {
+  Impl& im = *impl_;
+  QueuedCall call;
+  {
+    std::lock_guard<std::mutex> lock(im.mu);
+    if (im.running || im.stopping || im.queue.empty() || im.queue.front().task.get() != &task) {
+      return;
+    }
+    call = im.takeNext();
+  }
+  im.runTaken(call);
 }
 
 void Communicator::Impl::runCall(QueuedCall& call) {
@@ -346,11 +464,8 @@ void Communicator::Impl::runCall(QueuedCall& call) {
       fail(s);
     }
   }
-  {
-    std::lock_guard<std::mutex> lock(mu);
-    running = false;
-  }
   ++calls;
+  finishTurn();
   completeTask(*call.task, s);
 }
 
@@ -414,6 +529,7 @@ std::shared_ptr<Task> Communicator::Impl::postP2p(bool isSend, void* buf, size_t
 
   const size_t bytes = count * dataTypeSize(dtype);
   uint64_t id;
+  bool wakeWorker = false;
   {
     std::unique_lock<std::mutex> lock(mu);
     if (!failed.isOk() || stopping) {
@@ -422,6 +538,12 @@ std::shared_ptr<Task> Communicator::Impl::postP2p(bool isSend, void* buf, size_t
       lock.unlock();
       task->complete(s);
       return task;
+    }
+    // The caller has moved on to point-to-point: queued collectives go to the worker now (one
+    // left for the caller's wait could be what this message's peer waits on first).
+    if (!queue.empty() && !handOverNow) {
+      handOverNow = true;
+      wakeWorker = !running;
     }
     id = nextP2pId++;
     P2pCall& entry = p2p[id];
@@ -432,6 +554,7 @@ std::shared_ptr<Task> Communicator::Impl::postP2p(bool isSend, void* buf, size_t
     entry.bytes = bytes;
   }
   watchCv.notify_all();
+  if (wakeWorker) workCv.notify_all();
 
   // Point-to-point messages are told apart from collectives by the op; the user's tag and the
   // FIFO order per (peer, tag) match them.
@@ -523,6 +646,7 @@ Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOpt
   impl->commId = options.commId;
   impl->config = options.config;
   impl->timeout = options.timeout;
+  impl->handOverGrace = std::chrono::microseconds(options.config.spinUs);
   impl->callsPerRow = std::make_unique<std::atomic<uint64_t>[]>(detail::algorithmTable().size());
   const std::string nodeId = !options.config.nodeId.empty() ? options.config.nodeId
                              : !options.nodeId.empty()      ? options.nodeId
@@ -577,7 +701,9 @@ Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOpt
   Impl* raw = impl.get();
   impl->worker = namedThread("worker", [raw] { raw->workerLoop(); });
   if (options.size > 1) impl->watchdog = namedThread("watch", [raw] { raw->watchdogLoop(); });
-  return std::shared_ptr<Communicator>(new Communicator(std::move(impl)));
+  std::shared_ptr<Communicator> comm(new Communicator(std::move(impl)));
+  raw->self = comm;
+  return comm;
 }
 
 Communicator::Communicator(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}

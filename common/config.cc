@@ -100,6 +100,7 @@ const std::vector<Field>& fields() {
        [](const Config& c) { return c.algo; }},
       intField("chunk_bytes", &Config::chunkBytes, 1024),
       intField("small_message_bytes", &Config::smallMessageBytes, 0),
+      intField("spin_us", &Config::spinUs, 0, 1000000),
       intField("timeout_ms", &Config::timeoutMs, 1),
       intField("connect_timeout_ms", &Config::connectTimeoutMs, 1),
       {"node_id",

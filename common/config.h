@@ -31,6 +31,9 @@ struct Config {
   size_t chunkBytes = 1 << 20;
   // Messages up to this size use the small-message (latency) algorithms under "auto".
   size_t smallMessageBytes = 64 * 1024;
+  // How long a thread waiting on a call in flight polls before it sleeps, in microseconds
+  // (common/spin.h); 0: sleep at once. Idle threads never poll.
+  int spinUs = 100;
   // Deadline of every collective when the caller gives none (torch passes its own).
   int64_t timeoutMs = 300000;
   // Deadline of connection setup (handshakes, store look-ups) when the caller gives none.

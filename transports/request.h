@@ -2,14 +2,18 @@
 //
 // Created on the caller's thread; completed exactly once on the transport's progress thread
 // (the first complete() wins), which then runs the callback outside the lock. test/wait/source
-// may be called from any thread. A transport subclasses it for its progress-thread state.
+// may be called from any thread; wait() polls for the transport's spin budget before it
+// sleeps (common/spin.h). A transport subclasses it for its progress-thread state.
 #pragma once
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <functional>
 #include <mutex>
 #include <string>
 
+#include "common/spin.h"
 #include "transports/frame.h"
 #include "transports/transport.h"
 
@@ -17,17 +21,20 @@ namespace nanoccl {
 
 class BasicRequest : public Request {
  public:
-  BasicRequest(bool isSend, int peer, const Envelope& env, char* buf, size_t bytes)
-      : isSend(isSend), peer(peer), env(env), buf(buf), bytes(bytes) {}
+  // `spin`: how long wait() polls before it sleeps (NANOCCL_SPIN_US, common/spin.h).
+  BasicRequest(bool isSend, int peer, const Envelope& env, char* buf, size_t bytes,
+               std::chrono::microseconds spin = {})
+      : isSend(isSend), peer(peer), env(env), buf(buf), bytes(bytes), spin_(spin) {}
 
-  bool test() override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return done_;
-  }
+  bool test() override { return done_.load(std::memory_order_acquire); }
 
   Status wait(const Deadline& deadline) override {
+    spinFor(spin_, [&] { return done_.load(std::memory_order_acquire); });
     std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_until(lock, deadline.at(), [&] { return done_; })) {
+    const auto done = [&] { return done_.load(); };
+    if (deadline.at() == Clock::time_point::max()) {
+      cv_.wait(lock, done);  // wait_until(max) would overflow inside the library
+    } else if (!cv_.wait_until(lock, deadline.at(), done)) {
       return timeoutError(std::string(isSend ? "send to" : "receive from") + " rank " +
                           (peer == kAnySource ? std::string("any") : std::to_string(peer)) +
                           " of " + env.fingerprint.describe() + " tag " +
@@ -58,10 +65,10 @@ class BasicRequest : public Request {
     std::function<void(const Status&, int)> cb;
     {
       std::lock_guard<std::mutex> lock(mu_);
-      if (done_) return;
-      done_ = true;
+      if (done_.load(std::memory_order_relaxed)) return;
       status_ = st;
       source_ = src;
+      done_.store(true, std::memory_order_release);  // status_ and source_ are set first
       cb = std::move(callback_);
     }
     cv_.notify_all();
@@ -75,9 +82,10 @@ class BasicRequest : public Request {
   const size_t bytes;
 
  private:
+  const std::chrono::microseconds spin_;
   mutable std::mutex mu_;
   std::condition_variable cv_;
-  bool done_ = false;
+  std::atomic<bool> done_{false};  // written under mu_; read without it by test() and the spin
   Status status_;
   int source_ = -1;
   std::function<void(const Status&, int)> callback_;

@@ -36,6 +36,7 @@ struct WorldOptions {
   std::string compression = "none";
   size_t compressionMinBytes = 0;
   int compressionBlock = 0;
+  int spinUs = -1;  // NANOCCL_SPIN_US; -1: the default
 };
 
 inline Config worldConfig(const WorldOptions& o) {
@@ -48,6 +49,7 @@ inline Config worldConfig(const WorldOptions& o) {
   c.compression = o.compression;
   c.compressionMinBytes = o.compressionMinBytes;
   c.compressionBlock = o.compressionBlock;
+  if (o.spinUs >= 0) c.spinUs = o.spinUs;
   return c;
 }
 

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "common/spin.h"
 #include "common/thread_name.h"
 #include "transports/request.h"
 #include "transports/shm/segment.h"
@@ -22,7 +23,8 @@ namespace {
 
 // How often peers' processes are checked for life (also the longest futex sleep).
 constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
-// How long an idle progress thread polls its doorbell before it sleeps on it.
+// How long an idle progress thread polls its doorbell before it sleeps on it (with a call in
+// flight, or up to NANOCCL_SPIN_US after the last one moved: that long, yielding).
 constexpr auto kSpin = std::chrono::microseconds(5);
 
 class ShmRequest : public BasicRequest {
@@ -147,7 +149,7 @@ class ShmTransport : public Transport {
                                  size_t bytes) override {
     auto req = std::make_shared<ShmRequest>(true, peer, env,
                                             const_cast<char*>(static_cast<const char*>(buf)),
-                                            bytes);
+                                            bytes, spin_);
     if (Status st = checkPeer(peer, false, bytes); !st.isOk()) {
       req->complete(st, -1);
     } else {
@@ -158,7 +160,8 @@ class ShmTransport : public Transport {
 
   std::shared_ptr<Request> irecv(int peer, const Envelope& env, void* buf,
                                  size_t bytes) override {
-    auto req = std::make_shared<ShmRequest>(false, peer, env, static_cast<char*>(buf), bytes);
+    auto req =
+        std::make_shared<ShmRequest>(false, peer, env, static_cast<char*>(buf), bytes, spin_);
     const bool any = peer == kAnySource && env.fingerprint.op == OpType::kSendRecv;
     if (Status st = checkPeer(peer, any, bytes); !st.isOk()) {
       req->complete(st, -1);
@@ -298,6 +301,7 @@ class ShmTransport : public Transport {
   void progressLoop() {
     bool stopping = false;
     auto nextProbe = Clock::now() + kLivenessPeriod;
+    Clock::time_point lastBusy{};
     while (true) {
       // Anything rung after this snapshot makes the sleep below return at once.
       const uint32_t seen = bell_->seq.load(std::memory_order_acquire);
@@ -317,14 +321,24 @@ class ShmTransport : public Transport {
         }
       }
       updateDrained();
-      if (progressed) continue;
-      const auto spinUntil = Clock::now() + kSpin;
-      bool rung = false;
-      while (!rung && Clock::now() < spinUntil) {
-        for (int i = 0; i < 16; ++i) cpuRelax();
-        rung = bell_->seq.load(std::memory_order_relaxed) != seen;
+      if (progressed) {
+        lastBusy = Clock::now();
+        continue;
       }
-      if (rung) continue;
+      const auto rung = [&] { return bell_->seq.load(std::memory_order_relaxed) != seen; };
+      if (failed_.isOk() && (hasPending() || Clock::now() < lastBusy + spin_)) {
+        // A call is in flight, or one just ended and the next of back-to-back calls is due:
+        // its chunk or command comes soon (common/spin.h).
+        if (spinFor(spin_, rung)) continue;
+      } else {
+        const auto spinUntil = Clock::now() + kSpin;
+        bool early = false;
+        while (!early && Clock::now() < spinUntil) {
+          for (int i = 0; i < 16; ++i) cpuRelax();
+          early = rung();
+        }
+        if (early) continue;
+      }
       auto wait = std::chrono::duration_cast<std::chrono::microseconds>(nextProbe - Clock::now());
       if (!failed_.isOk()) wait = kLivenessPeriod;  // nothing left to watch: only commands
       wait = std::clamp<std::chrono::microseconds>(wait, std::chrono::microseconds(1),
@@ -788,6 +802,7 @@ class ShmTransport : public Transport {
   }
 
   const TransportOptions o_;
+  const std::chrono::microseconds spin_{o_.config.spinUs};  // NANOCCL_SPIN_US
   std::unique_ptr<Segment> own_;  // this rank's segment: the rings to us and our doorbell
   Doorbell localBell_{};          // a world of one has no segment
   Doorbell* bell_ = &localBell_;

@@ -11,10 +11,11 @@
 // Threads: isend/irecv/abort/counters may be called from any thread; they hand commands to
 // the progress thread, which alone touches the rings and the matching tables. Requests
 // complete (and run their callbacks) on the progress thread. The progress thread never spins
-// for long: after a few microseconds without work it sleeps on a futex (its segment's
-// doorbell), which peers ring after publishing a chunk (or freeing one for a sender that found
-// its ring full) and which isend/irecv
-// ring after posting a command. It wakes at least every 100 ms to check its peers are alive.
+// for long: after a few microseconds without work (NANOCCL_SPIN_US, yielding its core, while a
+// request is pending or up to that long after the last chunk moved: common/spin.h) it sleeps
+// on a futex (its segment's doorbell), which peers ring after publishing a chunk (or freeing
+// one for a sender that found its ring full) and which isend/irecv ring after posting a
+// command. It wakes at least every 100 ms to check its peers are alive.
 //
 // Messages: each ordered pair of ranks has one ring (in the receiver's segment) of kRingChunks
 // chunks of kChunkBytes; a message streams through it chunk by chunk, each chunk carrying a

@@ -17,6 +17,7 @@
 #include "common/crypto.h"
 #include "common/logging.h"
 #include "common/secret.h"
+#include "common/spin.h"
 #include "common/thread_name.h"
 #include "transports/request.h"
 #include "transports/tcp/handshake.h"
@@ -206,7 +207,7 @@ class TcpTransport : public Transport {
                                  size_t bytes) override {
     auto req = std::make_shared<TcpRequest>(true, peer, env,
                                             const_cast<char*>(static_cast<const char*>(buf)),
-                                            bytes);
+                                            bytes, spin_);
     if (Status st = checkPeer(peer, false, bytes); !st.isOk()) {
       req->complete(st, -1);
     } else {
@@ -217,7 +218,8 @@ class TcpTransport : public Transport {
 
   std::shared_ptr<Request> irecv(int peer, const Envelope& env, void* buf,
                                  size_t bytes) override {
-    auto req = std::make_shared<TcpRequest>(false, peer, env, static_cast<char*>(buf), bytes);
+    auto req =
+        std::make_shared<TcpRequest>(false, peer, env, static_cast<char*>(buf), bytes, spin_);
     const bool any = peer == kAnySource && env.fingerprint.op == OpType::kSendRecv;
     if (Status st = checkPeer(peer, any, bytes); !st.isOk()) {
       req->complete(st, -1);
@@ -259,6 +261,7 @@ class TcpTransport : public Transport {
     {
       std::lock_guard<std::mutex> lock(mu_);
       commands_.push_back(std::move(cmd));
+      commandsWaiting_.store(true, std::memory_order_release);
     }
     engine_->wakeup();
   }
@@ -270,11 +273,13 @@ class TcpTransport : public Transport {
       for (auto& c : row) postHeaderRecv(*c);
     }
     bool stopping = false;
+    Clock::time_point lastBusy{};  // the last command or completion
     while (true) {
       std::deque<Command> cmds;
       {
         std::lock_guard<std::mutex> lock(mu_);
         cmds.swap(commands_);
+        commandsWaiting_.store(false, std::memory_order_relaxed);
       }
       for (auto& cmd : cmds) {
         switch (cmd.kind) {
@@ -296,8 +301,26 @@ class TcpTransport : public Transport {
                                                                        Clock::now());
         timeoutMs = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000));
       }
-      const Status st =
-          engine_->poll(timeoutMs, [this](const IoCompletion& c) { onCompletion(c); });
+      bool completed = false;
+      const auto onDone = [&](const IoCompletion& c) {
+        completed = true;
+        onCompletion(c);
+      };
+      Status st;
+      if (!cmds.empty()) lastBusy = Clock::now();
+      if (spin_.count() > 0 && !closing_ && failed_.isOk() &&
+          (hasPending() || Clock::now() < lastBusy + spin_)) {
+        // A call is in flight, or one just ended and the next of back-to-back calls is due:
+        // poll without sleeping for a while first (common/spin.h).
+        spinFor(spin_, [&] {
+          st = engine_->poll(0, onDone);
+          return completed || !st.isOk() || commandsWaiting_.load(std::memory_order_acquire);
+        });
+      }
+      if (!completed && st.isOk() && !commandsWaiting_.load(std::memory_order_acquire)) {
+        st = engine_->poll(timeoutMs, onDone);
+      }
+      if (completed) lastBusy = Clock::now();
       if (!st.isOk()) fail(st.withContext("rank " + std::to_string(o_.rank) + ": "), true);
       if (closing_ && Clock::now() >= closing_->until) {
         const Status why = std::move(closing_->why);  // fail() resets closing_
@@ -903,6 +926,7 @@ class TcpTransport : public Transport {
   }
 
   const TransportOptions o_;
+  const std::chrono::microseconds spin_{o_.config.spinUs};  // NANOCCL_SPIN_US
   Listener listener_;
   std::unique_ptr<IoEngine> engine_;
   std::vector<std::vector<std::unique_ptr<Conn>>> peers_;
@@ -911,6 +935,7 @@ class TcpTransport : public Transport {
   std::mutex mu_;  // guards commands_, drained_, failedPublic_
   std::condition_variable cv_;
   std::deque<Command> commands_;
+  std::atomic<bool> commandsWaiting_{false};  // commands_ is not empty (read while spinning)
   bool drained_ = false;
   Status failedPublic_;
 

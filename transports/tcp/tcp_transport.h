@@ -3,7 +3,10 @@
 //
 // Threads: isend/irecv/abort/counters may be called from any thread; they hand commands to
 // the progress thread, which alone touches sockets, the engine and the matching tables.
-// Requests complete (and run their callbacks) on the progress thread.
+// Requests complete (and run their callbacks) on the progress thread. While a request is
+// pending, and up to NANOCCL_SPIN_US after the last command or completion, the progress
+// thread polls the engine without sleeping (yielding its core; common/spin.h); otherwise it
+// sleeps in the engine until a completion or a command comes.
 //
 // Messages: a message of at least stripeMinBytes is cut into one stripe per connection (each
 // a frame: header + payload); smaller messages travel whole on one connection chosen from

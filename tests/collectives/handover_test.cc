@@ -1,0 +1,223 @@
+// Who runs a call (collectives/communicator.h): the thread that waits on the next queued call
+// runs it itself (Task::runHere); calls nobody waits on run on the worker; the order of calls
+// holds either way; and an idle communicator's threads sleep.
+#include <gtest/gtest.h>
+
+#include <time.h>
+
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "tests/collectives/test_util.h"
+
+namespace nanoccl {
+namespace {
+
+using colltest::makeWorld;
+using colltest::WorldOptions;
+
+WorldOptions world(int size, int spinUs, const std::string& intra = "auto") {
+  WorldOptions o;
+  o.size = size;
+  o.spinUs = spinUs;
+  o.intraTransport = intra;
+  o.timeout = std::chrono::milliseconds(20000);
+  return o;
+}
+
+// Records the thread a task completed on.
+struct CompletedOn {
+  std::mutex mu;
+  std::thread::id id;
+  void watch(Task& t) {
+    t.onComplete([this](const Status&) {
+      std::lock_guard<std::mutex> lock(mu);
+      id = std::this_thread::get_id();
+    });
+  }
+  std::thread::id get() {
+    std::lock_guard<std::mutex> lock(mu);
+    return id;
+  }
+};
+
+// Polls test() (which runs nothing) until done or 30 s.
+bool pollUntilDone(const std::vector<std::shared_ptr<Task>>& tasks) {
+  const Deadline until = Deadline::after(std::chrono::seconds(30));
+  for (const auto& t : tasks) {
+    while (!t->test()) {
+      if (until.expired()) return false;
+      std::this_thread::yield();
+    }
+  }
+  return true;
+}
+
+// With a long hand-over grace, the worker cannot have taken the call: the waiting thread ran it.
+TEST(HandOver, AWaitedCallRunsOnTheWaitingThread) {
+  for (const char* intra : {"shm", "tcp"}) {
+    SCOPED_TRACE(intra);
+    std::vector<std::shared_ptr<Communicator>> comms;
+    NANOCCL_MAKE_WORLD_OR_SKIP(world(2, 1000000, intra), comms);
+    std::vector<CompletedOn> on(2);
+    std::vector<std::thread::id> waiter(2);
+    std::vector<float> value = {1, 2};
+    std::vector<Status> st(2);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        waiter[r] = std::this_thread::get_id();
+        auto task = comms[r]->allreduce(&value[r], 1, DataType::kFloat32, ReduceOp::kSum);
+        on[r].watch(*task);
+        st[r] = task->wait(Deadline::after(std::chrono::seconds(30)));
+      });
+    }
+    for (auto& t : ranks) t.join();
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(st[r].isOk()) << st[r].toString();
+      EXPECT_EQ(value[r], 3.0f);
+      EXPECT_EQ(on[r].get(), waiter[r]) << "rank " << r << "'s call ran on another thread";
+    }
+  }
+}
+
+// Calls that nobody waits on (only test() is polled) still run, on the worker.
+TEST(HandOver, ACallNobodyWaitsOnStillRuns) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(world(2, -1), comms);
+  for (int round = 0; round < 3; ++round) {  // the first wakes an idle worker; later ones not
+    std::vector<float> value = {1, 2};
+    std::vector<CompletedOn> on(2);
+    std::vector<std::shared_ptr<Task>> tasks;
+    for (int r = 0; r < 2; ++r) {
+      tasks.push_back(comms[r]->allreduce(&value[r], 1, DataType::kFloat32, ReduceOp::kSum));
+      on[r].watch(*tasks.back());
+    }
+    ASSERT_TRUE(pollUntilDone(tasks)) << "round " << round;
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_TRUE(tasks[r]->status().isOk()) << tasks[r]->status().toString();
+      EXPECT_EQ(value[r], 3.0f);
+      EXPECT_NE(on[r].get(), std::this_thread::get_id());
+    }
+  }
+}
+
+// handOver() gives queued calls to the worker, which runs them without anyone waiting.
+TEST(HandOver, HandOverStartsQueuedCallsOnTheWorker) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(world(2, 1000000), comms);
+  std::vector<float> value = {1, 2};
+  std::vector<CompletedOn> on(2);
+  std::vector<std::shared_ptr<Task>> tasks;
+  for (int r = 0; r < 2; ++r) {
+    tasks.push_back(comms[r]->allreduce(&value[r], 1, DataType::kFloat32, ReduceOp::kSum));
+    on[r].watch(*tasks.back());
+    comms[r]->handOver();
+  }
+  ASSERT_TRUE(pollUntilDone(tasks));
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_TRUE(tasks[r]->status().isOk()) << tasks[r]->status().toString();
+    EXPECT_EQ(value[r], 3.0f);
+    EXPECT_NE(on[r].get(), std::this_thread::get_id());
+  }
+}
+
+// A collective left queued while the caller moves on to point-to-point is handed to the
+// worker: rank 0 issues an allreduce, then waits on a receive that rank 1 sends only after the
+// allreduce, which rank 1 waits on.
+TEST(HandOver, PointToPointAfterAQueuedCallDoesNotWaitForIt) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(world(2, 1000000), comms);
+  float v0 = 1, v1 = 2, got = 0, sent = 42;
+  std::thread rank1([&] {
+    auto reduce = comms[1]->allreduce(&v1, 1, DataType::kFloat32, ReduceOp::kSum);
+    ASSERT_TRUE(reduce->wait(Deadline::after(std::chrono::seconds(30))).isOk());
+    auto send = comms[1]->send(&sent, 1, DataType::kFloat32, 0, 7);
+    EXPECT_TRUE(send->wait(Deadline::after(std::chrono::seconds(30))).isOk());
+  });
+  auto reduce = comms[0]->allreduce(&v0, 1, DataType::kFloat32, ReduceOp::kSum);
+  auto recv = comms[0]->recv(&got, 1, DataType::kFloat32, 1, 7);
+  EXPECT_TRUE(recv->wait(Deadline::after(std::chrono::seconds(30))).isOk());
+  rank1.join();
+  EXPECT_TRUE(reduce->wait(Deadline::after(std::chrono::seconds(30))).isOk());
+  EXPECT_EQ(got, 42.0f);
+  EXPECT_EQ(v0, 3.0f);
+  EXPECT_EQ(v1, 3.0f);
+}
+
+// Waiting on the last of several queued calls first neither runs it out of turn nor hangs.
+TEST(HandOver, CallsWaitedOutOfOrderKeepTheirOrder) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(world(2, -1), comms);
+  constexpr int kCalls = 4;
+  std::vector<std::vector<float>> value(2, std::vector<float>(kCalls));
+  std::vector<std::thread> ranks;
+  std::vector<std::vector<Status>> st(2, std::vector<Status>(kCalls));
+  for (int r = 0; r < 2; ++r) {
+    ranks.emplace_back([&, r] {
+      std::vector<std::shared_ptr<Task>> tasks;
+      for (int k = 0; k < kCalls; ++k) {
+        value[r][k] = static_cast<float>(k * 10 + r);
+        // Alternating ops: a call run out of turn would meet a different call on the peer.
+        tasks.push_back(k % 2 == 0
+                            ? comms[r]->allreduce(&value[r][k], 1, DataType::kFloat32,
+                                                  ReduceOp::kSum)
+                            : comms[r]->broadcast(&value[r][k], 1, DataType::kFloat32, 1));
+      }
+      for (int k = kCalls - 1; k >= 0; --k) {
+        st[r][k] = tasks[k]->wait(Deadline::after(std::chrono::seconds(30)));
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 2; ++r) {
+    for (int k = 0; k < kCalls; ++k) {
+      EXPECT_TRUE(st[r][k].isOk()) << st[r][k].toString();
+      const float want = k % 2 == 0 ? static_cast<float>(2 * k * 10 + 1) : k * 10.0f + 1;
+      EXPECT_EQ(value[r][k], want) << "rank " << r << " call " << k;
+    }
+  }
+}
+
+double processCpuSeconds() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
+
+// Threads poll only while calls are made (common/spin.h): a communicator that has gone idle
+// sleeps. A thread left polling would use a whole core here, against the few per cent that
+// wake-ups to check on peers cost.
+TEST(HandOver, AnIdleCommunicatorDoesNotSpin) {
+  for (const char* intra : {"shm", "tcp"}) {
+    SCOPED_TRACE(intra);
+    std::vector<std::shared_ptr<Communicator>> comms;
+    NANOCCL_MAKE_WORLD_OR_SKIP(world(2, -1, intra), comms);
+    std::vector<std::thread> ranks;
+    for (int r = 0; r < 2; ++r) {
+      ranks.emplace_back([&, r] {
+        float v = 1;
+        for (int k = 0; k < 200; ++k) {
+          ASSERT_TRUE(comms[r]->allreduce(&v, 1, DataType::kFloat32, ReduceOp::kSum)
+                          ->wait(Deadline::after(std::chrono::seconds(30)))
+                          .isOk());
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));  // past every linger
+    const double cpu0 = processCpuSeconds();
+    const auto wall0 = Clock::now();
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    const double cpu = processCpuSeconds() - cpu0;
+    const double wall = std::chrono::duration<double>(Clock::now() - wall0).count();
+    EXPECT_LT(cpu / wall, 0.10) << "idle communicators used " << 100 * cpu / wall
+                                << "% of a core";
+    std::printf("[ %s ] idle: %.2f%% of a core over %.1f s (2 ranks)\n", intra,
+                100 * cpu / wall, wall);
+  }
+}
+
+}  // namespace
+}  // namespace nanoccl
