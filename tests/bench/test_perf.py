@@ -16,7 +16,7 @@ import torch
 from bench_helpers import PERF, REPO, torchrun
 
 COLUMNS = ["size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
-           "min", "median", "max"]
+           "min", "median", "p99", "max"]
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -129,27 +129,29 @@ def test_perf_all_collectives_on_two_ranks(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     stdout = proc.stdout
     for name in ("allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast",
-                 "sendrecv"):
+                 "sendrecv", "barrier"):
         assert f"# {name}" in stdout
     header = [line for line in stdout.splitlines() if line.startswith("#") and "busbw" in line
               and "#wrong" in line][0]
     positions = [header.find(c) for c in COLUMNS]
     assert all(p >= 0 for p in positions) and positions == sorted(positions), header
     rows = _parse_table(stdout)
-    assert len(rows) == 6 * 4  # sizes 8, 256, 8K, 256K
+    assert len(rows) == 6 * 4 + 1  # sizes 8, 256, 8K, 256K; one barrier row
     for fields in rows:
         assert fields[8] == "0", fields  # #wrong
         assert float(fields[5]) > 0  # time
-    assert stdout.count("# Out of bounds values : 0 OK") == 6
+    assert stdout.count("# Out of bounds values : 0 OK") == 7
     assert "# Avg bus bandwidth" in stdout
     doc = json.loads(out.read_text())
     assert doc["meta"]["world_size"] == 2
     assert {r["collective"] for r in doc["rows"]} == {
-        "allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "sendrecv"}
+        "allreduce", "allgather", "reduce_scatter", "alltoall", "broadcast", "sendrecv",
+        "barrier"}
     for r in doc["rows"]:
         assert r["wrong"] == 0
-        assert r["min_us"] <= r["median_us"] <= r["max_us"]
-        factor = {"allreduce": 1.0, "broadcast": 1.0, "sendrecv": 1.0}.get(r["collective"], 0.5)
+        assert r["min_us"] <= r["median_us"] <= r["p99_us"] <= r["max_us"]
+        factor = {"allreduce": 1.0, "broadcast": 1.0, "sendrecv": 1.0,
+                  "barrier": 0.0}.get(r["collective"], 0.5)
         assert r["busbw"] == pytest.approx(r["algbw"] * factor)
 
 
@@ -167,7 +169,34 @@ def test_perf_ab_dtypes_and_ops(tmp_path: Path) -> None:
         assert len(doc["speedup"]) == len(doc["rows"]) // 2 == 2 * 3
         assert all(r["wrong"] == 0 and r["type"] == dtype for r in doc["rows"])
         for fields in _parse_table(proc.stdout):
-            assert fields[8] == "0" and fields[15] == "0", fields
+            assert fields[8] == "0" and fields[16] == "0", fields
+
+
+@pytest.mark.parametrize("mode", ["back-to-back", "barrier"])
+def test_perf_latency_modes(tmp_path: Path, mode: str) -> None:
+    """Small sizes and the barrier in each latency mode, both sides, results checked."""
+    out = tmp_path / "lat.json"
+    proc = torchrun(2, [str(PERF), "-c", "allreduce,barrier", "-b", "4", "-e", "64K", "-f", "64",
+                        "-w", "2", "-n", "60", "--mode", mode, "--backend", "gloo",
+                        "--ab", "gloo", "--json", str(out)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"mode {mode}" in proc.stdout
+    doc = json.loads(out.read_text())
+    rows = doc["rows"]
+    assert [(r["collective"], r["size"]) for r in rows if r["label"] == "gloo"] == [
+        ("allreduce", 4), ("allreduce", 256), ("allreduce", 16384), ("barrier", 0)]
+    for r in rows:
+        assert r["wrong"] == 0 and r["iters"] == 60
+        assert 0 < r["min_us"] <= r["median_us"] <= r["p99_us"] <= r["max_us"]
+    assert len(doc["speedup"]) == 4
+
+
+def test_percentile(perf: ModuleType) -> None:
+    values = list(range(1, 101))
+    assert perf.percentile(values, 99) == 99
+    assert perf.percentile(values, 100) == 100
+    assert perf.percentile([5.0], 99) == 5.0
+    assert perf.percentile([3, 1, 2], 50) == 2
 
 
 def test_perf_single_process_without_torchrun() -> None:

@@ -10,9 +10,15 @@ MASTER_PORT from the environment; without them it runs as a single rank)::
 Columns are those of nccl-tests: size (B), count (elements), type, redop,
 root, time (us), algbw and busbw (GB/s, bus factors as in nccl-tests'
 PERFORMANCE.md) and #wrong (elements that failed the correctness check of
-the first, untimed call), plus min / median / max of the per-iteration
+the first, untimed call), plus min / median / p99 / max of the per-iteration
 times. An iteration's time is the mean over ranks of each rank's time for
 that call; "time" is the mean over iterations.
+
+Latency (small messages: -b 4 -e 64K, and -c barrier): --mode back-to-back
+runs each side's calls in blocks of up to 50 one right after the other (after
+one untimed call of the same side), as a training step issues them; --mode
+barrier puts an untimed barrier of the same backend before every timed call,
+so that every rank starts it together.
 
 ``--ab B`` measures a second backend in the same launch: the default group
 runs the backend under test (--backend, "nanoccl" when it imports), a group
@@ -323,6 +329,16 @@ def _make_sendrecv(size: int, rank: int, world: int, dtype: DType, redop: str,
     return Buffers(inp, out, count, count * dtype.torch_dtype.itemsize, -1)
 
 
+def _make_barrier(size: int, rank: int, world: int, dtype: DType, redop: str,
+                  device: torch.device, root: int) -> Buffers:
+    none = _empty(0, dtype, device)
+    return Buffers(none, none, 0, 0, -1)  # one row whatever the sizes
+
+
+def _check_nothing(b: Buffers, rank: int, world: int, dtype: DType, redop: str) -> int:
+    return 0
+
+
 def _check_sendrecv(b: Buffers, rank: int, world: int, dtype: DType, redop: str) -> int:
     return count_wrong(b.out, pattern_row((rank - 1) % world, dtype.torch_dtype, redop),
                        dtype.rtol, dtype.atol)
@@ -361,6 +377,8 @@ COLLECTIVES = {c.name: c for c in (
                _check_broadcast),
     Collective("sendrecv", False, False, lambda n: 1.0, _make_sendrecv, _call_sendrecv,
                _check_sendrecv),
+    Collective("barrier", False, False, lambda n: 0.0, _make_barrier,
+               lambda b, g, op: dist.barrier(group=g), _check_nothing),
 )}
 _COLLECTIVE_ALIASES = {"all_reduce": "allreduce", "all_gather": "allgather",
                        "reducescatter": "reduce_scatter", "reduce-scatter": "reduce_scatter",
@@ -430,6 +448,7 @@ class Row:
     min_us: float
     median_us: float
     max_us: float
+    p99_us: float = 0.0
 
 
 @dataclass
@@ -445,12 +464,26 @@ class Options:
     min_iters: int
     check: bool
     device: torch.device
+    mode: str = "alternate"  # MODES
 
 
 @dataclass
 class Results:
     rows: list[Row] = field(default_factory=list)
     wrong: int = 0
+
+
+# How the sides' timed calls are ordered: one call each in turn; blocks of BLOCK calls of one
+# side back to back; or one call each in turn with an untimed barrier (same backend) before it.
+MODES = ("alternate", "back-to-back", "barrier")
+BLOCK = 50
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """The q-th percentile (0 < q <= 100) by the nearest-rank method."""
+    ordered = sorted(values)
+    rank = max(1, -(-len(ordered) * q // 100))
+    return ordered[int(rank) - 1]
 
 
 def iterations_for(size: int, opts: Options) -> int:
@@ -500,14 +533,32 @@ def measure(name: str, sides: list[Side], ctrl: Any, opts: Options, rank: int, w
                 coll.call(bufs, side.group, op)
         _sync(opts.device)
         times: list[list[float]] = [[] for _ in sides]
-        for _ in range(iters):
-            for k, side in enumerate(sides):
-                refill()
-                _sync(opts.device)
-                start = time.perf_counter_ns()
-                coll.call(bufs, side.group, op)
-                _sync(opts.device)
-                times[k].append((time.perf_counter_ns() - start) / 1000.0)
+
+        def timed(k: int) -> None:
+            refill()
+            _sync(opts.device)
+            if opts.mode == "barrier":
+                dist.barrier(group=sides[k].group)
+            start = time.perf_counter_ns()
+            coll.call(bufs, sides[k].group, op)
+            _sync(opts.device)
+            times[k].append((time.perf_counter_ns() - start) / 1000.0)
+
+        if opts.mode == "back-to-back":
+            done = 0
+            while done < iters:
+                n = min(BLOCK, iters - done)
+                for k in range(len(sides)):
+                    refill()
+                    coll.call(bufs, sides[k].group, op)  # untimed: the block's first follows
+                    _sync(opts.device)                   # the other side's calls
+                    for _ in range(n):
+                        timed(k)
+                done += n
+        else:
+            for _ in range(iters):
+                for k in range(len(sides)):
+                    timed(k)
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, (times, wrong_local), group=ctrl)
         rows = []
@@ -520,7 +571,7 @@ def measure(name: str, sides: list[Side], ctrl: Any, opts: Options, rank: int, w
                             opts.dtype.name, opts.redop if coll.reduces else "none",
                             bufs.root, iters, t_us, algbw, algbw * coll.bus_factor(world),
                             wrong, min(per_iter), statistics.median(per_iter),
-                            max(per_iter)))
+                            max(per_iter), percentile(per_iter, 99)))
             results.wrong += wrong
         results.rows.extend(rows)
         on_rows(rows)
@@ -531,9 +582,9 @@ def measure(name: str, sides: list[Side], ctrl: Any, opts: Options, rank: int, w
 # ------------------------------------------------------------------- output
 _FIXED = ("{:>12}  {:>12}  {:>8}  {:>6}  {:>6}", ("size", "count", "type", "redop", "root"),
           ("(B)", "(elements)", "", "", ""))
-_GROUP = ("  {:>10}  {:>7}  {:>7}  {:>6}  {:>10}  {:>10}  {:>10}",
-          ("time", "algbw", "busbw", "#wrong", "min", "median", "max"),
-          ("(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)", "(us)"))
+_GROUP = ("  {:>10}  {:>7}  {:>7}  {:>6}  {:>10}  {:>10}  {:>10}  {:>10}",
+          ("time", "algbw", "busbw", "#wrong", "min", "median", "p99", "max"),
+          ("(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)", "(us)", "(us)"))
 
 
 def header(labels: list[str]) -> list[str]:
@@ -557,8 +608,9 @@ def format_rows(rows: list[Row]) -> str:
     first = rows[0]
     line = _FIXED[0].format(first.size, first.count, first.type, first.redop, first.root)
     for row in rows:
-        line += "  {:>10.1f}  {:>7.3f}  {:>7.3f}  {:>6d}  {:>10.1f}  {:>10.1f}  {:>10.1f}".format(
-            row.time_us, row.algbw, row.busbw, row.wrong, row.min_us, row.median_us, row.max_us)
+        line += ("  {:>10.1f}  {:>7.3f}  {:>7.3f}  {:>6d}  {:>10.1f}  {:>10.1f}  {:>10.1f}"
+                 "  {:>10.1f}").format(row.time_us, row.algbw, row.busbw, row.wrong, row.min_us,
+                                       row.median_us, row.p99_us, row.max_us)
     if len(rows) > 1:
         line += "  {:>8.3f}".format(rows[1].time_us / rows[0].time_us if rows[0].time_us else 0.0)
     line += "  {:>6d}".format(first.iters)
@@ -609,6 +661,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"{', '.join(DTYPES)} (default float)")
     p.add_argument("-o", "--op", default="sum", help=f"{', '.join(REDOPS)} (default sum)")
     p.add_argument("-r", "--root", type=int, default=0, help="broadcast root (default 0)")
+    p.add_argument("--mode", default="alternate", choices=MODES,
+                   help="order of the timed calls: alternate (A, B, A, B ...; default), "
+                        f"back-to-back (blocks of {BLOCK} calls per side), barrier (an untimed "
+                        "barrier of the same backend before each call)")
     p.add_argument("--check", type=int, default=1, choices=(0, 1),
                    help="check the first call's result (default 1)")
     p.add_argument("--backend", default=None,
@@ -721,7 +777,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             sides.append(Side(label_b, args.ab, dist.new_group(backend=args.ab, timeout=timeout)))
         labels = [s.label for s in sides]
         opts = Options(collectives, sizes, dtype, redop, args.root, args.warmup, args.iters,
-                       iter_budget, args.min_iters, bool(args.check), device)
+                       iter_budget, args.min_iters, bool(args.check), device, args.mode)
         nodes = _env_int("GROUP_WORLD_SIZE", max(1, world // max(local_world, 1)))
         if is_root:
             print(f"# nanoccl-perf: {world} rank(s) ({nodes} node(s) x {local_world}), "
@@ -730,12 +786,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"warmup {args.warmup},"
                   f" iters {args.iters}" + (f" (capped at {format_size(iter_budget)} per size, "
                                             f"min {args.min_iters})" if iter_budget else "")
-                  + f", check {'on' if args.check else 'off'}")
+                  + f", check {'on' if args.check else 'off'}, mode {args.mode}")
             for note in notes:
                 print(f"# note: {note}")
             if len(sides) > 1:
+                order = {"alternate": f"calls alternate {labels[0]}, {labels[1]}, ...",
+                         "back-to-back": f"blocks of {BLOCK} calls alternate",
+                         "barrier": "calls alternate, each after a barrier"}[args.mode]
                 print(f"# speedup = {labels[1]} time / {labels[0]} time "
-                      f"(>1: {labels[0]} faster); calls alternate {labels[0]}, {labels[1]}, ...")
+                      f"(>1: {labels[0]} faster); {order}")
         all_rows: list[Row] = []
         wrong = 0
         for name in collectives:

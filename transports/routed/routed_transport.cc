@@ -11,6 +11,27 @@
 namespace nanoccl::routed {
 namespace {
 
+// The request handed to the caller: completed (in the parent's numbering and words) by the
+// inner request's callback. Waiting on it waits on the inner one first, which may drive or
+// poll its transport (common/spin.h) rather than sleep until the callback.
+class RoutedRequest : public BasicRequest {
+ public:
+  RoutedRequest(bool isSend, int peer, const Envelope& env, char* buf, size_t bytes,
+                const std::shared_ptr<Request>& inner)
+      : BasicRequest(isSend, peer, env, buf, bytes), inner_(inner) {}
+
+  Status wait(const Deadline& deadline) override {
+    if (!test()) {
+      // Weak: the inner request's callback holds this one until it has run.
+      if (std::shared_ptr<Request> inner = inner_.lock()) inner->wait(deadline);
+    }
+    return BasicRequest::wait(deadline);  // the callback may still be completing this one
+  }
+
+ private:
+  const std::weak_ptr<Request> inner_;
+};
+
 std::string ranksText(const std::vector<int>& ranks) {
   std::string s;
   for (int r : ranks) {
@@ -196,7 +217,7 @@ class Routed : public RoutedTransport {
     std::shared_ptr<Request> inner =
         isSend ? t.isend(innerPeer, env, buf, bytes) : t.irecv(innerPeer, env, buf, bytes);
     // The caller's request: its own callback slot, parent ranks, and a look at every outcome.
-    auto outer = std::make_shared<BasicRequest>(isSend, peer, env, buf, bytes);
+    auto outer = std::make_shared<RoutedRequest>(isSend, peer, env, buf, bytes, inner);
     inner->setCallback([this, outer, viaLocal = lr >= 0](const Status& st, int source) {
       finish(*outer, st, source, viaLocal);
     });

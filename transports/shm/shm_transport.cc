@@ -27,10 +27,20 @@ constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
 // flight, or up to NANOCCL_SPIN_US after the last one moved: that long, yielding).
 constexpr auto kSpin = std::chrono::microseconds(5);
 
+class ShmTransport;
+
 class ShmRequest : public BasicRequest {
  public:
-  using BasicRequest::BasicRequest;
+  ShmRequest(ShmTransport* transport, bool isSend, int peer, const Envelope& env, char* buf,
+             size_t bytes)
+      : BasicRequest(isSend, peer, env, buf, bytes), transport_(transport) {}
+  // Drives the transport's progress on this thread first (ShmTransport::drive), then sleeps.
+  // Must not race with the transport's destruction (the communicator's calls do not).
+  Status wait(const Deadline& deadline) override;
   uint64_t wireSeq = 0;  // send: the header's seq (the call's, or the p2p message number)
+
+ private:
+  ShmTransport* const transport_;
 };
 using RequestPtr = std::shared_ptr<ShmRequest>;
 
@@ -147,9 +157,8 @@ class ShmTransport : public Transport {
 
   std::shared_ptr<Request> isend(int peer, const Envelope& env, const void* buf,
                                  size_t bytes) override {
-    auto req = std::make_shared<ShmRequest>(true, peer, env,
-                                            const_cast<char*>(static_cast<const char*>(buf)),
-                                            bytes, spin_);
+    auto req = std::make_shared<ShmRequest>(
+        this, true, peer, env, const_cast<char*>(static_cast<const char*>(buf)), bytes);
     if (Status st = checkPeer(peer, false, bytes); !st.isOk()) {
       req->complete(st, -1);
     } else {
@@ -160,8 +169,7 @@ class ShmTransport : public Transport {
 
   std::shared_ptr<Request> irecv(int peer, const Envelope& env, void* buf,
                                  size_t bytes) override {
-    auto req =
-        std::make_shared<ShmRequest>(false, peer, env, static_cast<char*>(buf), bytes, spin_);
+    auto req = std::make_shared<ShmRequest>(this, false, peer, env, static_cast<char*>(buf), bytes);
     const bool any = peer == kAnySource && env.fingerprint.op == OpType::kSendRecv;
     if (Status st = checkPeer(peer, any, bytes); !st.isOk()) {
       req->complete(st, -1);
@@ -173,8 +181,9 @@ class ShmTransport : public Transport {
 
   void abort(const Status& why) override {
     if (!thread_.joinable()) return;
-    if (std::this_thread::get_id() == thread_.get_id()) {  // from a completion callback
-      fail(why, true);
+    if (std::this_thread::get_id() == thread_.get_id() ||
+        driver_.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
+      fail(why, true);  // from a completion callback, which runs with progressMu_ held
       return;
     }
     post({CommandKind::kAbort, nullptr, why});
@@ -298,35 +307,76 @@ class ShmTransport : public Transport {
 
   // ---- progress thread ----------------------------------------------------------------
 
+  // One pass over everything: commands, every ring in and out, the peers' states (and their
+  // processes, if `probe`). With progressMu_ held. Returns whether anything moved.
+  bool step(bool probe) {
+    bool progressed = runCommands();
+    if (stopping_) return progressed;
+    if (failed_.isOk()) {
+      for (int p = 0; p < o_.size && failed_.isOk(); ++p) {
+        if (p != o_.rank) progressed = pumpRx(p) || progressed;
+      }
+      for (int p = 0; p < o_.size && failed_.isOk(); ++p) {
+        if (p != o_.rank) progressed = pumpTx(p) || progressed;
+      }
+      checkPeerStates();
+      if (failed_.isOk() && probe) probePeers();
+    }
+    updateDrained();
+    return progressed;
+  }
+
+ public:
+  // Runs progress steps on the calling thread until `done()` or NANOCCL_SPIN_US without
+  // anything moving, yielding between steps; while the progress thread (or another waiter)
+  // holds progressMu_, only yields. A thread that waits on a request drives its own call this
+  // way, instead of handing each chunk to the progress thread and back: the progress thread
+  // sleeps between calls, and waking it costs more than a small message's whole transfer.
+  template <typename Done>
+  void drive(Done&& done) {
+    if (!connected_.load(std::memory_order_acquire)) return;
+    Clock::time_point until = Clock::now() + spin_;
+    while (!done() && Clock::now() < until) {
+      std::unique_lock<std::mutex> lock(progressMu_, std::try_to_lock);
+      if (lock.owns_lock()) {
+        if (stopping_) return;
+        driver_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+        const bool progressed = step(false);
+        driver_.store(std::thread::id(), std::memory_order_relaxed);
+        lock.unlock();
+        if (progressed) {
+          // Not lastBusy_: the progress thread need not linger for a call its waiter drives.
+          until = Clock::now() + spin_;
+          continue;
+        }
+      }
+      std::this_thread::yield();
+    }
+  }
+
+ private:
   void progressLoop() {
-    bool stopping = false;
     auto nextProbe = Clock::now() + kLivenessPeriod;
-    Clock::time_point lastBusy{};
     while (true) {
       // Anything rung after this snapshot makes the sleep below return at once.
       const uint32_t seen = bell_->seq.load(std::memory_order_acquire);
-      bool progressed = runCommands(&stopping);
-      if (stopping) return;
-      if (failed_.isOk()) {
-        for (int p = 0; p < o_.size && failed_.isOk(); ++p) {
-          if (p != o_.rank) progressed = pumpRx(p) || progressed;
-        }
-        for (int p = 0; p < o_.size && failed_.isOk(); ++p) {
-          if (p != o_.rank) progressed = pumpTx(p) || progressed;
-        }
-        checkPeerStates();
-        if (failed_.isOk() && Clock::now() >= nextProbe) {
-          probePeers();
-          nextProbe = Clock::now() + kLivenessPeriod;
-        }
+      bool progressed;
+      bool healthy;
+      bool pending;
+      {
+        std::lock_guard<std::mutex> lock(progressMu_);
+        const bool probe = Clock::now() >= nextProbe;
+        progressed = step(probe);
+        if (stopping_) return;
+        if (probe) nextProbe = Clock::now() + kLivenessPeriod;
+        healthy = failed_.isOk();
+        pending = healthy && hasPending();
       }
-      updateDrained();
-      if (progressed) {
-        lastBusy = Clock::now();
-        continue;
-      }
+      if (progressed) lastBusy_.store(Clock::now().time_since_epoch().count());
+      if (progressed) continue;
       const auto rung = [&] { return bell_->seq.load(std::memory_order_relaxed) != seen; };
-      if (failed_.isOk() && (hasPending() || Clock::now() < lastBusy + spin_)) {
+      const Clock::time_point lastBusy{Clock::duration(lastBusy_.load())};
+      if (healthy && (pending || Clock::now() < lastBusy + spin_)) {
         // A call is in flight, or one just ended and the next of back-to-back calls is due:
         // its chunk or command comes soon (common/spin.h).
         if (spinFor(spin_, rung)) continue;
@@ -340,14 +390,14 @@ class ShmTransport : public Transport {
         if (early) continue;
       }
       auto wait = std::chrono::duration_cast<std::chrono::microseconds>(nextProbe - Clock::now());
-      if (!failed_.isOk()) wait = kLivenessPeriod;  // nothing left to watch: only commands
+      if (!healthy) wait = kLivenessPeriod;  // nothing left to watch: only commands
       wait = std::clamp<std::chrono::microseconds>(wait, std::chrono::microseconds(1),
                                                    kLivenessPeriod);
       bell_->sleep(seen, wait);
     }
   }
 
-  bool runCommands(bool* stopping) {
+  bool runCommands() {
     std::deque<Command> cmds;
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -359,7 +409,7 @@ class ShmTransport : public Transport {
         case CommandKind::kRecv: startRecv(cmd.req); break;
         case CommandKind::kAbort: fail(cmd.why, true); break;
         case CommandKind::kStop:
-          *stopping = true;
+          stopping_ = true;
           // Peers hear the reason only if this rank still had work pending; otherwise the
           // destructor marks the segment closed, like a tcp connection closing.
           fail(cmd.why, hasPending());
@@ -810,6 +860,11 @@ class ShmTransport : public Transport {
   std::thread thread_;
   std::atomic<bool> connected_{false};
 
+  // Held by whoever runs step(): the progress thread, or a thread driving its wait (drive()).
+  // Everything below "Progress state" belongs to its holder.
+  std::mutex progressMu_;
+  std::atomic<std::thread::id> driver_{};  // the thread in drive() holding progressMu_
+  std::atomic<Clock::rep> lastBusy_{0};    // when the progress thread's step last moved something
   std::mutex mu_;  // guards commands_, drained_
   std::condition_variable cv_;
   std::deque<Command> commands_;
@@ -818,13 +873,19 @@ class ShmTransport : public Transport {
   mutable std::mutex countersMu_;
   std::vector<PeerCounters> counters_;
 
-  // Progress-thread state.
+  // Progress state (progressMu_).
+  bool stopping_ = false;  // the destructor's kStop was run
   Status failed_;
   std::map<MsgKey, RequestPtr> postedColl_;
   std::map<MsgKey, InMsgPtr> inflight_;  // collective messages seen, not yet delivered
   std::deque<RequestPtr> postedP2P_;
   std::deque<InMsgPtr> unexpectedP2P_;
 };
+
+Status ShmRequest::wait(const Deadline& deadline) {
+  if (!test()) transport_->drive([this] { return test(); });
+  return BasicRequest::wait(deadline);
+}
 
 }  // namespace
 
