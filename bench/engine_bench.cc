@@ -1,6 +1,8 @@
 // TCP engines on loopback: stream throughput and ping-pong latency of the transport on each
 // engine, against a plain blocking-socket stream measured in the same run. The `vs_blocking`
 // counter is engine throughput / blocking throughput at the same message size (1.0 = equal).
+// Ping-pong rows: tcp on each engine and shm, each with the default NANOCCL_SPIN_US and with
+// 0 (every wait sleeps at once), in the same run; `round_trip_us` is one 8-byte round trip.
 //
 //   build/bench/nanoccl_bench_engine --benchmark_min_time=0.5
 #include <arpa/inet.h>
@@ -32,12 +34,16 @@ std::map<int64_t, double>& blockingBytesPerSecond() {
   return m;
 }
 
-// Two connected transports (rank 0 and rank 1) on loopback.
-std::vector<std::unique_ptr<Transport>> pair(const std::string& engine, int nsocks) {
+// Two connected transports (rank 0 and rank 1) on loopback: "tcp" on `engine`, or "shm".
+// spinUs < 0: the default NANOCCL_SPIN_US.
+std::vector<std::unique_ptr<Transport>> pair(const std::string& engine, int nsocks,
+                                             const std::string& kind = "tcp",
+                                             int spinUs = -1) {
   Config c;
   c.socketIfname = "lo";
   c.tcpEngine = engine;
   c.nsocks = nsocks;
+  if (spinUs >= 0) c.spinUs = spinUs;
   std::vector<std::unique_ptr<Transport>> ts(2);
   std::vector<std::string> addrs(2);
   for (int r = 0; r < 2; ++r) {
@@ -47,7 +53,9 @@ std::vector<std::unique_ptr<Transport>> pair(const std::string& engine, int nsoc
     o.commId = "bench";
     o.secret = "bench-secret";
     o.config = c;
-    ts[r] = createTransport("tcp", o).value();
+    Result<std::unique_ptr<Transport>> t = createTransport(kind, o);
+    if (!t.isOk()) return {};
+    ts[r] = std::move(t).value();
     addrs[r] = ts[r]->listen().value();
   }
   auto f = std::async(std::launch::async, [&] {
@@ -164,12 +172,13 @@ void BM_EngineStream(benchmark::State& state, const std::string& engine, int nso
   }
 }
 
-void BM_EnginePingPong(benchmark::State& state, const std::string& engine) {
-  if (engine == "uring" && !tcp::probeUring().isOk()) {
+void BM_EnginePingPong(benchmark::State& state, const std::string& kind,
+                       const std::string& engine, int spinUs) {
+  if (kind == "tcp" && engine == "uring" && !tcp::probeUring().isOk()) {
     state.SkipWithError("io_uring unavailable");
     return;
   }
-  auto ts = pair(engine, 1);
+  auto ts = pair(engine, 1, kind, spinUs);
   if (ts.empty()) {
     state.SkipWithError("transport setup failed");
     return;
@@ -205,8 +214,18 @@ BENCHMARK_CAPTURE(BM_EngineStream, epoll_x2, std::string("epoll"), 2)
     ->RangeMultiplier(16)->Range(64 << 10, 16 << 20)->UseRealTime();
 BENCHMARK_CAPTURE(BM_EngineStream, uring_x2, std::string("uring"), 2)
     ->RangeMultiplier(16)->Range(64 << 10, 16 << 20)->UseRealTime();
-BENCHMARK_CAPTURE(BM_EnginePingPong, epoll, std::string("epoll"))->Arg(8)->UseRealTime();
-BENCHMARK_CAPTURE(BM_EnginePingPong, uring, std::string("uring"))->Arg(8)->UseRealTime();
+BENCHMARK_CAPTURE(BM_EnginePingPong, epoll, std::string("tcp"), std::string("epoll"), -1)
+    ->Arg(8)->UseRealTime();
+BENCHMARK_CAPTURE(BM_EnginePingPong, epoll_spin0, std::string("tcp"), std::string("epoll"), 0)
+    ->Arg(8)->UseRealTime();
+BENCHMARK_CAPTURE(BM_EnginePingPong, uring, std::string("tcp"), std::string("uring"), -1)
+    ->Arg(8)->UseRealTime();
+BENCHMARK_CAPTURE(BM_EnginePingPong, uring_spin0, std::string("tcp"), std::string("uring"), 0)
+    ->Arg(8)->UseRealTime();
+BENCHMARK_CAPTURE(BM_EnginePingPong, shm, std::string("shm"), std::string("epoll"), -1)
+    ->Arg(8)->UseRealTime();
+BENCHMARK_CAPTURE(BM_EnginePingPong, shm_spin0, std::string("shm"), std::string("epoll"), 0)
+    ->Arg(8)->UseRealTime();
 
 }  // namespace
 }  // namespace nanoccl
