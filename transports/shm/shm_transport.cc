@@ -336,6 +336,7 @@ class ShmTransport : public Transport {
   void drive(Done&& done) {
     if (!connected_.load(std::memory_order_acquire)) return;
     Clock::time_point until = Clock::now() + spin_;
+    bool leftWork = false;  // pending requests after this thread's last step
     while (!done() && Clock::now() < until) {
       std::unique_lock<std::mutex> lock(progressMu_, std::try_to_lock);
       if (lock.owns_lock()) {
@@ -343,6 +344,7 @@ class ShmTransport : public Transport {
         driver_.store(std::this_thread::get_id(), std::memory_order_relaxed);
         const bool progressed = step(false);
         driver_.store(std::thread::id(), std::memory_order_relaxed);
+        leftWork = failed_.isOk() && hasPending();
         lock.unlock();
         if (progressed) {
           // Not lastBusy_: the progress thread need not linger for a call its waiter drives.
@@ -352,6 +354,8 @@ class ShmTransport : public Transport {
       }
       std::this_thread::yield();
     }
+    // The progress thread backs off while a waiter drives (progressLoop): hand it what is left.
+    if (leftWork) bell_->ring();
   }
 
  private:
@@ -364,7 +368,13 @@ class ShmTransport : public Transport {
       bool healthy;
       bool pending;
       {
-        std::lock_guard<std::mutex> lock(progressMu_);
+        std::unique_lock<std::mutex> lock(progressMu_, std::try_to_lock);
+        if (!lock.owns_lock()) {
+          // A waiter drives (drive()); it rings this bell if it leaves work behind. Blocking
+          // on the mutex instead would make each of its steps wake this thread.
+          bell_->sleep(seen, kLivenessPeriod);
+          continue;
+        }
         const bool probe = Clock::now() >= nextProbe;
         progressed = step(probe);
         if (stopping_) return;
