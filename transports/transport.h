@@ -3,7 +3,8 @@
 // Ownership and threads
 // - A Transport belongs to one communicator and connects it to every peer (full mesh). It owns
 //   its sockets and its progress thread; the destructor aborts what is pending and joins it.
-// - isend/irecv may be called from any thread; requests complete on the progress thread.
+// - isend/irecv may be called from any thread; requests complete on the progress thread, or
+//   on a thread that drives progress while it waits (Request::wait).
 //   The caller keeps the buffer alive and untouched until the request completes (or the
 //   transport is aborted and destroyed).
 // - Any number of requests may be pending per peer. Sends never wait for the matching receive
@@ -55,7 +56,9 @@ class Request {
   // True once the request has completed, successfully or not. Never blocks.
   virtual bool test() = 0;
   // Blocks until completion or the deadline. On kTimeout the request is still pending: the
-  // caller must abort the transport before it releases the buffer.
+  // caller must abort the transport before it releases the buffer. It may first poll, or run
+  // the transport's progress on the calling thread (shm), for up to NANOCCL_SPIN_US
+  // (common/spin.h); it must not race with the transport's destruction.
   virtual Status wait(const Deadline& deadline) = 0;
   // After a successful receive: the rank the message came from (useful with kAnySource).
   virtual int source() const = 0;
