@@ -2,9 +2,10 @@
 // bytes with. Nothing here is part of the public API.
 //
 // Threads and ownership
-// - A Context lives on the communicator's worker thread for the duration of one call. Every
-//   algorithm runs synchronously on that thread: it posts requests through the Context,
-//   waits on them before the call's deadline, and returns a Status.
+// - A Context lives on the thread running one call (the communicator's worker, or the caller
+//   that waits on it: Task::runHere) for the duration of that call. Every algorithm runs
+//   synchronously on that thread: it posts requests through the Context, waits on them before
+//   the call's deadline, and returns a Status.
 // - Temporary memory must come from Context::scratch(): when a call fails, the worker aborts
 //   the transport *before* the Context (and its scratch) is released, so a request that is
 //   still pending can never write into freed memory. The same holds for the user's buffers,
@@ -83,8 +84,8 @@ struct Pending {
 // One sub-communicator of a hierarchical communicator: the ranks of this node ("local") or
 // the ranks with this rank's local rank on every node ("cross"). Built by Communicator::create
 // with its own comm id (so its store keys and handshakes never meet the parent's), owned by
-// the communicator; its transport is driven only by the parent's worker thread (and aborted by
-// whoever fails the parent).
+// the communicator; its transport is driven only by the thread running the parent's current
+// call (and aborted by whoever fails the parent).
 struct SubGroup {
   std::unique_ptr<Transport> transport;  // null when size == 1 (or when it is not needed)
   int rank = 0;

@@ -221,8 +221,9 @@ struct Communicator::Impl {
   std::string localKind;  // the hierarchy's local group's transport, where it has one
   Topology topology;
   // The sub-communicators, only where the topology is hierarchical. Set up before the threads
-  // start and torn down after they are joined; in between only the worker uses their
-  // transports (abort() is thread-safe).
+  // start and torn down after they are joined; in between only the thread running the current
+  // call (the worker, or a caller in Task::runHere) uses their transports (abort() is
+  // thread-safe).
   std::unique_ptr<detail::Hierarchy> hierarchy;
   // Calls run per row of the algorithm table (index = row - table.data()).
   std::unique_ptr<std::atomic<uint64_t>[]> callsPerRow;

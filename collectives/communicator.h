@@ -35,8 +35,9 @@
 //   hierarchical (several nodes, some with several ranks) it also connects two internal
 //   sub-communicators: "local" (the ranks of this node; over shm when built in, else tcp;
 //   NANOCCL_INTRA_TRANSPORT forces one) and "cross" (local rank l of every node; over
-//   options.transport). Only the worker thread drives them, inside the "hierarchical"
-//   algorithms; they share this communicator's sequence numbers, timeout and failure state.
+//   options.transport). Only the thread running the current call (the worker, or a caller in
+//   Task::runHere) drives them, inside the "hierarchical" algorithms; they share this
+//   communicator's sequence numbers, timeout and failure state.
 #pragma once
 
 #include <chrono>
@@ -75,12 +76,13 @@ class Task {
   void runHere() const;
   // The final status; meaningful once test() is true.
   Status status() const;
-  // Runs `cb` once with the final status: on the worker thread, or at once if already done.
+  // Runs `cb` once with the final status: on the thread that ran the call (the worker, or a
+  // caller in runHere), or at once if already done.
   void onComplete(std::function<void(const Status&)> cb);
   // For receives: the rank the message came from.
   int source() const;
 
-  // Used by the communicator's worker thread.
+  // Used by the thread that ran the call.
   void complete(const Status& status, int source = -1);
 
  private:
