@@ -348,7 +348,9 @@ TEST(PeerDeath, DestroyWithPendingCalls) {
                             ->wait(Deadline::after(std::chrono::seconds(40)));
   EXPECT_FALSE(second.isOk());
   EXPECT_NE(second.code(), StatusCode::kTimeout) << second.toString();
-  if (!first.isOk()) EXPECT_NE(first.code(), StatusCode::kTimeout) << first.toString();
+  if (!first.isOk()) {
+    EXPECT_NE(first.code(), StatusCode::kTimeout) << first.toString();
+  }
 }
 
 // A receive that no send ever matches fails with kTimeout within the timeout.

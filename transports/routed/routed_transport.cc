@@ -23,7 +23,8 @@ class RoutedRequest : public BasicRequest {
   Status wait(const Deadline& deadline) override {
     if (!test()) {
       // Weak: the inner request's callback holds this one until it has run.
-      if (std::shared_ptr<Request> inner = inner_.lock()) inner->wait(deadline);
+      // Its status comes back through the callback, with this request's context added.
+      if (std::shared_ptr<Request> inner = inner_.lock()) (void)inner->wait(deadline);
     }
     return BasicRequest::wait(deadline);  // the callback may still be completing this one
   }
