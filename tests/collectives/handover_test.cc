@@ -82,38 +82,16 @@ TEST(HandOver, AWaitedCallRunsOnTheWaitingThread) {
   }
 }
 
-// Calls that nobody waits on (only test() is polled) still run, on the worker.
-TEST(HandOver, ACallNobodyWaitsOnStillRuns) {
-  std::vector<std::shared_ptr<Communicator>> comms;
-  NANOCCL_MAKE_WORLD_OR_SKIP(world(2, -1), comms);
-  for (int round = 0; round < 3; ++round) {  // the first wakes an idle worker; later ones not
-    std::vector<float> value = {1, 2};
-    std::vector<CompletedOn> on(2);
-    std::vector<std::shared_ptr<Task>> tasks;
-    for (int r = 0; r < 2; ++r) {
-      tasks.push_back(comms[r]->allreduce(&value[r], 1, DataType::kFloat32, ReduceOp::kSum));
-      on[r].watch(*tasks.back());
-    }
-    ASSERT_TRUE(pollUntilDone(tasks)) << "round " << round;
-    for (int r = 0; r < 2; ++r) {
-      EXPECT_TRUE(tasks[r]->status().isOk()) << tasks[r]->status().toString();
-      EXPECT_EQ(value[r], 3.0f);
-      EXPECT_NE(on[r].get(), std::this_thread::get_id());
-    }
-  }
-}
-
-// handOver() gives queued calls to the worker, which runs them without anyone waiting.
-TEST(HandOver, HandOverStartsQueuedCallsOnTheWorker) {
-  std::vector<std::shared_ptr<Communicator>> comms;
-  NANOCCL_MAKE_WORLD_OR_SKIP(world(2, 1000000), comms);
+// Issues a 2-rank allreduce that nobody waits on (handing it over first where asked), polls
+// test() until both ranks finish, and checks the sum and that neither ran on this thread.
+void runUnwaited(const std::vector<std::shared_ptr<Communicator>>& comms, bool handOver) {
   std::vector<float> value = {1, 2};
   std::vector<CompletedOn> on(2);
   std::vector<std::shared_ptr<Task>> tasks;
   for (int r = 0; r < 2; ++r) {
     tasks.push_back(comms[r]->allreduce(&value[r], 1, DataType::kFloat32, ReduceOp::kSum));
     on[r].watch(*tasks.back());
-    comms[r]->handOver();
+    if (handOver) comms[r]->handOver();
   }
   ASSERT_TRUE(pollUntilDone(tasks));
   for (int r = 0; r < 2; ++r) {
@@ -121,6 +99,23 @@ TEST(HandOver, HandOverStartsQueuedCallsOnTheWorker) {
     EXPECT_EQ(value[r], 3.0f);
     EXPECT_NE(on[r].get(), std::this_thread::get_id());
   }
+}
+
+// Calls that nobody waits on (only test() is polled) still run, on the worker.
+TEST(HandOver, ACallNobodyWaitsOnStillRuns) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(world(2, -1), comms);
+  for (int round = 0; round < 3; ++round) {  // the first wakes an idle worker; later ones not
+    SCOPED_TRACE(round);
+    runUnwaited(comms, false);
+  }
+}
+
+// handOver() gives queued calls to the worker, which runs them without anyone waiting.
+TEST(HandOver, HandOverStartsQueuedCallsOnTheWorker) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(world(2, 1000000), comms);
+  runUnwaited(comms, true);
 }
 
 // A collective left queued while the caller moves on to point-to-point is handed to the
