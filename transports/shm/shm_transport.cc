@@ -212,11 +212,41 @@ class ShmTransport : public Transport {
   }
 
   void post(Command cmd) {
+    if (runHere(cmd)) return;
     {
       std::lock_guard<std::mutex> lock(mu_);
       commands_.push_back(std::move(cmd));
     }
     bell_->ring();
+  }
+
+  // Runs a send or receive on the posting thread where it can (no one holds progressMu_, no
+  // command is queued before it): posting then wakes no thread, and a small send is in the
+  // peer's ring before isend() returns. The progress thread is rung only for what is left
+  // (a send that did not fit): arrivals ring it themselves.
+  bool runHere(const Command& cmd) {
+    if (spin_.count() <= 0 || (cmd.kind != CommandKind::kSend && cmd.kind != CommandKind::kRecv)) {
+      return false;
+    }
+    std::unique_lock<std::mutex> lock(progressMu_, std::try_to_lock);
+    if (!lock.owns_lock() || stopping_) return false;
+    {
+      std::lock_guard<std::mutex> queued(mu_);
+      if (!commands_.empty()) return false;  // they go first
+    }
+    driver_.store(std::this_thread::get_id(), std::memory_order_relaxed);
+    if (cmd.kind == CommandKind::kSend) {
+      startSend(cmd.req);
+      if (failed_.isOk()) pumpTx(cmd.req->peer);
+    } else {
+      startRecv(cmd.req);
+    }
+    driver_.store(std::thread::id(), std::memory_order_relaxed);
+    bool leftWork = false;
+    for (const Peer& p : peers_) leftWork = leftWork || !p.sendQueue.empty();
+    lock.unlock();
+    if (leftWork) bell_->ring();
+    return true;
   }
 
   void ringPeers() {
