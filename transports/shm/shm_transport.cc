@@ -181,8 +181,7 @@ class ShmTransport : public Transport {
 
   void abort(const Status& why) override {
     if (!thread_.joinable()) return;
-    if (std::this_thread::get_id() == thread_.get_id() ||
-        driver_.load(std::memory_order_relaxed) == std::this_thread::get_id()) {
+    if (holdsProgress()) {
       fail(why, true);  // from a completion callback, which runs with progressMu_ held
       return;
     }
@@ -212,7 +211,7 @@ class ShmTransport : public Transport {
   }
 
   void post(Command cmd) {
-    if (runHere(cmd)) return;
+    if (runOnPostingThread(cmd)) return;
     {
       std::lock_guard<std::mutex> lock(mu_);
       commands_.push_back(std::move(cmd));
@@ -224,8 +223,9 @@ class ShmTransport : public Transport {
   // command is queued before it): posting then wakes no thread, and a small send is in the
   // peer's ring before isend() returns. The progress thread is rung only for what is left
   // (a send that did not fit): arrivals ring it themselves.
-  bool runHere(const Command& cmd) {
-    if (spin_.count() <= 0 || (cmd.kind != CommandKind::kSend && cmd.kind != CommandKind::kRecv)) {
+  bool runOnPostingThread(const Command& cmd) {
+    if (spin_.count() <= 0 || (cmd.kind != CommandKind::kSend && cmd.kind != CommandKind::kRecv) ||
+        holdsProgress()) {  // a completion callback posting: its step is still running
       return false;
     }
     std::unique_lock<std::mutex> lock(progressMu_, std::try_to_lock);
@@ -247,6 +247,12 @@ class ShmTransport : public Transport {
     lock.unlock();
     if (leftWork) bell_->ring();
     return true;
+  }
+
+  // Whether this thread is in a step (the progress thread, or a driver): it holds progressMu_.
+  bool holdsProgress() const {
+    const std::thread::id me = std::this_thread::get_id();
+    return me == thread_.get_id() || driver_.load(std::memory_order_relaxed) == me;
   }
 
   void ringPeers() {
@@ -364,7 +370,7 @@ class ShmTransport : public Transport {
   // sleeps between calls, and waking it costs more than a small message's whole transfer.
   template <typename Done>
   void drive(Done&& done) {
-    if (!connected_.load(std::memory_order_acquire)) return;
+    if (!connected_.load(std::memory_order_acquire) || holdsProgress()) return;
     Clock::time_point until = Clock::now() + spin_;
     bool leftWork = false;  // pending requests after this thread's last step
     while (!done() && Clock::now() < until) {
@@ -900,10 +906,11 @@ class ShmTransport : public Transport {
   std::thread thread_;
   std::atomic<bool> connected_{false};
 
-  // Held by whoever runs step(): the progress thread, or a thread driving its wait (drive()).
-  // Everything below "Progress state" belongs to its holder.
+  // Held by whoever moves bytes: the progress thread (step()), a thread driving its wait
+  // (drive()) or one posting (runOnPostingThread()). Everything below "Progress state" belongs
+  // to its holder.
   std::mutex progressMu_;
-  std::atomic<std::thread::id> driver_{};  // the thread in drive() holding progressMu_
+  std::atomic<std::thread::id> driver_{};  // the thread other than thread_ in a step
   std::atomic<Clock::rep> lastBusy_{0};    // when the progress thread's step last moved something
   std::mutex mu_;  // guards commands_, drained_
   std::condition_variable cv_;

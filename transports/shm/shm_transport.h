@@ -8,14 +8,18 @@
 // killed later. A rank whose connect() fails marks its segment aborted, so peers fail fast
 // with its reason instead of waiting for the deadline.
 //
-// Threads: isend/irecv/abort/counters may be called from any thread; they hand commands to
-// the progress thread, which alone touches the rings and the matching tables. Requests
-// complete (and run their callbacks) on the progress thread. The progress thread never spins
-// for long: after a few microseconds without work (NANOCCL_SPIN_US, yielding its core, while a
-// request is pending or up to that long after the last chunk moved: common/spin.h) it sleeps
-// on a futex (its segment's doorbell), which peers ring after publishing a chunk (or freeing
-// one for a sender that found its ring full) and which isend/irecv ring after posting a
-// command. It wakes at least every 100 ms to check its peers are alive.
+// Threads: isend/irecv/abort/counters may be called from any thread. The rings and the
+// matching tables belong to whoever holds the progress lock: the progress thread; a thread
+// that posts a send or receive while no one else holds it (it runs the command itself, instead
+// of queueing it for the progress thread); or a thread waiting on a request, which runs the
+// progress steps itself for up to NANOCCL_SPIN_US before it sleeps. Requests complete (and
+// run their callbacks) on that thread. The progress thread never spins for long: after a few
+// microseconds without work (NANOCCL_SPIN_US, yielding its core, while a request is pending or
+// up to that long after it last moved a chunk: common/spin.h) it sleeps on a futex (its
+// segment's doorbell), which peers ring after publishing a chunk (or freeing one for a sender
+// that found its ring full), and which isend/irecv ring after queueing a command and a waiter
+// rings when it stops driving with work left. It wakes at least every 100 ms to check its
+// peers are alive.
 //
 // Messages: each ordered pair of ranks has one ring (in the receiver's segment) of kRingChunks
 // chunks of kChunkBytes; a message streams through it chunk by chunk, each chunk carrying a
