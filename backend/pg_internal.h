@@ -88,10 +88,7 @@ class WorkNanoccl : public c10d::Work {
     runHere();
     {
       std::unique_lock<std::mutex> lock(mutex_);
-      auto done = [&] { return completed_; };
-      if (until.at() == Clock::time_point::max()) {
-        cv_.wait(lock, done);  // wait_until(max) would overflow inside the library
-      } else if (!cv_.wait_until(lock, until.at(), done)) {
+      if (!waitUntil(cv_, lock, until, [&] { return completed_; })) {
         C10_THROW_ERROR(DistBackendError, "nanoccl rank " + std::to_string(rank_) + ": " + what_ +
                                               " " + waitFailure(issued_, timeout));
       }

@@ -25,18 +25,6 @@ using detail::CallArgs;
 
 namespace {
 
-// Waits on `cv` until `ready()` or the deadline (Deadline::never() must not reach
-// wait_until: time_point::max() overflows inside the library).
-template <typename Pred>
-bool waitUntil(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
-               const Deadline& deadline, Pred ready) {
-  if (deadline.at() == Clock::time_point::max()) {
-    cv.wait(lock, ready);
-    return true;
-  }
-  return cv.wait_until(lock, deadline.at(), ready);
-}
-
 // The secret this communicator's connections prove they hold (common/secret.h), after every
 // rank has said where it comes from: a rank with NANOCCL_SECRET_FILE beside one
 // without would otherwise only see its peers' handshakes fail.
@@ -298,6 +286,8 @@ struct Communicator::Impl {
   void finishTurn();
   // Communicator::handOver().
   void handOver();
+  // Sets handOverNow where calls are queued (mu held); returns whether the worker must be woken.
+  bool markHandOver();
   std::shared_ptr<Task> postP2p(bool isSend, void* buf, size_t count, DataType dtype, int peer,
                                 uint32_t tag);
   void finishP2p(uint64_t id, const Status& status, int source);
@@ -420,13 +410,18 @@ void Communicator::Impl::finishTurn() {
 void Communicator::handOver() { impl_->handOver(); }
 
 void Communicator::Impl::handOver() {
+  bool wake;
   {
     std::lock_guard<std::mutex> lock(mu);
-    if (queue.empty() || handOverNow) return;
-    handOverNow = true;
-    if (running) return;  // whoever runs the current call hands the queue on
+    wake = markHandOver();
   }
-  workCv.notify_all();
+  if (wake) workCv.notify_all();
+}
+
+bool Communicator::Impl::markHandOver() {
+  if (queue.empty() || handOverNow) return false;
+  handOverNow = true;
+  return !running;  // whoever runs the current call hands the queue on
 }
 
 void Communicator::runIfNext(const Task& task) {
@@ -542,10 +537,7 @@ std::shared_ptr<Task> Communicator::Impl::postP2p(bool isSend, void* buf, size_t
     }
     // The caller has moved on to point-to-point: queued collectives go to the worker now (one
     // left for the caller's wait could be what this message's peer waits on first).
-    if (!queue.empty() && !handOverNow) {
-      handOverNow = true;
-      wakeWorker = !running;
-    }
+    wakeWorker = markHandOver();
     id = nextP2pId++;
     P2pCall& entry = p2p[id];
     entry.task = task;

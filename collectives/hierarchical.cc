@@ -250,9 +250,7 @@ class BlockQueue {
     std::unique_lock<std::mutex> lock(mu_);
     *block = -1;
     auto ready = [&] { return closed_ || finished_ || !blocks_.empty(); };
-    if (deadline.at() == Clock::time_point::max()) {
-      cv_.wait(lock, ready);
-    } else if (!cv_.wait_until(lock, deadline.at(), ready)) {
+    if (!waitUntil(cv_, lock, deadline, ready)) {
       return timeoutError("timed out waiting for the previous pipeline stage");
     }
     if (closed_ || blocks_.empty()) return Status::ok();

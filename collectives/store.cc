@@ -40,18 +40,6 @@ Status parseInt64(const std::string& key, const std::string& text, int64_t* out)
   return Status::ok();
 }
 
-// Waits on `cv` until `ready()` or the deadline; Deadline::never() must not reach
-// wait_until (time_point::max() overflows inside the library).
-template <typename Pred>
-bool waitUntil(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
-               const Deadline& deadline, Pred ready) {
-  if (deadline.at() == Clock::time_point::max()) {
-    cv.wait(lock, ready);
-    return true;
-  }
-  return cv.wait_until(lock, deadline.at(), ready);
-}
-
 Status writeAll(int fd, const std::string& data) {
   size_t done = 0;
   while (done < data.size()) {

@@ -2,7 +2,9 @@
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <mutex>
 
 namespace nanoccl {
 
@@ -38,5 +40,18 @@ class Deadline {
  private:
   Clock::time_point at_;
 };
+
+// Waits on `cv` (with `lock` held) until `ready()` or the deadline; false on timeout.
+// Deadline::never() waits without a timeout: wait_until(time_point::max()) overflows inside the
+// library.
+template <typename Pred>
+bool waitUntil(std::condition_variable& cv, std::unique_lock<std::mutex>& lock,
+               const Deadline& deadline, Pred ready) {
+  if (deadline.at() == Clock::time_point::max()) {
+    cv.wait(lock, ready);
+    return true;
+  }
+  return cv.wait_until(lock, deadline.at(), ready);
+}
 
 }  // namespace nanoccl

@@ -31,10 +31,7 @@ class BasicRequest : public Request {
   Status wait(const Deadline& deadline) override {
     spinFor(spin_, [&] { return done_.load(std::memory_order_acquire); });
     std::unique_lock<std::mutex> lock(mu_);
-    const auto done = [&] { return done_.load(); };
-    if (deadline.at() == Clock::time_point::max()) {
-      cv_.wait(lock, done);  // wait_until(max) would overflow inside the library
-    } else if (!cv_.wait_until(lock, deadline.at(), done)) {
+    if (!waitUntil(cv_, lock, deadline, [&] { return done_.load(); })) {
       return timeoutError(std::string(isSend ? "send to" : "receive from") + " rank " +
                           (peer == kAnySource ? std::string("any") : std::to_string(peer)) +
                           " of " + env.fingerprint.describe() + " tag " +

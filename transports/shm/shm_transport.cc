@@ -418,8 +418,10 @@ class ShmTransport : public Transport {
         healthy = failed_.isOk();
         pending = healthy && hasPending();
       }
-      if (progressed) lastBusy_.store(Clock::now().time_since_epoch().count());
-      if (progressed) continue;
+      if (progressed) {
+        lastBusy_.store(Clock::now().time_since_epoch().count());
+        continue;
+      }
       const auto rung = [&] { return bell_->seq.load(std::memory_order_relaxed) != seen; };
       const Clock::time_point lastBusy{Clock::duration(lastBusy_.load())};
       if (healthy && (pending || Clock::now() < lastBusy + spin_)) {
