@@ -126,4 +126,20 @@ class Transport {
 Result<std::unique_ptr<Transport>> createTransport(const std::string& name,
                                                    const TransportOptions& options);
 
+// Where a transport can carry messages.
+enum class TransportScope {
+  kIntraNode,  // between ranks of one host only (shm)
+  kInterNode,  // between hosts (and within one, over loopback)
+};
+
+// One row of the transport table, as built into this library.
+struct TransportInfo {
+  std::string name;         // what NANOCCL_TRANSPORT and createTransport() take
+  std::string description;  // one line, for errors and `nanoccl.stats()`
+  TransportScope scope;
+};
+
+// Every transport built in, in table order.
+std::vector<TransportInfo> builtInTransports();
+
 }  // namespace nanoccl

@@ -1,5 +1,5 @@
-// Test helpers: a mesh of TCP transports, one per rank, all in this process (ranks as
-// threads, addresses exchanged in memory).
+// Test helpers: a mesh of transports (tcp unless named), one per rank, all in this process
+// (ranks as threads, addresses exchanged in memory).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -35,14 +35,16 @@ inline TransportOptions optionsFor(int rank, int size, const Config& cfg,
   return o;
 }
 
-// Creates and connects `size` transports; each rank's Config comes from `configFor(rank)`.
+// Creates and connects `size` transports of the table's row `transport` (tcp unless named);
+// each rank's Config comes from `configFor(rank)`.
 template <typename ConfigFor>
 std::vector<std::unique_ptr<Transport>> makeMesh(int size, ConfigFor configFor,
-                                                 std::vector<Status>* statuses = nullptr) {
+                                                 std::vector<Status>* statuses = nullptr,
+                                                 const std::string& transport = "tcp") {
   std::vector<std::unique_ptr<Transport>> ts(static_cast<size_t>(size));
   std::vector<std::string> addrs(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) {
-    auto t = createTransport("tcp", optionsFor(r, size, configFor(r)));
+    auto t = createTransport(transport, optionsFor(r, size, configFor(r)));
     EXPECT_TRUE(t.isOk()) << t.status().toString();
     if (!t.isOk()) return {};
     ts[r] = std::move(t).value();

@@ -5,7 +5,6 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <mutex>
 #include <new>
 #include <thread>
@@ -14,6 +13,7 @@
 #include "common/logging.h"
 #include "common/spin.h"
 #include "common/thread_name.h"
+#include "transports/matcher.h"
 #include "transports/request.h"
 #include "transports/shm/segment.h"
 #include "transports/frame.h"
@@ -44,25 +44,6 @@ class ShmRequest : public BasicRequest {
 };
 using RequestPtr = std::shared_ptr<ShmRequest>;
 
-// An incoming message with at least one chunk seen.
-struct InMsg {
-  int peer = -1;
-  FrameHeader first{};           // the first chunk's header: fingerprint and total
-  RequestPtr req;                // the matched receive, if posted
-  std::unique_ptr<char[]> heap;  // where it lands while unexpected (copied out on a match)
-  uint64_t received = 0;
-
-  bool complete() const { return received == first.total; }
-};
-using InMsgPtr = std::shared_ptr<InMsg>;
-
-struct MsgKey {
-  int peer;
-  uint64_t seq;
-  uint32_t tag;
-  auto operator<=>(const MsgKey&) const = default;
-};
-
 struct Peer {
   std::unique_ptr<Segment> seg;  // the peer's segment: our ring to it and its doorbell
   ProcessIdentity identity;
@@ -70,12 +51,9 @@ struct Peer {
   std::deque<RequestPtr> sendQueue;
   uint64_t sentBytes = 0;  // of sendQueue.front()
   uint64_t head = 0;       // the outgoing ring's head; this thread is its only writer
-  uint64_t p2pSent = 0;
   // Receive side: the ring from this peer, in our segment.
   uint64_t tail = 0;
-  InMsgPtr current;      // the message whose chunks are streaming in
   bool deferred = false;  // the next message found no receive once: commands get a look first
-  uint64_t lastSeq = 0;  // highest collective sequence number seen from this peer
   // The peer closed its transport and everything it sent has been read: what arrived stays
   // receivable, anything still expected from it (or queued for it) fails.
   bool closed = false;
@@ -99,7 +77,10 @@ inline void cpuRelax() {
 class ShmTransport : public Transport {
  public:
   explicit ShmTransport(const TransportOptions& o)
-      : o_(o), peers_(static_cast<size_t>(o.size)), counters_(static_cast<size_t>(o.size)) {}
+      : o_(o),
+        peers_(static_cast<size_t>(o.size)),
+        counters_(static_cast<size_t>(o.size)),
+        matcher_(matcherOptions()) {}
 
   ~ShmTransport() override {
     if (thread_.joinable()) {
@@ -203,6 +184,24 @@ class ShmTransport : public Transport {
  private:
   Segment::Identity identity() const {
     return Segment::Identity{o_.rank, o_.size, o_.commId, o_.secret};
+  }
+
+  // One lane per peer (its ring), which carries every message whole, chunk by chunk in order.
+  MatcherOptions matcherOptions() {
+    MatcherOptions mo;
+    mo.rank = o_.rank;
+    mo.size = o_.size;
+    mo.lanes = 1;
+    mo.parts = [](OpType, uint64_t, uint32_t, uint64_t total) {
+      return std::vector<Part>{{0, 0, total}};
+    };
+    mo.landsInOrder = true;
+    mo.delivered = [this](int peer, uint64_t bytes) {
+      std::lock_guard<std::mutex> lock(countersMu_);
+      counters_[peer].bytesReceived += bytes;
+      counters_[peer].messagesReceived += 1;
+    };
+    return mo;
   }
 
   Status checkPeer(int peer, bool anyAllowed, size_t bytes) const {
@@ -469,13 +468,12 @@ class ShmTransport : public Transport {
 
   void startSend(const RequestPtr& req) {
     if (!failed_.isOk()) return req->complete(failed_, -1);
-    const OpFingerprint& fp = req->env.fingerprint;
     Peer& peer = peers_[req->peer];
     if (peer.closed) {
       fail(peerState(req->peer), true);
       return req->complete(failed_, -1);
     }
-    req->wireSeq = fp.op == OpType::kSendRecv ? ++peer.p2pSent : fp.seq;
+    req->wireSeq = matcher_.wireSeq(*req);
     peer.sendQueue.push_back(req);
   }
 
@@ -549,7 +547,7 @@ class ShmTransport : public Transport {
       const uint64_t slot = peer.tail % kRingChunks;
       FrameHeader h;  // a private copy: the sender's memory is not trusted twice
       std::memcpy(&h, own_->chunkHeader(p, slot), sizeof(h));
-      if (!peer.current && !peer.deferred && !hasReceiveFor(p, h)) {
+      if (!matcher_.midMessage(p, 0) && !peer.deferred && !matcher_.hasReceiveFor(p, h)) {
         // Its receive may sit in the command queue (posted just before the send): look there
         // before holding the message in a buffer of its own, which costs a copy and page faults.
         peer.deferred = true;
@@ -570,17 +568,7 @@ class ShmTransport : public Transport {
     return progressed;
   }
 
-  // Whether a receive for the message `h` starts is posted (no checks: onChunk does them).
-  bool hasReceiveFor(int p, const FrameHeader& h) const {
-    if (h.op != OpType::kSendRecv) return postedColl_.count(MsgKey{p, h.seq, h.tag}) != 0;
-    for (const RequestPtr& r : postedP2P_) {
-      if (r->env.tag == h.tag && (r->peer == kAnySource || r->peer == p)) return true;
-    }
-    return false;
-  }
-
   void onChunk(int p, const FrameHeader& h, const char* data) {
-    Peer& peer = peers_[p];
     Status st = validateFrameHeader(h);
     if (st.isOk() && h.kind != FrameKind::kData) st = protocolError("non-data frame in a ring");
     if (st.isOk() && h.length != std::min<uint64_t>(kChunkBytes, h.total - h.offset)) {
@@ -588,205 +576,23 @@ class ShmTransport : public Transport {
                          std::to_string(h.offset) + " of a " + std::to_string(h.total) +
                          "-byte message");
     }
-    InMsgPtr msg = peer.current;
-    if (st.isOk() && msg) {
-      const FrameHeader& f = msg->first;
-      if (h.offset != msg->received || h.total != f.total || h.tag != f.tag || h.seq != f.seq ||
-          fingerprintOf(h) != fingerprintOf(f)) {
-        st = protocolError("chunk at offset " + std::to_string(h.offset) +
-                           " does not continue the message in progress");
-      }
-    } else if (st.isOk() && h.offset != 0) {
-      st = protocolError("chunk at offset " + std::to_string(h.offset) + " starts no message");
-    }
     if (!st.isOk()) {
       return fail(st.withContext("rank " + std::to_string(o_.rank) + ": from rank " +
                                  std::to_string(p) + ": "),
                   true);
     }
-    if (!msg) {
-      msg = startMessage(p, h);
-      if (!msg) return;  // failed
-    }
-    if (h.length > 0) {
-      char* dest = msg->heap ? msg->heap.get() : msg->req->buf;
-      std::memcpy(dest + h.offset, data, h.length);
-    }
-    msg->received += h.length;
-    if (!msg->complete()) {
-      peer.current = msg;
-      return;
-    }
-    peer.current.reset();
-    if (msg->req) finishMessage(msg);
-  }
-
-  // The first chunk of a message from `p`: match it to a posted receive, or hold it.
-  InMsgPtr startMessage(int p, const FrameHeader& h) {
-    auto msg = std::make_shared<InMsg>();
-    msg->peer = p;
-    msg->first = h;
-    if (h.op == OpType::kSendRecv) {
-      NANOCCL_TRACE("rank " << o_.rank << ": p2p message from " << p << " tag " << h.tag);
-      if (!matchP2P(msg)) {
-        if (!holdBuffer(*msg)) return nullptr;
-        unexpectedP2P_.push_back(msg);
-      }
-      return failed_.isOk() ? msg : nullptr;
-    }
-    Peer& peer = peers_[p];
-    const MsgKey key{p, h.seq, h.tag};
-    peer.lastSeq = std::max(peer.lastSeq, h.seq);
-    if (Status st = checkSkipped(p); !st.isOk()) {
-      fail(st, true);
-      return nullptr;
-    }
-    if (inflight_.count(key) != 0) {
-      fail(protocolError("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(p) +
-                         " sent two messages for tag " + std::to_string(h.tag) + " of " +
-                         fingerprintOf(h).describe()),
-           true);
-      return nullptr;
-    }
-    if (auto it = postedColl_.find(key); it != postedColl_.end()) {
-      if (Status st = checkMatch(*it->second, h, p); !st.isOk()) {
-        fail(st, true);
-        return nullptr;
-      }
-      msg->req = it->second;
-      postedColl_.erase(it);
-    } else if (!holdBuffer(*msg)) {
-      return nullptr;
-    }
-    inflight_[key] = msg;
-    return msg;
-  }
-
-  // Allocates the buffer an unexpected message waits in; the size was validated against
-  // kMaxMessageBytes and comes from an authenticated peer.
-  bool holdBuffer(InMsg& msg) {
-    if (msg.first.total == 0) return true;
-    msg.heap.reset(new (std::nothrow) char[msg.first.total]);
-    if (msg.heap) return true;
-    fail(internalError("rank " + std::to_string(o_.rank) + ": cannot hold an early " +
-                       std::to_string(msg.first.total) + "-byte message from rank " +
-                       std::to_string(msg.peer)),
-         true);
-    return false;
+    Result<Matcher::IncomingPtr> msg = matcher_.onFrame(p, 0, h);
+    if (!msg.isOk()) return fail(msg.status(), true);
+    if (h.length > 0) std::memcpy(msg.value()->dest(h.offset), data, h.length);
+    matcher_.landed(msg.value(), h.length);
   }
 
   void startRecv(const RequestPtr& req) {
     if (!failed_.isOk()) return req->complete(failed_, -1);
-    if (req->env.fingerprint.op == OpType::kSendRecv) return startP2PRecv(req);
-    const MsgKey key{req->peer, req->env.fingerprint.seq, req->env.tag};
-    if (auto it = inflight_.find(key); it != inflight_.end() && !it->second->req) {
-      InMsgPtr msg = it->second;
-      if (Status st = checkMatch(*req, msg->first, req->peer); !st.isOk()) {
-        fail(st, true);
-        return req->complete(failed_, -1);  // held by no table yet: fail() cannot see it
-      }
-      return attach(msg, req);
+    if (Status st = matcher_.postRecv(req); !st.isOk()) {
+      fail(st, true);
+      req->complete(failed_, -1);  // held by no table: fail() cannot see it
     }
-    if (postedColl_.count(key) != 0 || inflight_.count(key) != 0) {
-      return req->complete(internalError("rank " + std::to_string(o_.rank) +
-                                         ": two receives posted for one message of " +
-                                         req->env.fingerprint.describe()),
-                           -1);
-    }
-    // The peer writes its ring in call order: a later call already seen means this one's
-    // message is not coming.
-    if (const uint64_t last = peers_[req->peer].lastSeq; last > key.seq) {
-      fail(skippedError(*req, last), true);
-      return req->complete(failed_, -1);
-    }
-    if (peers_[req->peer].closed) {  // everything it sent has been read: this is not coming
-      fail(peerState(req->peer), true);
-      return req->complete(failed_, -1);
-    }
-    postedColl_[key] = req;
-  }
-
-  void startP2PRecv(const RequestPtr& req) {
-    for (auto it = unexpectedP2P_.begin(); it != unexpectedP2P_.end(); ++it) {
-      const InMsg& m = **it;
-      if (m.first.tag != req->env.tag || (req->peer != kAnySource && req->peer != m.peer)) {
-        continue;
-      }
-      if (Status st = checkMatch(*req, m.first, m.peer); !st.isOk()) {
-        fail(st, true);
-        return req->complete(failed_, -1);
-      }
-      InMsgPtr msg = *it;
-      unexpectedP2P_.erase(it);
-      return attach(msg, req);
-    }
-    if (req->peer != kAnySource ? peers_[req->peer].closed : allPeersClosed()) {
-      fail(peerError("rank " + std::to_string(o_.rank) + ": " +
-                     (req->peer == kAnySource ? std::string("every peer")
-                                              : "rank " + std::to_string(req->peer)) +
-                     " closed its shared-memory transport before sending what this receive "
-                     "waits for"),
-           true);
-      return req->complete(failed_, -1);
-    }
-    postedP2P_.push_back(req);
-  }
-
-  // A receive meets a message that arrived before it (whole or in part).
-  void attach(const InMsgPtr& msg, const RequestPtr& req) {
-    msg->req = req;
-    if (msg->heap) {
-      // The rest of the message, if any, streams straight into the caller's buffer.
-      std::memcpy(req->buf, msg->heap.get(), msg->received);
-      msg->heap.reset();
-    }
-    if (msg->complete()) finishMessage(msg);
-  }
-
-  bool matchP2P(const InMsgPtr& msg) {
-    for (auto it = postedP2P_.begin(); it != postedP2P_.end(); ++it) {
-      const ShmRequest& r = **it;
-      if (r.env.tag != msg->first.tag || (r.peer != kAnySource && r.peer != msg->peer)) continue;
-      if (Status st = checkMatch(r, msg->first, msg->peer); !st.isOk()) {
-        fail(st, true);
-        return true;
-      }
-      msg->req = *it;
-      postedP2P_.erase(it);
-      return true;
-    }
-    return false;
-  }
-
-  Status checkMatch(const ShmRequest& req, const FrameHeader& h, int from) const {
-    return checkMessageMatch(o_.rank, req, h, from);
-  }
-
-  Status skippedError(const ShmRequest& req, uint64_t theirSeq) const {
-    return skippedCallError(o_.rank, req, theirSeq);
-  }
-
-  // A message of a later call arrived from `p`: receives posted for earlier calls from `p`
-  // will never be satisfied.
-  Status checkSkipped(int p) const {
-    const uint64_t last = peers_[p].lastSeq;
-    const auto it = postedColl_.lower_bound(MsgKey{p, 0, 0});
-    if (it != postedColl_.end() && it->first.peer == p && it->first.seq < last) {
-      return skippedError(*it->second, last);
-    }
-    return Status::ok();
-  }
-
-  void finishMessage(const InMsgPtr& msg) {
-    if (msg->first.op != OpType::kSendRecv) {
-      inflight_.erase(MsgKey{msg->peer, msg->first.seq, msg->first.tag});
-    }
-    {
-      std::lock_guard<std::mutex> lock(countersMu_);
-      counters_[msg->peer].bytesReceived += msg->first.total;
-      counters_[msg->peer].messagesReceived += 1;
-    }
-    msg->req->complete(Status::ok(), msg->peer);
   }
 
   void checkPeerStates() {
@@ -809,30 +615,9 @@ class ShmTransport : public Transport {
         std::lock_guard<std::mutex> lock(countersMu_);
         counters_[p].connectionsClosed += 1;
       }
-      if (failed_.isOk() && stillWaitingOn(p)) fail(st, true);
+      const bool needed = matcher_.laneClosed(p, 0) != nullptr || !peers_[p].sendQueue.empty();
+      if (failed_.isOk() && needed) fail(st, true);
     }
-  }
-
-  // Whether a posted receive, a partly arrived message or a queued send needs peer `p`.
-  bool stillWaitingOn(int p) const {
-    const Peer& peer = peers_[p];
-    if (!peer.sendQueue.empty() || (peer.current && peer.current->req)) return true;
-    const auto it = postedColl_.lower_bound(MsgKey{p, 0, 0});
-    if (it != postedColl_.end() && it->first.peer == p) return true;
-    for (const auto& [k, m] : inflight_) {
-      if (k.peer == p && m->req) return true;
-    }
-    for (const RequestPtr& r : postedP2P_) {
-      if (r->peer == p || (r->peer == kAnySource && allPeersClosed())) return true;
-    }
-    return false;
-  }
-
-  bool allPeersClosed() const {
-    for (int q = 0; q < o_.size; ++q) {
-      if (q != o_.rank && !peers_[q].closed) return false;
-    }
-    return o_.size > 1;
   }
 
   void probePeers() {
@@ -843,12 +628,9 @@ class ShmTransport : public Transport {
   }
 
   bool hasPending() const {
-    if (!postedColl_.empty() || !postedP2P_.empty()) return true;
-    for (const auto& [k, m] : inflight_) {
-      if (m->req) return true;
-    }
+    if (matcher_.hasPending()) return true;
     for (const Peer& p : peers_) {
-      if (!p.sendQueue.empty() || (p.current && p.current->req)) return true;
+      if (!p.sendQueue.empty()) return true;
     }
     return false;
   }
@@ -879,22 +661,11 @@ class ShmTransport : public Transport {
       ringPeers();
     }
     // Take everything out of the tables first: callbacks run below may post new requests.
-    std::vector<RequestPtr> pending;
+    std::vector<std::shared_ptr<BasicRequest>> pending = matcher_.takeAll();
     for (Peer& p : peers_) {
       for (auto& r : p.sendQueue) pending.push_back(r);
       p.sendQueue.clear();
-      if (p.current && p.current->req) pending.push_back(p.current->req);
-      p.current.reset();
     }
-    for (auto& [k, r] : postedColl_) pending.push_back(r);
-    postedColl_.clear();
-    for (auto& r : postedP2P_) pending.push_back(r);
-    postedP2P_.clear();
-    for (auto& [k, m] : inflight_) {
-      if (m->req) pending.push_back(m->req);
-    }
-    inflight_.clear();
-    unexpectedP2P_.clear();
     for (auto& r : pending) r->complete(why, -1);
     updateDrained();
   }
@@ -925,10 +696,7 @@ class ShmTransport : public Transport {
   // Progress state (progressMu_).
   bool stopping_ = false;  // the destructor's kStop was run
   Status failed_;
-  std::map<MsgKey, RequestPtr> postedColl_;
-  std::map<MsgKey, InMsgPtr> inflight_;  // collective messages seen, not yet delivered
-  std::deque<RequestPtr> postedP2P_;
-  std::deque<InMsgPtr> unexpectedP2P_;
+  Matcher matcher_;  // receives, held messages and their checks
 };
 
 Status ShmRequest::wait(const Deadline& deadline) {

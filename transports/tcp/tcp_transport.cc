@@ -8,7 +8,6 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
-#include <map>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -19,6 +18,7 @@
 #include "common/secret.h"
 #include "common/spin.h"
 #include "common/thread_name.h"
+#include "transports/matcher.h"
 #include "transports/request.h"
 #include "transports/tcp/handshake.h"
 #include "transports/tcp/socket_ops.h"
@@ -49,39 +49,10 @@ constexpr auto kCloseGrace = std::chrono::milliseconds(200);
 class TcpRequest : public BasicRequest {
  public:
   using BasicRequest::BasicRequest;
-  // Progress-thread state.
-  size_t framesLeft = 0;   // send: frames not yet written
-  uint64_t postOrder = 0;  // receive: order of posting, for kAnySource fairness
+  size_t framesLeft = 0;  // send: frames not yet written (progress thread)
 };
 using RequestPtr = std::shared_ptr<TcpRequest>;
-
-struct Stripe {
-  int conn;
-  uint64_t offset;
-  uint64_t length;
-};
-
-// An incoming message with at least one frame seen.
-struct InMsg {
-  int peer;
-  FrameHeader first;        // the first frame's header: fingerprint and total
-  RequestPtr req;           // the matched receive, if posted
-  std::unique_ptr<char[]> heap;  // where it lands while unexpected (then copied to req)
-  size_t framesExpected = 1;
-  size_t framesDone = 0;
-  uint64_t arrivedMask = 0;  // connections whose stripe header has arrived
-
-  bool complete() const { return framesDone == framesExpected; }
-  char* dest() const { return heap ? heap.get() : req->buf; }
-};
-using InMsgPtr = std::shared_ptr<InMsg>;
-
-struct MsgKey {
-  int peer;
-  uint64_t seq;
-  uint32_t tag;
-  auto operator<=>(const MsgKey&) const = default;
-};
+using IncomingPtr = Matcher::IncomingPtr;
 
 struct OutFrame {
   FrameHeader hdr;
@@ -107,11 +78,10 @@ struct Conn {
   // Receive side: header, then payload (or abort text), then the next header.
   enum class Stage { kHeader, kPayload, kAbortText } stage = Stage::kHeader;
   FrameHeader hdr{};
-  InMsgPtr target;  // the message the payload in flight belongs to
+  IncomingPtr target;  // the message the payload in flight belongs to
   std::string abortText;
   bool recvInFlight = false;
-  bool closed = false;   // the peer closed this connection at a frame boundary
-  uint64_t lastSeq = 0;  // highest collective sequence number seen here
+  bool closed = false;  // the peer closed this connection at a frame boundary
   // Send side.
   std::deque<OutFrame> queue;
   bool sendInFlight = false;
@@ -135,7 +105,10 @@ struct Command {
 class TcpTransport : public Transport {
  public:
   explicit TcpTransport(const TransportOptions& o)
-      : o_(o), peers_(static_cast<size_t>(o.size)), counters_(static_cast<size_t>(o.size)) {}
+      : o_(o),
+        peers_(static_cast<size_t>(o.size)),
+        counters_(static_cast<size_t>(o.size)),
+        matcher_(matcherOptions()) {}
 
   ~TcpTransport() override {
     if (thread_.joinable()) {
@@ -253,6 +226,23 @@ class TcpTransport : public Transport {
   }
 
  private:
+  // Connections are the matcher's lanes; layout() says which carry what.
+  MatcherOptions matcherOptions() {
+    MatcherOptions mo;
+    mo.rank = o_.rank;
+    mo.size = o_.size;
+    mo.lanes = std::clamp(o_.config.nsocks, 1, kMaxSocketsPerPeer);
+    mo.parts = [this](OpType op, uint64_t seq, uint32_t tag, uint64_t total) {
+      return layout(seq, tag, op, total);
+    };
+    mo.delivered = [this](int peer, uint64_t bytes) {
+      std::lock_guard<std::mutex> lock(countersMu_);
+      counters_[peer].bytesReceived += bytes;
+      counters_[peer].messagesReceived += 1;
+    };
+    return mo;
+  }
+
   Status checkPeer(int peer, bool anyAllowed, size_t bytes) const {
     return checkRequestPeer(o_.rank, o_.size, peer, anyAllowed, bytes, thread_.joinable());
   }
@@ -329,15 +319,17 @@ class TcpTransport : public Transport {
     }
   }
 
-  std::vector<Stripe> layout(uint64_t seq, uint32_t tag, OpType op, uint64_t total) const {
-    const int nsocks = o_.config.nsocks;
+  // The connections a message travels on: whole on one chosen from (seq, tag), or one stripe
+  // per connection; point-to-point always on connection 0.
+  std::vector<Part> layout(uint64_t seq, uint32_t tag, OpType op, uint64_t total) const {
+    const int nsocks = std::clamp(o_.config.nsocks, 1, kMaxSocketsPerPeer);
     if (op == OpType::kSendRecv) return {{0, 0, total}};
     if (nsocks == 1 || total < o_.config.stripeMinBytes) {
       return {{static_cast<int>((seq + tag) % static_cast<uint64_t>(nsocks)), 0, total}};
     }
     uint64_t per = (total + nsocks - 1) / nsocks;
     per = (per + kStripeAlign - 1) / kStripeAlign * kStripeAlign;
-    std::vector<Stripe> out;
+    std::vector<Part> out;
     for (int i = 0; i < nsocks && static_cast<uint64_t>(i) * per < total; ++i) {
       const uint64_t off = static_cast<uint64_t>(i) * per;
       out.push_back({i, off, std::min(per, total - off)});
@@ -348,21 +340,20 @@ class TcpTransport : public Transport {
   void startSend(const RequestPtr& req) {
     if (!failed_.isOk()) return req->complete(failed_, -1);
     const OpFingerprint& fp = req->env.fingerprint;
-    uint64_t seq = fp.seq;
-    if (fp.op == OpType::kSendRecv) seq = ++p2pSent_[static_cast<size_t>(req->peer)];
+    const uint64_t seq = matcher_.wireSeq(*req);
     const auto stripes = layout(seq, req->env.tag, fp.op, req->bytes);
-    for (const Stripe& s : stripes) {
-      if (peers_[req->peer][s.conn]->closed) {
-        return failOnClose(connectionError(*peers_[req->peer][s.conn], 0), req);
+    for (const Part& s : stripes) {
+      if (peers_[req->peer][s.lane]->closed) {
+        return failOnClose(connectionError(*peers_[req->peer][s.lane], 0), req);
       }
     }
     req->framesLeft = stripes.size();
-    for (const Stripe& s : stripes) {
+    for (const Part& s : stripes) {
       OutFrame f{};
       f.hdr = dataFrameHeader(fp, req->env.tag, seq, req->bytes, s.offset, s.length);
       f.payload = req->buf + s.offset;
       f.req = req;
-      Conn& c = *peers_[req->peer][s.conn];
+      Conn& c = *peers_[req->peer][s.lane];
       c.queue.push_back(std::move(f));
       kickSend(c);
     }
@@ -407,77 +398,12 @@ class TcpTransport : public Transport {
 
   void startRecv(const RequestPtr& req) {
     if (!failed_.isOk()) return req->complete(failed_, -1);
-    req->postOrder = ++postCounter_;
-    if (req->env.fingerprint.op == OpType::kSendRecv) return startP2PRecv(req);
-    const MsgKey key{req->peer, req->env.fingerprint.seq, req->env.tag};
-    if (auto it = inflight_.find(key); it != inflight_.end() && !it->second->req) {
-      InMsgPtr msg = it->second;
-      if (Status st = checkMatch(*req, msg->first, req->peer); !st.isOk()) {
-        fail(st, true);
-        return req->complete(failed_, -1);  // held by no table yet: fail() cannot see it
-      }
-      msg->req = req;
-      if (msg->complete()) finishMessage(key, msg);
-      return;
-    }
-    // Every message of one call carries the same fingerprint, whatever its tag: a message of
-    // this call from this peer that disagrees means the ranks run different calls.
-    for (auto it = inflight_.lower_bound(MsgKey{key.peer, key.seq, 0});
-         it != inflight_.end() && it->first.peer == key.peer && it->first.seq == key.seq; ++it) {
-      if (fingerprintOf(it->second->first) != req->env.fingerprint) {
-        fail(checkMatch(*req, it->second->first, key.peer), true);
-        return req->complete(failed_, -1);
-      }
-    }
-    if (postedColl_.count(key) != 0 || inflight_.count(key) != 0) {
-      return req->complete(internalError("rank " + std::to_string(o_.rank) +
-                                         ": two receives posted for one message of " +
-                                         req->env.fingerprint.describe()),
-                           -1);
-    }
-    // The sender writes each connection in sequence order: if a connection this message must
-    // use already carried a later call, the message is not coming.
-    for (const Stripe& s : layout(key.seq, key.tag, req->env.fingerprint.op, req->bytes)) {
-      const Conn& c = *peers_[req->peer][s.conn];
-      if (c.lastSeq > key.seq) {
-        fail(skippedError(*req, c.lastSeq), true);
-        return req->complete(failed_, -1);
-      }
-      if (c.closed) return failOnClose(closedWhileWaiting(c, *req), req);
-    }
-    postedColl_[key] = req;
-  }
-
-  void startP2PRecv(const RequestPtr& req) {
-    for (auto it = unexpectedP2P_.begin(); it != unexpectedP2P_.end(); ++it) {
-      InMsg& m = **it;
-      if (m.first.tag != req->env.tag || (req->peer != kAnySource && req->peer != m.peer)) {
-        continue;
-      }
-      if (Status st = checkMatch(*req, m.first, m.peer); !st.isOk()) {
-        fail(st, true);
-        return req->complete(failed_, -1);
-      }
-      InMsgPtr msg = *it;
-      unexpectedP2P_.erase(it);
-      msg->req = req;
-      if (msg->complete()) finishMessage(std::nullopt, msg);
-      return;
-    }
-    if (unreachable(req->peer)) {
-      return failOnClose(
-          closedWhileWaiting(*peers_[req->peer == kAnySource ? firstPeer() : req->peer][0], *req),
-          req);
-    }
-    postedP2P_.push_back(req);
-  }
-
-  Status checkMatch(const TcpRequest& req, const FrameHeader& h, int from) const {
-    return checkMessageMatch(o_.rank, req, h, from);
-  }
-
-  Status skippedError(const TcpRequest& req, uint64_t theirSeq) const {
-    return skippedCallError(o_.rank, req, theirSeq);
+    const Status st = matcher_.postRecv(req);
+    if (st.isOk()) return;
+    // A connection it needs is closed: the peer's reason may still come on another.
+    if (st.code() == StatusCode::kPeerError) return failOnClose(st, req);
+    fail(st, true);
+    req->complete(failed_, -1);  // held by no table: fail() cannot see it
   }
 
   void postHeaderRecv(Conn& c) {
@@ -561,7 +487,7 @@ class TcpTransport : public Transport {
 
   void onRecvDone(Conn& c, int64_t result) {
     c.recvInFlight = false;
-    InMsgPtr target = std::move(c.target);
+    IncomingPtr target = std::move(c.target);
     if (!failed_.isOk()) {
       // The buffer is released now: complete the receive it belonged to.
       if (target && target->req && !busy(*target->req)) target->req->complete(failed_, -1);
@@ -607,137 +533,20 @@ class TcpTransport : public Transport {
       if (h.length == 0) return onAbortText(c);
       return postPayloadRecv(c, c.abortText.data(), h.length);
     }
-    InMsgPtr msg;
-    std::optional<MsgKey> key;
-    if (h.op == OpType::kSendRecv) {
-      if (c.index != 0) return fail(protocolError("point-to-point frame off connection 0"), true);
-      NANOCCL_TRACE("rank " << o_.rank << ": p2p message from " << c.peer << " tag " << h.tag);
-      auto made = newMessage(c.peer, h);
-      if (!made.isOk()) return fail(made.status(), true);
-      msg = made.value();
-      if (!matchP2P(msg)) unexpectedP2P_.push_back(msg);
-    } else {
-      key = MsgKey{c.peer, h.seq, h.tag};
-      c.lastSeq = std::max(c.lastSeq, h.seq);
-      if (Status st = checkSkipped(c); !st.isOk()) return fail(st, true);
-      auto it = inflight_.find(*key);
-      if (it != inflight_.end()) {
-        msg = it->second;
-        if (fingerprintOf(msg->first) != fingerprintOf(h) || msg->first.total != h.total ||
-            (msg->arrivedMask >> c.index & 1)) {
-          return fail(protocolError("rank " + std::to_string(o_.rank) + ": inconsistent stripes "
-                                    "from rank " + std::to_string(c.peer)),
-                      true);
-        }
-      } else {
-        for (auto p = postedColl_.lower_bound(MsgKey{c.peer, h.seq, 0});
-             p != postedColl_.end() && p->first.peer == c.peer && p->first.seq == h.seq; ++p) {
-          if (p->second->env.fingerprint != fingerprintOf(h)) {
-            return fail(checkMatch(*p->second, h, c.peer), true);
-          }
-        }
-        auto made = newMessage(c.peer, h);
-        if (!made.isOk()) return fail(made.status(), true);
-        msg = made.value();
-        if (auto p = postedColl_.find(*key); p != postedColl_.end()) {
-          if (Status st = checkMatch(*p->second, h, c.peer); !st.isOk()) return fail(st, true);
-          msg->req = p->second;
-          postedColl_.erase(p);
-          msg->heap.reset();
-        }
-        inflight_[*key] = msg;
-      }
-    }
-    if (!failed_.isOk()) return;
-    msg->arrivedMask |= uint64_t{1} << c.index;
+    Result<IncomingPtr> msg = matcher_.onFrame(c.peer, c.index, h);
+    if (!msg.isOk()) return fail(msg.status(), true);
     if (h.length == 0) {
-      ++msg->framesDone;
-      if (msg->complete() && msg->req) finishMessage(key, msg);
+      matcher_.landed(msg.value(), 0);
       return postHeaderRecv(c);
     }
     c.stage = Conn::Stage::kPayload;
-    c.target = msg;
-    postPayloadRecv(c, msg->dest() + h.offset, h.length);
+    c.target = msg.value();
+    postPayloadRecv(c, c.target->dest(h.offset), h.length);
   }
 
-  // A new incoming message; its holding buffer is allocated here (and dropped on a match).
-  Result<InMsgPtr> newMessage(int peer, const FrameHeader& h) {
-    auto msg = std::make_shared<InMsg>();
-    msg->peer = peer;
-    msg->first = h;
-    msg->framesExpected = layout(h.seq, h.tag, h.op, h.total).size();
-    if (h.total > 0) {
-      msg->heap.reset(new (std::nothrow) char[h.total]);
-      if (!msg->heap) {
-        return internalError("rank " + std::to_string(o_.rank) + ": cannot hold an early " +
-                             std::to_string(h.total) + "-byte message from rank " +
-                             std::to_string(peer));
-      }
-    }
-    return msg;
-  }
-
-  bool matchP2P(const InMsgPtr& msg) {
-    for (auto it = postedP2P_.begin(); it != postedP2P_.end(); ++it) {
-      const TcpRequest& r = **it;
-      if (r.env.tag != msg->first.tag || (r.peer != kAnySource && r.peer != msg->peer)) continue;
-      if (Status st = checkMatch(r, msg->first, msg->peer); !st.isOk()) {
-        fail(st, true);
-        return true;
-      }
-      msg->req = *it;
-      msg->heap.reset();
-      postedP2P_.erase(it);
-      return true;
-    }
-    return false;
-  }
-
-  // A header with sequence number S arrived on `c`: posted receives from that peer for calls
-  // before S that need `c` will never be satisfied.
-  Status checkSkipped(const Conn& c) {
-    const auto begin = postedColl_.lower_bound(MsgKey{c.peer, 0, 0});
-    for (auto it = begin; it != postedColl_.end() && it->first.peer == c.peer; ++it) {
-      if (it->first.seq >= c.lastSeq) break;
-      const TcpRequest& r = *it->second;
-      for (const Stripe& s : layout(it->first.seq, it->first.tag, r.env.fingerprint.op, r.bytes)) {
-        if (s.conn == c.index) return skippedError(r, c.lastSeq);
-      }
-    }
-    // Messages whose other stripes came, but whose stripe on `c` was overtaken.
-    const auto from = inflight_.lower_bound(MsgKey{c.peer, 0, 0});
-    for (auto it = from; it != inflight_.end() && it->first.peer == c.peer; ++it) {
-      if (it->first.seq >= c.lastSeq) break;
-      const InMsg& m = *it->second;
-      for (const Stripe& s : layout(m.first.seq, m.first.tag, m.first.op, m.first.total)) {
-        if (s.conn == c.index && !(m.arrivedMask >> c.index & 1)) {
-          return protocolError("rank " + std::to_string(o_.rank) + ": rank " +
-                               std::to_string(c.peer) + " left a stripe of " +
-                               fingerprintOf(m.first).describe() + " unsent");
-        }
-      }
-    }
-    return Status::ok();
-  }
-
-  void onPayload(Conn& c, const InMsgPtr& msg) {
-    ++msg->framesDone;
-    std::optional<MsgKey> key;
-    if (msg->first.op != OpType::kSendRecv) key = MsgKey{msg->peer, msg->first.seq, msg->first.tag};
-    if (msg->complete() && msg->req) finishMessage(key, msg);
+  void onPayload(Conn& c, const IncomingPtr& msg) {
+    matcher_.landed(msg, c.hdr.length);
     postHeaderRecv(c);
-  }
-
-  // All frames are in and the receive is known: deliver.
-  void finishMessage(const std::optional<MsgKey>& key, const InMsgPtr& msg) {
-    if (key) inflight_.erase(*key);
-    if (msg->heap) std::memcpy(msg->req->buf, msg->heap.get(), msg->first.total);
-    {
-      std::lock_guard<std::mutex> lock(countersMu_);
-      counters_[msg->peer].bytesReceived += msg->first.total;
-      counters_[msg->peer].messagesReceived += 1;
-    }
-    msg->req->complete(Status::ok(), msg->peer);
   }
 
   // The peer closed `c` cleanly: what already arrived stays receivable; only receives that
@@ -749,41 +558,9 @@ class TcpTransport : public Transport {
       std::lock_guard<std::mutex> lock(countersMu_);
       counters_[c.peer].connectionsClosed += 1;
     }
-    for (const auto& [key, req] : postedColl_) {
-      for (const Stripe& s : layout(key.seq, key.tag, req->env.fingerprint.op, req->bytes)) {
-        if (peers_[key.peer][s.conn]->closed) return failOnClose(closedWhileWaiting(c, *req));
-      }
+    if (auto req = matcher_.laneClosed(c.peer, c.index)) {
+      failOnClose(matcher_.closedError(c.peer, *req));
     }
-    for (const auto& [key, m] : inflight_) {
-      if (!m->req) continue;
-      for (const Stripe& s : layout(key.seq, key.tag, m->first.op, m->first.total)) {
-        if (peers_[key.peer][s.conn]->closed && !(m->arrivedMask >> s.conn & 1)) {
-          return failOnClose(closedWhileWaiting(c, *m->req));
-        }
-      }
-    }
-    for (const auto& req : postedP2P_) {
-      if (unreachable(req->peer)) return failOnClose(closedWhileWaiting(c, *req));
-    }
-  }
-
-  // Whether no more point-to-point messages can come from `peer` (kAnySource: from anyone).
-  bool unreachable(int peer) const {
-    if (peer != kAnySource) return peers_[peer][0]->closed;
-    for (const auto& row : peers_) {
-      if (!row.empty() && !row[0]->closed) return false;
-    }
-    return o_.size > 1;
-  }
-
-  int firstPeer() const { return o_.rank == 0 ? 1 : 0; }
-
-  Status closedWhileWaiting(const Conn& c, const TcpRequest& req) const {
-    return peerError("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(c.peer) +
-                     " closed its connection while rank " + std::to_string(o_.rank) +
-                     " still waits for its part of " + req.env.fingerprint.describe() +
-                     " (rank " + std::to_string(c.peer) +
-                     " exited, crashed or destroyed its communicator)");
   }
 
   Status connectionError(const Conn& c, int64_t result) const {
@@ -797,10 +574,7 @@ class TcpTransport : public Transport {
   }
 
   bool hasPending() const {
-    if (!postedColl_.empty() || !postedP2P_.empty()) return true;
-    for (const auto& [k, m] : inflight_) {
-      if (m->req) return true;
-    }
+    if (matcher_.hasPending()) return true;
     for (const auto& row : peers_) {
       for (const auto& c : row) {
         if (!c->queue.empty()) return true;
@@ -833,7 +607,7 @@ class TcpTransport : public Transport {
   // A connection closed under a pending request: fail after kCloseGrace with `why`, unless a
   // peer's reason (an abort frame) or another failure comes first. `parked` (a request that
   // cannot proceed, held by no table) completes when the transport fails.
-  void failOnClose(const Status& why, const RequestPtr& parked = nullptr) {
+  void failOnClose(const Status& why, const std::shared_ptr<BasicRequest>& parked = nullptr) {
     if (!failed_.isOk()) {
       if (parked && !busy(*parked)) parked->complete(failed_, -1);
       return;
@@ -896,15 +670,9 @@ class TcpTransport : public Transport {
         }
       }
     }
-    for (auto& [k, r] : postedColl_) r->complete(why, -1);
-    postedColl_.clear();
-    for (auto& r : postedP2P_) r->complete(why, -1);
-    postedP2P_.clear();
-    for (auto& [k, m] : inflight_) {
-      if (m->req && !busy(*m->req)) m->req->complete(why, -1);
+    for (auto& r : matcher_.takeAll()) {
+      if (!busy(*r)) r->complete(why, -1);
     }
-    inflight_.clear();
-    unexpectedP2P_.clear();
     for (auto& r : parked_) {
       if (!busy(*r)) r->complete(why, -1);
     }
@@ -913,7 +681,7 @@ class TcpTransport : public Transport {
   }
 
   // Whether a socket operation in flight reads or writes `r`'s buffer.
-  bool busy(const TcpRequest& r) const {
+  bool busy(const BasicRequest& r) const {
     for (const auto& row : peers_) {
       for (const auto& c : row) {
         if (c->sendInFlight && c->queue.front().req.get() == &r) return true;
@@ -944,18 +712,13 @@ class TcpTransport : public Transport {
 
   // Progress-thread state.
   Status failed_;
-  uint64_t postCounter_ = 0;
-  std::vector<uint64_t> p2pSent_ = std::vector<uint64_t>(static_cast<size_t>(o_.size), 0);
-  std::map<MsgKey, RequestPtr> postedColl_;
-  std::map<MsgKey, InMsgPtr> inflight_;
-  std::deque<RequestPtr> postedP2P_;
-  std::deque<InMsgPtr> unexpectedP2P_;
+  Matcher matcher_;
   struct Closing {
     Status why;
     Clock::time_point until;
   };
   std::optional<Closing> closing_;  // failOnClose()
-  std::vector<RequestPtr> parked_;
+  std::vector<std::shared_ptr<BasicRequest>> parked_;
 };
 
 }  // namespace
