@@ -632,6 +632,11 @@ Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOpt
                            " is not in a world of size " + std::to_string(options.size));
   }
   if (options.timeout.count() <= 0) return invalidArgument("communicator: timeout must be > 0");
+  // Checked before anything is set up, on every rank alike (same table, same settings).
+  Result<TransportChoice> choice = chooseTransports(options.config);
+  if (!choice.isOk()) {
+    return choice.status().withContext("rank " + std::to_string(options.rank) + ": ");
+  }
 
   auto impl = std::make_unique<Impl>();
   impl->rank = options.rank;
@@ -666,16 +671,16 @@ Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOpt
     }
     impl->topology = Topology::fromNodeIds(std::move(nodeIds));
 
-    Result<std::unique_ptr<Transport>> transport =
-        detail::connectMain(options, impl->topology, secret.value(), deadline, &impl->routed);
+    Result<std::unique_ptr<Transport>> transport = detail::connectMain(
+        options, choice.value(), impl->topology, secret.value(), deadline, &impl->routed);
     if (!transport.isOk()) return transport.status().withContext(where);
     impl->transport = std::move(transport).value();
-    impl->transportKind = options.transport;
+    impl->transportKind = choice.value().interNode;
 
     if (impl->topology.hierarchical()) {
       Result<std::unique_ptr<detail::Hierarchy>> h =
-          detail::connectHierarchy(options, impl->topology, secret.value(), deadline,
-                                   &impl->localKind);
+          detail::connectHierarchy(options, choice.value(), impl->topology, secret.value(),
+                                   deadline, &impl->localKind);
       if (!h.isOk()) return h.status().withContext(where);
       impl->hierarchy = std::move(h).value();
     }

@@ -29,13 +29,14 @@
 // - create() exchanges every rank's node id through the store. Where this rank shares its node
 //   with other ranks, the main transport is routed (transports/routed/): collective messages
 //   between ranks of one node go through shared memory, the rest (other nodes, and every
-//   point-to-point message) over options.transport. NANOCCL_INTRA_TRANSPORT: "auto" routes where
-//   shm is built in, "shm" requires it, "tcp" keeps options.transport alone.
+//   point-to-point message) over the inter-node transport (NANOCCL_TRANSPORT, from the
+//   transport table: chooseTransports). NANOCCL_INTRA_TRANSPORT: "auto" routes where shm is
+//   built in, "shm" requires it, "tcp" keeps the inter-node transport alone.
 // - Where the topology is
 //   hierarchical (several nodes, some with several ranks) it also connects two internal
 //   sub-communicators: "local" (the ranks of this node; over shm when built in, else tcp;
-//   NANOCCL_INTRA_TRANSPORT forces one) and "cross" (local rank l of every node; over
-//   options.transport). Only the thread running the current call (the worker, or a caller in
+//   NANOCCL_INTRA_TRANSPORT forces one) and "cross" (local rank l of every node; over the
+//   inter-node transport). Only the thread running the current call (the worker, or a caller in
 //   Task::runHere) drives them, inside the "hierarchical" algorithms; they share this
 //   communicator's sequence numbers, timeout and failure state.
 #pragma once
@@ -107,8 +108,6 @@ struct CommunicatorOptions {
   Config config;
   // Every call's deadline; also bounds connection setup.
   std::chrono::milliseconds timeout{300000};
-  // The transport between all ranks (and, in hierarchical collectives, between nodes).
-  std::string transport = "tcp";
   // This rank's node; config.nodeId (NANOCCL_NODE_ID) overrides it. Empty: defaultNodeId().
   std::string nodeId;
 };

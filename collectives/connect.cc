@@ -66,45 +66,42 @@ Result<std::unique_ptr<Transport>> connectGroup(const std::string& kind, const s
   return transport;
 }
 
-// Whether this build has the shm transport (every rank runs the same build, so all agree).
-// Creating a transport only builds an object; nothing is opened until listen().
-bool shmBuiltIn() { return createTransport("shm", TransportOptions{}).isOk(); }
-
 }  // namespace
 
-// The transport between all ranks: options.transport, routed through shm for the collective
-// messages between ranks of this node where NANOCCL_INTRA_TRANSPORT allows it. Every rank of a
-// node decides alike (same topology, same build). Ranks that do not route (alone on their node,
-// or told so) publish a plain address and use the remote part of routed ranks' addresses.
+// The transport between all ranks: choice.interNode, routed through choice.intraNode for the
+// collective messages between ranks of this node where they differ. Every rank of a node
+// decides alike (same topology, same build, same settings). Ranks that do not route (alone on
+// their node, or told so) publish a plain address and use the remote part of routed ranks'
+// addresses.
 Result<std::unique_ptr<Transport>> connectMain(const CommunicatorOptions& options,
+                                               const TransportChoice& choice,
                                                const Topology& topo, const std::string& secret,
                                                const Deadline& deadline,
                                                routed::RoutedTransport** routedOut) {
   std::vector<int> all(options.size);
   std::iota(all.begin(), all.end(), 0);
-  const std::string& intra = options.config.intraTransport;
   const std::vector<int>& mine = topo.nodeRanks[topo.nodeOf[options.rank]];
-  const bool route = intra != "tcp" && mine.size() > 1 && options.transport != "shm" &&
-                     (intra == "shm" || shmBuiltIn());
+  const bool route = mine.size() > 1 && choice.intraNode != choice.interNode;
   if (!route) {
     NANOCCL_ASSIGN_OR_RETURN(
         std::unique_ptr<Transport> t,
-        createTransport(options.transport, transportOptions(options.commId, options.rank,
-                                                            options.size, secret, options)));
+        createTransport(choice.interNode, transportOptions(options.commId, options.rank,
+                                                           options.size, secret, options)));
     NANOCCL_CHECK(
         publishAndConnect(*t, options.commId, options.rank, all, options, deadline, &mine));
     return t;
   }
   routed::RouteOptions ro;
   ro.localRanks = mine;
-  ro.remote = options.transport;
-  ro.local = "shm";
-  ro.fallback = intra == "auto";  // e.g. a /dev/shm too small: this node stays on tcp
+  ro.remote = choice.interNode;
+  ro.local = choice.intraNode;
+  ro.fallback = choice.intraFallback;  // e.g. a /dev/shm too small: this node stays on remote
   Result<std::unique_ptr<routed::RoutedTransport>> made = routed::createRoutedTransport(
       transportOptions(options.commId, options.rank, options.size, secret, options), ro);
   if (!made.isOk()) {
-    return made.status().withContext("NANOCCL_INTRA_TRANSPORT=" + intra +
-                                     ": collectives within this node over shm: ");
+    return made.status().withContext("NANOCCL_INTRA_TRANSPORT=" + options.config.intraTransport +
+                                     ": collectives within this node over " + choice.intraNode +
+                                     ": ");
   }
   std::unique_ptr<routed::RoutedTransport> t = std::move(made).value();
   NANOCCL_CHECK(publishAndConnect(*t, options.commId, options.rank, all, options, deadline));
@@ -116,7 +113,8 @@ Result<std::unique_ptr<Transport>> connectMain(const CommunicatorOptions& option
 // connects its local group first, then its cross group: the same order everywhere, and each
 // group only waits for its own members, so setup cannot deadlock.
 Result<std::unique_ptr<Hierarchy>> connectHierarchy(const CommunicatorOptions& options,
-                                                            const Topology& topo,
+                                                    const TransportChoice& choice,
+                                                    const Topology& topo,
                                                             const std::string& secret,
                                                             const Deadline& deadline,
                                                             std::string* localKind) {
@@ -135,8 +133,7 @@ Result<std::unique_ptr<Hierarchy>> connectHierarchy(const CommunicatorOptions& o
                std::to_string(node) + "; below, rank i is the i-th of them)";
   if (local.size > 1) {
     const std::string commId = options.commId + "/local/" + std::to_string(node);
-    std::string kind = options.config.intraTransport;
-    if (kind == "auto") kind = shmBuiltIn() ? "shm" : "tcp";
+    const std::string& kind = choice.intraNode;
     *localKind = kind;
     Result<std::unique_ptr<Transport>> t =
         connectGroup(kind, commId, lr, local.ranks, secret, options, deadline);
@@ -155,10 +152,10 @@ Result<std::unique_ptr<Hierarchy>> connectHierarchy(const CommunicatorOptions& o
     cross.name = "inter-node stage among ranks " + ranksText(cross.ranks) + " (local rank " +
                  std::to_string(lr) + " of every node; below, rank i is the i-th of them)";
     Result<std::unique_ptr<Transport>> t =
-        connectGroup(options.transport, options.commId + "/cross/" + std::to_string(lr), node,
+        connectGroup(choice.interNode, options.commId + "/cross/" + std::to_string(lr), node,
                      cross.ranks, secret, options, deadline);
     if (!t.isOk()) {
-      return t.status().withContext("connecting the " + cross.name + " over " + options.transport +
+      return t.status().withContext("connecting the " + cross.name + " over " + choice.interNode +
                                     ": ");
     }
     cross.transport = std::move(t).value();

@@ -20,6 +20,7 @@ namespace nanoccl::detail {
 
 // The transport between all ranks (see connect.cc); *routedOut is set when it routes.
 Result<std::unique_ptr<Transport>> connectMain(const CommunicatorOptions& options,
+                                               const TransportChoice& choice,
                                                const Topology& topo, const std::string& secret,
                                                const Deadline& deadline,
                                                routed::RoutedTransport** routedOut);
@@ -27,6 +28,7 @@ Result<std::unique_ptr<Transport>> connectMain(const CommunicatorOptions& option
 // The local and cross sub-communicators of a hierarchical topology; *localKind names the
 // local group's transport.
 Result<std::unique_ptr<Hierarchy>> connectHierarchy(const CommunicatorOptions& options,
+                                                    const TransportChoice& choice,
                                                     const Topology& topo,
                                                     const std::string& secret,
                                                     const Deadline& deadline,

@@ -109,9 +109,17 @@ const std::vector<Field>& fields() {
          return Status::ok();
        },
        [](const Config& c) { return c.nodeId; }},
+      {"transport",
+       [](Config& c, const std::string& v) {
+         // Which names exist and are built is the transport table's to say (chooseTransports).
+         if (v.empty()) return invalidArgument("transport: empty (auto, tcp, fabric, ...)");
+         c.transport = v;
+         return Status::ok();
+       },
+       [](const Config& c) { return c.transport; }},
       {"intra_transport",
        [](Config& c, const std::string& v) {
-         NANOCCL_CHECK(oneOf("intra_transport", v, {"auto", "shm", "tcp"}));
+         NANOCCL_CHECK(oneOf("intra_transport", v, {"auto", "shm", "tcp", "fabric"}));
          c.intraTransport = v;
          return Status::ok();
        },

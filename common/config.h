@@ -41,9 +41,14 @@ struct Config {
   // Which node this rank is on (ranks with equal ids are one node). Empty: the embedding
   // layer's id, else "<hostname>/netns:<inode>" (collectives/topology.h).
   std::string nodeId;
+  // Transport between nodes (and between all ranks where nothing else is chosen): "auto" (the
+  // first inter-node row of the transport table: tcp) or a row's name ("tcp", "fabric").
+  // Checked against the table when a communicator is created (transports/registry.cc).
+  std::string transport = "auto";
   // Transport for collectives between ranks of one node, flat and hierarchical: "auto" (shared
-  // memory where built and possible, else tcp), "shm" (required) or "tcp". Point-to-point
-  // send/recv always uses tcp (transports/routed/routed_transport.h says why).
+  // memory where built and possible, else the inter-node transport), "shm" (required), or an
+  // inter-node row ("tcp"). Point-to-point send/recv always uses the inter-node transport
+  // (transports/routed/routed_transport.h says why).
   std::string intraTransport = "auto";
   // Lossy compression of the inter-node leg of allreduce and reduce_scatter (float32 sum/avg
   // only; intra-node stages stay lossless): "none", "fp16", "bf16", "int8" or "int4"

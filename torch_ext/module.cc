@@ -17,6 +17,7 @@
 
 #include "backend/process_group_nanoccl.h"
 #include "common/config.h"
+#include "transports/transport.h"
 
 namespace py = pybind11;
 
@@ -150,7 +151,9 @@ PYBIND11_MODULE(_C, m) {
       "check_setting",
       [](const std::string& name, const std::string& value) {
         nanoccl::Config config;
-        const nanoccl::Status s = config.set(name, value);
+        nanoccl::Status s = config.set(name, value);
+        // Transport names are the transport table's to check (unknown, or not built in).
+        if (s.isOk()) s = nanoccl::chooseTransports(config).status();
         if (!s.isOk()) throw py::value_error(s.message());
       },
       py::arg("name"), py::arg("value"));

@@ -142,4 +142,16 @@ struct TransportInfo {
 // Every transport built in, in table order.
 std::vector<TransportInfo> builtInTransports();
 
+// Which table rows a communicator uses, from its settings (every rank has the same table and
+// settings, so every rank chooses alike).
+struct TransportChoice {
+  std::string interNode;  // NANOCCL_TRANSPORT: between nodes, and between all ranks
+  std::string intraNode;  // NANOCCL_INTRA_TRANSPORT: collectives within a node
+  // intraNode was "auto": a node where it cannot be set up stays on interNode.
+  bool intraFallback = false;
+};
+// An unknown name, a row not built in, or one whose scope does not fit the setting is an
+// error naming the setting and the choices.
+Result<TransportChoice> chooseTransports(const Config& config);
+
 }  // namespace nanoccl

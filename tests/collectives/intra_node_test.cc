@@ -320,6 +320,62 @@ TEST(IntraTransport, RanksOfOneNodeThatDisagreeFailSetupNamingTheSetting) {
       << results[0].toString();
 }
 
+// NANOCCL_TRANSPORT names a row of the transport table: a name it does not have, or one that
+// only works within a node, fails create() on every rank at once, naming the setting and the
+// choices; "tcp" and "auto" run.
+TEST(TransportSetting, AnUnknownOrMisplacedTransportFailsEveryRankNamingTheChoices) {
+  for (const std::string bad : {"bogus", "shm", "fabric"}) {
+    if (bad == "shm" && !shmBuiltIn()) continue;
+    auto store = std::make_shared<InMemoryStore>();
+    std::vector<Status> results(2);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < 2; ++r) {
+      threads.emplace_back([&, r] {
+        CommunicatorOptions co;
+        co.rank = r;
+        co.size = 2;
+        co.store = store;
+        co.commId = "transport-setting";
+        co.config = worldConfig(worldOf("ab"));
+        co.config.transport = bad;
+        co.timeout = std::chrono::milliseconds(5000);
+        results[r] = Communicator::create(co).status();
+      });
+    }
+    for (auto& t : threads) t.join();
+    for (int r = 0; r < 2; ++r) {
+      ASSERT_FALSE(results[r].isOk()) << bad << " rank " << r;
+      EXPECT_NE(results[r].code(), StatusCode::kTimeout) << results[r].toString();
+      EXPECT_NE(results[r].message().find("NANOCCL_TRANSPORT=" + bad), std::string::npos)
+          << results[r].toString();
+      EXPECT_NE(results[r].message().find("auto, tcp"), std::string::npos)
+          << results[r].toString();
+    }
+  }
+}
+
+TEST(TransportSetting, ChoosesFromTheTable) {
+  Config c;
+  Result<TransportChoice> d = chooseTransports(c);
+  ASSERT_TRUE(d.isOk()) << d.status().toString();
+  EXPECT_EQ(d.value().interNode, "tcp");
+  EXPECT_EQ(d.value().intraNode, shmBuiltIn() ? "shm" : "tcp");
+  EXPECT_TRUE(d.value().intraFallback);
+  c.transport = "tcp";
+  c.intraTransport = "tcp";  // the node's ranks talk over tcp too: nothing to route
+  d = chooseTransports(c);
+  ASSERT_TRUE(d.isOk()) << d.status().toString();
+  EXPECT_EQ(d.value().intraNode, "tcp");
+  EXPECT_FALSE(d.value().intraFallback);
+  // Every row built in is listed once, with its scope.
+  bool tcp = false;
+  for (const TransportInfo& t : builtInTransports()) {
+    if (t.name == "tcp") tcp = t.scope == TransportScope::kInterNode;
+    if (t.name == "shm") EXPECT_EQ(t.scope, TransportScope::kIntraNode);
+  }
+  EXPECT_TRUE(tcp);
+}
+
 // This process's nanoccl segments still named in /dev/shm.
 size_t segmentsOfThisProcess() {
   size_t n = 0;

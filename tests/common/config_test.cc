@@ -50,7 +50,7 @@ class ScopedEnv {
 const char* kNames[] = {"socket_ifname",       "tcp_engine", "nsocks",
                         "stripe_min_bytes",    "algo",       "chunk_bytes",
                         "small_message_bytes", "spin_us", "timeout_ms", "connect_timeout_ms",
-                        "node_id",             "intra_transport", "compression",
+                        "node_id",             "transport",  "intra_transport", "compression",
                         "compression_min_bytes", "compression_block", "secret_file",
                         "secret",              "encrypt"};
 

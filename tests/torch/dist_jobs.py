@@ -942,6 +942,12 @@ def scenario_lifecycle(a: argparse.Namespace, ck: Checks) -> None:
     expect_error(ck, "Options(bogus=1)", lambda: nanoccl.Options(bogus=1), [], 5, (ValueError,))
     expect_error(ck, "Options(tcp_engine=...)", lambda: nanoccl.Options(tcp_engine="x"), [], 5,
                  (ValueError,))
+    # Transports come from the transport table: unknown ones, and shm between nodes, raise.
+    for bad in ("bogus", "shm"):
+        expect_error(ck, f"Options(transport={bad!r})",
+                     lambda bad=bad: nanoccl.Options(transport=bad), [], 5, (ValueError,))
+    ck.expect("Options(transport='tcp')",
+              nanoccl.Options(transport="tcp").settings == {"transport": "tcp"})
     expect_error(ck, "pg_options of the wrong type",
                  lambda: dist.new_group(backend="nanoccl", pg_options=object()), [], 10,
                  (TypeError, RuntimeError, ValueError))

@@ -78,6 +78,10 @@ class Options:
     ends with the same result. For error feedback use :mod:`nanoccl.hooks` or
     :func:`allreduce_compressed`.
 
+    ``transport`` picks the transport between nodes from the transport table ("auto": tcp;
+    "tcp"; "fabric" where built); ``intra_transport`` the one within a node ("auto": shared
+    memory). An unknown name, or one this build left out, raises ValueError listing the choices.
+
     ``secret_file`` names a file only the job's user can read holding the job secret (see the
     README's "Security" section): nothing secret then goes into the store. ``encrypt=True``
     encrypts every byte on TCP connections (AES-256-GCM, keys per connection). Both must be
@@ -97,6 +101,7 @@ class Options:
         spin_us: int | None = None,
         connect_timeout_ms: int | None = None,
         node_id: str | None = None,
+        transport: str | None = None,
         intra_transport: str | None = None,
         compression: str | None = None,
         min_bytes: int | None = None,
@@ -117,6 +122,7 @@ class Options:
             "spin_us": spin_us,
             "connect_timeout_ms": connect_timeout_ms,
             "node_id": node_id,
+            "transport": transport,
             "intra_transport": intra_transport,
             "compression": compression,
             "compression_min_bytes": min_bytes,
