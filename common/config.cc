@@ -119,7 +119,8 @@ const std::vector<Field>& fields() {
        [](const Config& c) { return c.transport; }},
       {"intra_transport",
        [](Config& c, const std::string& v) {
-         NANOCCL_CHECK(oneOf("intra_transport", v, {"auto", "shm", "tcp", "fabric"}));
+         // Checked against the transport table with `transport` (chooseTransports).
+         if (v.empty()) return invalidArgument("intra_transport: empty (auto, shm, tcp, ...)");
          c.intraTransport = v;
          return Status::ok();
        },
