@@ -11,6 +11,9 @@
 #ifdef NANOCCL_HAVE_SHM
 #include "transports/shm/shm_transport.h"
 #endif
+#ifdef NANOCCL_HAVE_FABRIC
+#include "transports/fabric/fabric_transport.h"
+#endif
 
 namespace nanoccl {
 namespace {
@@ -32,6 +35,13 @@ constexpr TransportRow kTransports[] = {
      "always built",
 #ifdef NANOCCL_HAVE_TCP
      tcp::createTcpTransport},
+#else
+     nullptr},
+#endif
+    {"fabric", "libfabric RDM endpoints between hosts (FI_PROVIDER, default tcp;ofi_rxm)",
+     TransportScope::kInterNode, "libfabric (libfabric-dev) and NANOCCL_WITH_FABRIC=AUTO|ON",
+#ifdef NANOCCL_HAVE_FABRIC
+     fabric::createFabricTransport},
 #else
      nullptr},
 #endif

@@ -1,0 +1,873 @@
+#include "transports/fabric/fabric_transport.h"
+
+#include <rdma/fabric.h>
+#include <rdma/fi_cm.h>
+#include <rdma/fi_domain.h>
+#include <rdma/fi_endpoint.h>
+#include <rdma/fi_errno.h>
+#include <rdma/fi_tagged.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/crypto.h"
+#include "common/logging.h"
+#include "common/secret.h"
+#include "common/spin.h"
+#include "common/thread_name.h"
+#include "transports/matcher.h"
+#include "transports/request.h"
+#include "transports/tcp/address.h"
+
+namespace nanoccl::fabric {
+namespace {
+
+constexpr uint64_t kChunkBytes = 256 * 1024;  // payload per frame
+constexpr int kRecvBuffers = 16;              // bounce buffers kept posted
+constexpr int kSendWindow = 16;               // frames in flight per peer
+constexpr uint64_t kTag = 0x6e63636c66616272ull;  // every frame; matching is ours
+constexpr size_t kTokenBytes = 16;
+constexpr auto kPingPeriod = std::chrono::milliseconds(250);
+// How long abort() waits for sends the provider still reads from callers' buffers, and a
+// destroyed transport for its last frames (close, abort) to leave.
+constexpr auto kDrainBound = std::chrono::seconds(10);
+constexpr auto kCloseBound = std::chrono::seconds(2);
+
+enum class Kind : uint32_t { kData = 1, kAbort = 2, kClose = 3, kPing = 4 };
+
+// What precedes every frame's payload on the wire.
+struct WireHeader {
+  uint8_t token[kTokenBytes];  // proves the sender holds the job secret (fabric_transport.h)
+  uint32_t from;               // the sender's rank
+  Kind kind;
+  uint64_t frameSeq;  // per sender and receiver, from 1: frames are handled in this order
+  FrameHeader frame;  // kData: the frame; kAbort: abortFrameHeader(text length)
+};
+static_assert(sizeof(WireHeader) == 96);
+constexpr size_t kRecvBytes = sizeof(WireHeader) + kChunkBytes;
+
+std::string fiError(const char* what, ssize_t rc) {
+  return std::string(what) + ": " + fi_strerror(static_cast<int>(-rc));
+}
+
+std::string toHex(const void* p, size_t n) {
+  static const char* kDigits = "0123456789abcdef";
+  std::string out;
+  for (size_t i = 0; i < n; ++i) {
+    const uint8_t b = static_cast<const uint8_t*>(p)[i];
+    out += kDigits[b >> 4];
+    out += kDigits[b & 15];
+  }
+  return out;
+}
+
+bool fromHex(const std::string& s, std::vector<uint8_t>* out) {
+  if (s.size() % 2 != 0) return false;
+  out->clear();
+  for (size_t i = 0; i < s.size(); i += 2) {
+    int v = 0;
+    for (size_t k = i; k < i + 2; ++k) {
+      const char c = s[k];
+      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+      if (d < 0) return false;
+      v = v * 16 + d;
+    }
+    out->push_back(static_cast<uint8_t>(v));
+  }
+  return true;
+}
+
+class FabricRequest : public BasicRequest {
+ public:
+  using BasicRequest::BasicRequest;
+  // Progress-thread state of a send.
+  size_t framesLeft = 0;      // not yet completed by the provider
+  size_t framesInFlight = 0;  // posted: the provider may still read the buffer
+  uint64_t wireSeq = 0;       // the frames' seq (Matcher::wireSeq)
+};
+using RequestPtr = std::shared_ptr<FabricRequest>;
+
+// One operation the provider holds; fi_context first (FI_CONTEXT mode).
+struct OpCtx {
+  fi_context ctx{};
+  bool isSend = false;
+  int peer = -1;
+  // Send: the header (and an abort text, or the whole frame where the provider takes one
+  // iov only); `req` is null for control frames.
+  WireHeader hdr{};
+  std::string extra;
+  RequestPtr req;
+  // Receive: a bounce buffer.
+  std::unique_ptr<char[]> buf;
+};
+
+struct OutFrame {
+  Kind kind = Kind::kData;
+  RequestPtr req;  // kData
+  uint64_t offset = 0;
+  uint64_t length = 0;
+  std::string text;  // kAbort
+};
+
+struct Peer {
+  fi_addr_t addr = FI_ADDR_UNSPEC;
+  uint8_t txToken[kTokenBytes]{};
+  uint8_t rxToken[kTokenBytes]{};
+  std::deque<OutFrame> queue;  // not yet posted
+  int inFlight = 0;
+  uint64_t sentSeq = 0;  // last frameSeq posted
+  uint64_t nextSeq = 1;  // next frameSeq to handle
+  std::map<uint64_t, std::vector<char>> early;  // frames that completed before their turn
+  bool closed = false;  // it closed in order: everything it sent has been handled
+};
+
+enum class CommandKind { kSend, kRecv, kAbort, kStop };
+struct Command {
+  CommandKind kind;
+  RequestPtr req;
+  Status why;
+};
+
+struct FiDeleter {
+  void operator()(fid* f) const {
+    if (f != nullptr) fi_close(f);
+  }
+};
+
+class FabricTransport : public Transport {
+ public:
+  explicit FabricTransport(const TransportOptions& o)
+      : o_(o), peers_(static_cast<size_t>(o.size)), counters_(static_cast<size_t>(o.size)),
+        matcher_(matcherOptions()) {}
+
+  ~FabricTransport() override {
+    if (thread_.joinable()) {
+      post({CommandKind::kStop, nullptr,
+            abortedError("rank " + std::to_string(o_.rank) + ": communicator destroyed")});
+      thread_.join();
+    }
+    closeFabric();
+  }
+
+  Result<std::string> listen() override {
+    if (o_.size == 1) return std::string();
+    NANOCCL_CHECK(open());
+    NANOCCL_CHECK(crypto::randomBytes(nonce_, sizeof(nonce_)));
+    char name[256];
+    size_t len = sizeof(name);
+    if (const int rc = fi_getname(ep_.get(), name, &len); rc != 0) {
+      return unavailableError(fiError("fi_getname", rc));
+    }
+    return "fabric:" + toHex(name, len) + ":" + toHex(nonce_, sizeof(nonce_));
+  }
+
+  Status connect(const std::vector<std::string>& addresses, const Deadline&) override {
+    if (o_.size > 1) {
+      if (!ep_) return invalidArgument("rank " + std::to_string(o_.rank) + ": connect() before listen()");
+      if (addresses.size() != static_cast<size_t>(o_.size)) {
+        return invalidArgument("rank " + std::to_string(o_.rank) + ": " +
+                               std::to_string(addresses.size()) + " addresses for " +
+                               std::to_string(o_.size) + " ranks");
+      }
+      const crypto::Key key = jobKey(o_.secret);
+      const uint64_t comm = hashCommId(o_.commId);
+      for (int p = 0; p < o_.size; ++p) {
+        if (p == o_.rank) continue;
+        std::vector<uint8_t> name, nonce;
+        const std::string& a = addresses[p];
+        const size_t colon = a.find(':', 7);
+        if (a.rfind("fabric:", 0) != 0 || colon == std::string::npos ||
+            !fromHex(a.substr(7, colon - 7), &name) || !fromHex(a.substr(colon + 1), &nonce) ||
+            name.empty() || nonce.size() != sizeof(nonce_)) {
+          return invalidArgument("rank " + std::to_string(o_.rank) + ": rank " +
+                                 std::to_string(p) + " published '" + a.substr(0, 40) +
+                                 "', not a fabric address (do all ranks use NANOCCL_TRANSPORT=fabric?)");
+        }
+        fi_addr_t addr = FI_ADDR_UNSPEC;
+        if (fi_av_insert(reinterpret_cast<fid_av*>(av_.get()), name.data(), 1, &addr, 0, nullptr) != 1) {
+          return unavailableError("rank " + std::to_string(o_.rank) +
+                                  ": fi_av_insert refused rank " + std::to_string(p) +
+                                  "'s address");
+        }
+        Peer& peer = peers_[p];
+        peer.addr = addr;
+        const auto token = [&](int from, int to, const void* nFrom, const void* nTo, uint8_t* out) {
+          const uint32_t f = static_cast<uint32_t>(from), t = static_cast<uint32_t>(to);
+          const crypto::Mac mac = crypto::hmac(
+              key, {"nanoccl fabric frame token", crypto::bytesOf(comm), crypto::bytesOf(f),
+                    crypto::bytesOf(t), std::string_view(static_cast<const char*>(nFrom), 16),
+                    std::string_view(static_cast<const char*>(nTo), 16)});
+          std::memcpy(out, mac.data(), kTokenBytes);
+        };
+        token(o_.rank, p, nonce_, nonce.data(), peer.txToken);
+        token(p, o_.rank, nonce.data(), nonce_, peer.rxToken);
+      }
+      for (int i = 0; i < kRecvBuffers; ++i) {
+        auto* c = new OpCtx();
+        c->buf.reset(new char[kRecvBytes]);
+        recvs_.push_back(c);
+        NANOCCL_CHECK(postRecv(c));
+      }
+    }
+    NANOCCL_INFO("rank " << o_.rank << ": " << describe() << " connected to " << o_.size - 1
+                         << " peers");
+    thread_ = namedThread("fabric", [this] { progressLoop(); });
+    connected_.store(true, std::memory_order_release);
+    return Status::ok();
+  }
+
+  std::shared_ptr<Request> isend(int peer, const Envelope& env, const void* buf,
+                                 size_t bytes) override {
+    auto req = std::make_shared<FabricRequest>(
+        true, peer, env, const_cast<char*>(static_cast<const char*>(buf)), bytes, spin_);
+    if (Status st = checkPeer(peer, false, bytes); !st.isOk()) {
+      req->complete(st, -1);
+    } else {
+      post({CommandKind::kSend, req, {}});
+    }
+    return req;
+  }
+
+  std::shared_ptr<Request> irecv(int peer, const Envelope& env, void* buf,
+                                 size_t bytes) override {
+    auto req =
+        std::make_shared<FabricRequest>(false, peer, env, static_cast<char*>(buf), bytes, spin_);
+    const bool any = peer == kAnySource && env.fingerprint.op == OpType::kSendRecv;
+    if (Status st = checkPeer(peer, any, bytes); !st.isOk()) {
+      req->complete(st, -1);
+    } else {
+      post({CommandKind::kRecv, req, {}});
+    }
+    return req;
+  }
+
+  void abort(const Status& why) override {
+    if (!thread_.joinable()) return;
+    if (std::this_thread::get_id() == thread_.get_id()) {  // from a completion callback
+      fail(why, true);
+      return;
+    }
+    post({CommandKind::kAbort, nullptr, why});
+    std::unique_lock<std::mutex> lock(mu_);
+    if (!cv_.wait_for(lock, kDrainBound, [&] { return drained_; })) {
+      NANOCCL_WARN("rank " << o_.rank << ": fabric: abort waited "
+                           << std::chrono::duration_cast<std::chrono::seconds>(kDrainBound).count()
+                           << " s and the provider still holds sends from callers' buffers; "
+                              "they complete (and release them) when it lets go");
+    }
+  }
+
+  std::vector<PeerCounters> counters() const override {
+    std::lock_guard<std::mutex> lock(countersMu_);
+    return counters_;
+  }
+
+  std::string describe() const override {
+    return "fabric/" + provider_ + (domainName_.empty() ? "" : " via " + domainName_);
+  }
+
+ private:
+  MatcherOptions matcherOptions() {
+    MatcherOptions mo;
+    mo.rank = o_.rank;
+    mo.size = o_.size;
+    mo.lanes = 1;  // a peer's frames are handled in its sending order
+    mo.parts = [](OpType, uint64_t, uint32_t, uint64_t total) {
+      return std::vector<Part>{{0, 0, total}};
+    };
+    mo.landsInOrder = true;
+    mo.delivered = [this](int peer, uint64_t bytes) {
+      std::lock_guard<std::mutex> lock(countersMu_);
+      counters_[peer].bytesReceived += bytes;
+      counters_[peer].messagesReceived += 1;
+    };
+    return mo;
+  }
+
+  Status checkPeer(int peer, bool anyAllowed, size_t bytes) const {
+    return checkRequestPeer(o_.rank, o_.size, peer, anyAllowed, bytes,
+                            connected_.load(std::memory_order_acquire));
+  }
+
+  // ---- setup ----------------------------------------------------------------------------
+
+  Status open() {
+    const std::string where = "rank " + std::to_string(o_.rank) + ": fabric: ";
+    fi_info* hints = fi_allocinfo();
+    if (hints == nullptr) return internalError(where + "fi_allocinfo failed");
+    hints->ep_attr->type = FI_EP_RDM;
+    hints->caps = FI_TAGGED;
+    hints->mode = FI_CONTEXT;
+    hints->domain_attr->threading = FI_THREAD_SAFE;
+    hints->domain_attr->mr_mode = 0;  // payloads go straight from callers' buffers
+    const char* env = std::getenv("FI_PROVIDER");
+    const std::string wanted = env != nullptr && *env != '\0' ? env : "tcp;ofi_rxm";
+    if (env == nullptr || *env == '\0') hints->fabric_attr->prov_name = strdup("tcp;ofi_rxm");
+    fi_info* list = nullptr;
+    const int rc = fi_getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints, &list);
+    fi_freeinfo(hints);
+    if (rc != 0 || list == nullptr) {
+      return unavailableError(where + "libfabric " + std::to_string(FI_MAJOR(fi_version())) +
+                              "." + std::to_string(FI_MINOR(fi_version())) +
+                              " has no provider '" + wanted +
+                              "' for reliable tagged messages without memory registration (" +
+                              (env != nullptr ? "FI_PROVIDER=" + wanted : "FI_PROVIDER unset") +
+                              "): " + fi_strerror(-rc));
+    }
+    // A TCP-based provider has a domain per network interface: take the one
+    // NANOCCL_SOCKET_IFNAME picks, as the tcp transport would.
+    fi_info* chosen = list;
+    const std::string prov = list->fabric_attr->prov_name;
+    if (prov.find("tcp") != std::string::npos || prov.find("sockets") != std::string::npos) {
+      Result<tcp::InterfaceAddress> itf = tcp::pickInterface(o_.config.socketIfname);
+      if (!itf.isOk()) {
+        fi_freeinfo(list);
+        return itf.status().withContext(where);
+      }
+      chosen = nullptr;
+      for (fi_info* i = list; i != nullptr && chosen == nullptr; i = i->next) {
+        if (i->domain_attr->name != nullptr && itf.value().name == i->domain_attr->name &&
+            i->addr_format == FI_SOCKADDR_IN) {
+          chosen = i;
+        }
+      }
+      for (fi_info* i = list; i != nullptr && chosen == nullptr; i = i->next) {
+        if (i->domain_attr->name != nullptr && itf.value().name == i->domain_attr->name) chosen = i;
+      }
+      if (chosen == nullptr) {
+        fi_freeinfo(list);
+        return unavailableError(where + "provider " + prov + " offers no domain on interface " +
+                                itf.value().name + " (NANOCCL_SOCKET_IFNAME)");
+      }
+    }
+    info_.reset(fi_dupinfo(chosen));
+    fi_freeinfo(list);
+    provider_ = info_->fabric_attr->prov_name;
+    domainName_ = info_->domain_attr->name != nullptr ? info_->domain_attr->name : "";
+    iovLimit_ = info_->tx_attr->iov_limit;
+    static std::once_flag logged;
+    std::call_once(logged, [&] {
+      NANOCCL_INFO("fabric: libfabric " << FI_MAJOR(fi_version()) << "." << FI_MINOR(fi_version())
+                   << ", provider " << provider_ << " " << FI_MAJOR(info_->fabric_attr->prov_version)
+                   << "." << FI_MINOR(info_->fabric_attr->prov_version) << ", fabric "
+                   << (info_->fabric_attr->name ? info_->fabric_attr->name : "?") << ", domain "
+                   << domainName_);
+    });
+
+    fid_fabric* fabric = nullptr;
+    if (int e = fi_fabric(info_->fabric_attr, &fabric, nullptr); e != 0) {
+      return unavailableError(where + fiError("fi_fabric", e));
+    }
+    fabric_.reset(&fabric->fid);
+    fid_domain* domain = nullptr;
+    if (int e = fi_domain(fabric, info_.get(), &domain, nullptr); e != 0) {
+      return unavailableError(where + fiError("fi_domain", e));
+    }
+    domain_.reset(&domain->fid);
+    fi_cq_attr cqAttr{};
+    cqAttr.format = FI_CQ_FORMAT_TAGGED;
+    cqAttr.wait_obj = FI_WAIT_UNSPEC;
+    cqAttr.size = 4 * (kRecvBuffers + kSendWindow * static_cast<size_t>(o_.size));
+    fid_cq* cq = nullptr;
+    if (fi_cq_open(domain, &cqAttr, &cq, nullptr) != 0) {
+      cqAttr.wait_obj = FI_WAIT_NONE;  // the provider cannot block: the loop sleeps instead
+      canWait_ = false;
+      if (int e = fi_cq_open(domain, &cqAttr, &cq, nullptr); e != 0) {
+        return unavailableError(where + fiError("fi_cq_open", e));
+      }
+    }
+    cq_.reset(&cq->fid);
+    fi_av_attr avAttr{};
+    avAttr.type = FI_AV_TABLE;
+    fid_av* av = nullptr;
+    if (int e = fi_av_open(domain, &avAttr, &av, nullptr); e != 0) {
+      return unavailableError(where + fiError("fi_av_open", e));
+    }
+    av_.reset(&av->fid);
+    fid_ep* ep = nullptr;
+    if (int e = fi_endpoint(domain, info_.get(), &ep, nullptr); e != 0) {
+      return unavailableError(where + fiError("fi_endpoint", e));
+    }
+    ep_.reset(&ep->fid);
+    if (int e = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV); e != 0) {
+      return unavailableError(where + fiError("fi_ep_bind(cq)", e));
+    }
+    if (int e = fi_ep_bind(ep, &av->fid, 0); e != 0) {
+      return unavailableError(where + fiError("fi_ep_bind(av)", e));
+    }
+    if (int e = fi_enable(ep); e != 0) return unavailableError(where + fiError("fi_enable", e));
+    return Status::ok();
+  }
+
+  fid_ep* ep() const { return reinterpret_cast<fid_ep*>(ep_.get()); }
+  fid_cq* cq() const { return reinterpret_cast<fid_cq*>(cq_.get()); }
+
+  // The endpoint is closed before the buffers its operations target are freed.
+  void closeFabric() {
+    ep_.reset();
+    av_.reset();
+    cq_.reset();
+    domain_.reset();
+    fabric_.reset();
+    for (OpCtx* c : recvs_) delete c;
+    recvs_.clear();
+    for (OpCtx* c : sendsInFlight_) delete c;
+    sendsInFlight_.clear();
+  }
+
+  void post(Command cmd) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      commands_.push_back(std::move(cmd));
+      commandsWaiting_.store(true, std::memory_order_release);
+    }
+    if (cq_ && canWait_) fi_cq_signal(cq());
+  }
+
+  // ---- progress thread ----------------------------------------------------------------
+
+  void progressLoop() {
+    bool stopping = false;
+    Clock::time_point stopBy{};
+    Clock::time_point lastBusy{};
+    Clock::time_point lastPing = Clock::now();
+    fi_cq_tagged_entry entries[16];
+    while (true) {
+      std::deque<Command> cmds;
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        cmds.swap(commands_);
+        commandsWaiting_.store(false, std::memory_order_relaxed);
+      }
+      for (auto& cmd : cmds) {
+        switch (cmd.kind) {
+          case CommandKind::kSend: startSend(cmd.req); break;
+          case CommandKind::kRecv: startRecv(cmd.req); break;
+          case CommandKind::kAbort: fail(cmd.why, true); break;
+          case CommandKind::kStop:
+            stopping = true;
+            stopBy = Clock::now() + kCloseBound;
+            if (hasPending()) {
+              fail(cmd.why, true);
+            } else if (failed_.isOk()) {
+              // Like closing a connection in order: the peers still get what was sent.
+              for (int p = 0; p < o_.size; ++p) {
+                if (p != o_.rank && !peers_[p].closed) queueControl(p, Kind::kClose);
+              }
+            }
+            break;
+        }
+      }
+      if (!cmds.empty()) lastBusy = Clock::now();
+      updateDrained();
+      // Destroyed: done once the last frames (close, abort) have left, or at the bound.
+      if (stopping && ((sendsInFlight_.empty() && nothingQueued()) || Clock::now() >= stopBy)) {
+        return;
+      }
+      if (failed_.isOk() && hasPending() && Clock::now() >= lastPing + kPingPeriod) {
+        // A dead peer fails the sends to it: ping those this rank waits on, sends to or not.
+        for (int p = 0; p < o_.size; ++p) {
+          if (p != o_.rank && !peers_[p].closed && peers_[p].queue.empty()) {
+            queueControl(p, Kind::kPing);
+          }
+        }
+        lastPing = Clock::now();
+      }
+
+      ssize_t n = fi_cq_read(cq(), entries, 16);
+      if (n == -FI_EAGAIN && spin_.count() > 0 && failed_.isOk() &&
+          (hasPending() || Clock::now() < lastBusy + spin_)) {
+        spinFor(spin_, [&] {
+          n = fi_cq_read(cq(), entries, 16);
+          return n != -FI_EAGAIN || commandsWaiting_.load(std::memory_order_acquire);
+        });
+      }
+      if (n == -FI_EAGAIN && !commandsWaiting_.load(std::memory_order_acquire)) {
+        const int waitMs = stopping || hasPending() ? 10 : 100;
+        if (canWait_) {
+          n = fi_cq_sread(cq(), entries, 16, nullptr, waitMs);
+        } else {
+          std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+      }
+      if (n > 0) {
+        lastBusy = Clock::now();
+        for (ssize_t i = 0; i < n; ++i) onCompletion(entries[i]);
+      } else if (n == -FI_EAVAIL) {
+        onError();
+      } else if (n < 0 && n != -FI_EAGAIN && n != -FI_EINTR && n != -FI_ETIMEDOUT &&
+                 n != -FI_ECANCELED) {
+        fail(internalError("rank " + std::to_string(o_.rank) + ": fabric: " +
+                           fiError("fi_cq_read", n)),
+             true);
+      }
+      for (int p = 0; p < o_.size; ++p) {
+        if (p != o_.rank) pump(p);
+      }
+    }
+  }
+
+  void startSend(const RequestPtr& req) {
+    if (!failed_.isOk()) return req->complete(failed_, -1);
+    Peer& peer = peers_[req->peer];
+    if (peer.closed) {
+      fail(closedPeer(req->peer), true);
+      return req->complete(failed_, -1);
+    }
+    const uint64_t frames = std::max<uint64_t>(1, (req->bytes + kChunkBytes - 1) / kChunkBytes);
+    req->framesLeft = frames;
+    req->wireSeq = matcher_.wireSeq(*req);
+    for (uint64_t i = 0; i < frames; ++i) {
+      OutFrame f;
+      f.kind = Kind::kData;
+      f.req = req;
+      f.offset = i * kChunkBytes;
+      f.length = std::min<uint64_t>(kChunkBytes, req->bytes - f.offset);
+      peer.queue.push_back(std::move(f));
+    }
+    pump(req->peer);
+  }
+
+  void startRecv(const RequestPtr& req) {
+    if (!failed_.isOk()) return req->complete(failed_, -1);
+    if (Status st = matcher_.postRecv(req); !st.isOk()) {
+      fail(st, true);
+      req->complete(failed_, -1);  // held by no table: fail() cannot see it
+    }
+  }
+
+  void queueControl(int p, Kind kind, std::string text = {}) {
+    OutFrame f;
+    f.kind = kind;
+    f.text = std::move(text);
+    peers_[p].queue.push_back(std::move(f));
+    pump(p);
+  }
+
+  // Posts the queued frames to `p` while its window has room.
+  void pump(int p) {
+    Peer& peer = peers_[p];
+    while (!peer.queue.empty() && peer.inFlight < kSendWindow) {
+      OutFrame& f = peer.queue.front();
+      auto* c = new OpCtx();
+      c->isSend = true;
+      c->peer = p;
+      c->req = f.req;
+      WireHeader& h = c->hdr;
+      std::memcpy(h.token, peer.txToken, kTokenBytes);
+      h.from = static_cast<uint32_t>(o_.rank);
+      h.kind = f.kind;
+      h.frameSeq = peer.sentSeq + 1;
+      const char* payload = nullptr;
+      uint64_t length = 0;
+      if (f.kind == Kind::kData) {
+        const FabricRequest& r = *f.req;
+        h.frame = dataFrameHeader(r.env.fingerprint, r.env.tag, r.wireSeq, r.bytes, f.offset,
+                                  f.length);
+        payload = r.buf + f.offset;
+        length = f.length;
+      } else if (f.kind == Kind::kAbort) {
+        c->extra = f.text;  // a copy: an -FI_EAGAIN below leaves the frame queued
+        h.frame = abortFrameHeader(c->extra.size());
+        payload = c->extra.data();
+        length = c->extra.size();
+      }
+      iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(payload), length}};
+      size_t count = length > 0 ? 2 : 1;
+      if (count == 2 && iovLimit_ < 2) {  // one buffer: header and payload copied together
+        std::string whole(reinterpret_cast<const char*>(&h), sizeof(h));
+        whole.append(payload, length);
+        c->extra = std::move(whole);
+        iov[0] = {c->extra.data(), c->extra.size()};
+        count = 1;
+      }
+      fi_msg_tagged msg{};
+      msg.msg_iov = iov;
+      msg.iov_count = count;
+      msg.addr = peer.addr;
+      msg.tag = kTag;
+      msg.context = &c->ctx;
+      const ssize_t rc = fi_tsendmsg(ep(), &msg, 0);
+      if (rc == -FI_EAGAIN) {  // the provider's queue is full: again after progress
+        delete c;
+        return;
+      }
+      if (rc != 0) {
+        delete c;
+        return fail(peerError("rank " + std::to_string(o_.rank) + ": fabric: sending to rank " +
+                              std::to_string(p) + " failed: " + fi_strerror(static_cast<int>(-rc))),
+                    true);
+      }
+      peer.sentSeq = h.frameSeq;
+      ++peer.inFlight;
+      if (c->req) ++c->req->framesInFlight;
+      sendsInFlight_.push_back(c);
+      peer.queue.pop_front();
+    }
+  }
+
+  Status postRecv(OpCtx* c) {
+    const ssize_t rc =
+        fi_trecv(ep(), c->buf.get(), kRecvBytes, nullptr, FI_ADDR_UNSPEC, kTag, 0, &c->ctx);
+    if (rc != 0) {
+      return unavailableError("rank " + std::to_string(o_.rank) + ": fabric: " +
+                              fiError("fi_trecv", rc));
+    }
+    return Status::ok();
+  }
+
+  void onCompletion(const fi_cq_tagged_entry& e) {
+    auto* c = reinterpret_cast<OpCtx*>(e.op_context);
+    if (c->isSend) return onSendDone(c, Status::ok());
+    onFrame(c->buf.get(), e.len);
+    if (Status st = postRecv(c); !st.isOk() && failed_.isOk()) fail(st, true);
+  }
+
+  void onError() {
+    fi_cq_err_entry err{};
+    if (fi_cq_readerr(cq(), &err, 0) != 1) return;
+    auto* c = reinterpret_cast<OpCtx*>(err.op_context);
+    const std::string what = fi_cq_strerror(cq(), err.prov_errno, err.err_data, nullptr, 0);
+    if (c == nullptr) return;
+    if (c->isSend) {
+      return onSendDone(c, peerError("rank " + std::to_string(o_.rank) +
+                                     ": fabric: sending to rank " + std::to_string(c->peer) +
+                                     " failed (" + fi_strerror(err.err) + ": " + what +
+                                     "; the rank died or is unreachable)"));
+    }
+    if (err.err == FI_ECANCELED) return;  // closing
+    // A receive that went wrong (a stranger's oversized message, say) is dropped: nothing in
+    // it is trusted, and a stranger must not be able to fail the job.
+    dropped("a receive failed: " + std::string(fi_strerror(err.err)));
+    if (Status st = postRecv(c); !st.isOk() && failed_.isOk()) fail(st, true);
+  }
+
+  void onSendDone(OpCtx* c, const Status& st) {
+    sendsInFlight_.erase(std::find(sendsInFlight_.begin(), sendsInFlight_.end(), c));
+    std::unique_ptr<OpCtx> done(c);
+    --peers_[c->peer].inFlight;
+    if (!st.isOk() && failed_.isOk()) fail(st, true);
+    if (RequestPtr& r = c->req) {
+      --r->framesInFlight;
+      if (!failed_.isOk()) {
+        if (r->framesInFlight == 0) r->complete(failed_, -1);
+      } else if (--r->framesLeft == 0) {
+        {
+          std::lock_guard<std::mutex> lock(countersMu_);
+          counters_[c->peer].bytesSent += r->bytes;
+          counters_[c->peer].messagesSent += 1;
+        }
+        r->complete(Status::ok(), o_.rank);
+      }
+    }
+    updateDrained();
+  }
+
+  void dropped(const std::string& why) {
+    if (++strangers_ == 1) {
+      NANOCCL_WARN("rank " << o_.rank << ": fabric: dropped a message that did not prove the "
+                              "job secret (" << why << "); later ones are dropped silently");
+    }
+  }
+
+  // A frame arrived in a bounce buffer (`len` bytes). Checked before anything is used.
+  void onFrame(const char* data, size_t len) {
+    if (len < sizeof(WireHeader)) return dropped("too short");
+    WireHeader h;
+    std::memcpy(&h, data, sizeof(h));
+    if (h.from >= static_cast<uint32_t>(o_.size) || h.from == static_cast<uint32_t>(o_.rank) ||
+        !crypto::equalConstantTime(h.token, peers_[h.from].rxToken, kTokenBytes)) {
+      return dropped("bad token");
+    }
+    if (!failed_.isOk()) return;
+    // From here on the sender is a rank of this job: what is wrong is a protocol error.
+    const int p = static_cast<int>(h.from);
+    Peer& peer = peers_[p];
+    const std::string from = "rank " + std::to_string(o_.rank) + ": from rank " + std::to_string(p) + ": ";
+    Status st = Status::ok();
+    if (h.kind == Kind::kData || h.kind == Kind::kAbort) {
+      st = validateFrameHeader(h.frame);
+      if (st.isOk() && (h.frame.kind == FrameKind::kData) != (h.kind == Kind::kData)) {
+        st = protocolError("frame kind disagrees with its header");
+      }
+      if (st.isOk() && (h.frame.length > kChunkBytes || len != sizeof(h) + h.frame.length)) {
+        st = protocolError("frame of " + std::to_string(len) + " bytes announces " +
+                           std::to_string(h.frame.length) + " payload bytes");
+      }
+    } else if (h.kind != Kind::kClose && h.kind != Kind::kPing) {
+      st = protocolError("unknown frame kind " + std::to_string(static_cast<uint32_t>(h.kind)));
+    } else if (len != sizeof(h)) {
+      st = protocolError("control frame with a payload");
+    }
+    if (st.isOk() && h.frameSeq < peer.nextSeq) {
+      st = protocolError("frame #" + std::to_string(h.frameSeq) + " repeated");
+    }
+    if (!st.isOk()) return fail(st.withContext(from), true);
+    if (h.frameSeq > peer.nextSeq) {  // completed before an earlier one: wait for it
+      peer.early[h.frameSeq].assign(data, data + len);
+      return;
+    }
+    handle(p, h, data + sizeof(h));
+    ++peer.nextSeq;
+    for (auto it = peer.early.begin(); it != peer.early.end() && it->first == peer.nextSeq &&
+                                       failed_.isOk();
+         it = peer.early.erase(it)) {
+      WireHeader e;
+      std::memcpy(&e, it->second.data(), sizeof(e));
+      handle(p, e, it->second.data() + sizeof(e));
+      ++peer.nextSeq;
+    }
+  }
+
+  void handle(int p, const WireHeader& h, const char* payload) {
+    if (!failed_.isOk()) return;
+    switch (h.kind) {
+      case Kind::kData: {
+        Result<Matcher::IncomingPtr> msg = matcher_.onFrame(p, 0, h.frame);
+        if (!msg.isOk()) return fail(msg.status(), true);
+        if (h.frame.length > 0) {
+          std::memcpy(msg.value()->dest(h.frame.offset), payload, h.frame.length);
+        }
+        matcher_.landed(msg.value(), h.frame.length);
+        return;
+      }
+      case Kind::kAbort:
+        return fail(peerError("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(p) +
+                              " failed: " + std::string(payload, h.frame.length)),
+                    true);
+      case Kind::kClose: {
+        peers_[p].closed = true;
+        NANOCCL_INFO("rank " << o_.rank << ": rank " << p << " closed its fabric transport");
+        {
+          std::lock_guard<std::mutex> lock(countersMu_);
+          counters_[p].connectionsClosed += 1;
+        }
+        if (auto req = matcher_.laneClosed(p, 0)) return fail(matcher_.closedError(p, *req), true);
+        if (!peers_[p].queue.empty()) return fail(closedPeer(p), true);
+        return;
+      }
+      case Kind::kPing: return;
+    }
+  }
+
+  Status closedPeer(int p) const {
+    return peerError("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(p) +
+                     " closed its fabric transport (it exited, crashed or destroyed its "
+                     "communicator) while rank " + std::to_string(o_.rank) +
+                     " still had messages for it");
+  }
+
+  bool nothingQueued() const {
+    for (const Peer& p : peers_) {
+      if (!p.queue.empty()) return false;
+    }
+    return true;
+  }
+
+  bool hasPending() const {
+    if (matcher_.hasPending()) return true;
+    for (const Peer& p : peers_) {
+      for (const OutFrame& f : p.queue) {
+        if (f.req) return true;
+      }
+    }
+    for (const OpCtx* c : sendsInFlight_) {
+      if (c->req) return true;
+    }
+    return false;
+  }
+
+  void updateDrained() {
+    if (failed_.isOk()) return;
+    for (const OpCtx* c : sendsInFlight_) {
+      if (c->req) return;  // the provider may still read a caller's buffer
+    }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (drained_) return;
+      drained_ = true;
+    }
+    cv_.notify_all();
+  }
+
+  // Fails the transport: every request completes with `why` (a send the provider still reads
+  // from when its last posted frame completes), and the peers are told if asked.
+  void fail(const Status& why, bool notifyPeers) {
+    if (!failed_.isOk()) return;
+    failed_ = why;
+    if (hasPending()) {
+      NANOCCL_WARN("rank " << o_.rank << ": transport failed: " << why.toString());
+    } else {
+      NANOCCL_INFO("rank " << o_.rank << ": transport closed: " << why.toString());
+    }
+    std::vector<std::shared_ptr<BasicRequest>> pending = matcher_.takeAll();
+    for (int p = 0; p < o_.size; ++p) {
+      Peer& peer = peers_[p];
+      for (OutFrame& f : peer.queue) {
+        if (f.req && f.req->framesInFlight == 0) pending.push_back(f.req);
+      }
+      peer.queue.clear();
+      if (notifyPeers && p != o_.rank && !peer.closed) {
+        queueControl(p, Kind::kAbort, why.message().substr(0, kMaxAbortText));
+      }
+    }
+    std::sort(pending.begin(), pending.end());
+    pending.erase(std::unique(pending.begin(), pending.end()), pending.end());
+    for (auto& r : pending) r->complete(why, -1);
+    updateDrained();
+  }
+
+  const TransportOptions o_;
+  const std::chrono::microseconds spin_{o_.config.spinUs};  // NANOCCL_SPIN_US
+  std::unique_ptr<fi_info, void (*)(fi_info*)> info_{nullptr, fi_freeinfo};
+  std::unique_ptr<fid, FiDeleter> fabric_, domain_, cq_, av_, ep_;
+  std::string provider_ = "?";
+  std::string domainName_;
+  size_t iovLimit_ = 1;
+  bool canWait_ = true;
+  uint8_t nonce_[16]{};
+  std::vector<Peer> peers_;
+  std::thread thread_;
+  std::atomic<bool> connected_{false};
+
+  std::mutex mu_;  // guards commands_, drained_
+  std::condition_variable cv_;
+  std::deque<Command> commands_;
+  std::atomic<bool> commandsWaiting_{false};
+  bool drained_ = false;
+
+  mutable std::mutex countersMu_;
+  std::vector<PeerCounters> counters_;
+
+  // Progress-thread state.
+  Status failed_;
+  Matcher matcher_;
+  std::vector<OpCtx*> recvs_;          // the bounce buffers, always posted
+  std::vector<OpCtx*> sendsInFlight_;  // posted sends the provider has not completed
+  uint64_t strangers_ = 0;             // frames dropped for not proving the secret
+};
+
+}  // namespace
+
+Result<std::unique_ptr<Transport>> createFabricTransport(const TransportOptions& options) {
+  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+    return invalidArgument("fabric transport: rank " + std::to_string(options.rank) +
+                           " outside a communicator of size " + std::to_string(options.size));
+  }
+  if (options.config.encrypt) {
+    return invalidArgument("NANOCCL_ENCRYPT=1: the fabric transport does not encrypt; use "
+                           "NANOCCL_TRANSPORT=tcp for encrypted connections");
+  }
+  return std::unique_ptr<Transport>(std::make_unique<FabricTransport>(options));
+}
+
+}  // namespace nanoccl::fabric
