@@ -129,13 +129,14 @@ void BM_BlockingStream(benchmark::State& state) {
   close(lfd);
 }
 
-void BM_EngineStream(benchmark::State& state, const std::string& engine, int nsocks) {
-  if (engine == "uring" && !tcp::probeUring().isOk()) {
+void BM_EngineStream(benchmark::State& state, const std::string& engine, int nsocks,
+                     const std::string& kind = "tcp") {
+  if (kind == "tcp" && engine == "uring" && !tcp::probeUring().isOk()) {
     state.SkipWithError("io_uring unavailable");
     return;
   }
   const auto bytes = static_cast<size_t>(state.range(0));
-  auto ts = pair(engine, nsocks);
+  auto ts = pair(engine, nsocks, kind);
   if (ts.empty()) {
     state.SkipWithError("transport setup failed");
     return;
@@ -214,6 +215,9 @@ BENCHMARK_CAPTURE(BM_EngineStream, epoll_x2, std::string("epoll"), 2)
     ->RangeMultiplier(16)->Range(64 << 10, 16 << 20)->UseRealTime();
 BENCHMARK_CAPTURE(BM_EngineStream, uring_x2, std::string("uring"), 2)
     ->RangeMultiplier(16)->Range(64 << 10, 16 << 20)->UseRealTime();
+// libfabric (tcp;ofi_rxm here, or FI_PROVIDER): skipped with a reason where not built in.
+BENCHMARK_CAPTURE(BM_EngineStream, fabric, std::string("epoll"), 1, std::string("fabric"))
+    ->RangeMultiplier(16)->Range(64 << 10, 16 << 20)->UseRealTime();
 BENCHMARK_CAPTURE(BM_EnginePingPong, epoll, std::string("tcp"), std::string("epoll"), -1)
     ->Arg(8)->UseRealTime();
 BENCHMARK_CAPTURE(BM_EnginePingPong, epoll_spin0, std::string("tcp"), std::string("epoll"), 0)
@@ -221,6 +225,8 @@ BENCHMARK_CAPTURE(BM_EnginePingPong, epoll_spin0, std::string("tcp"), std::strin
 BENCHMARK_CAPTURE(BM_EnginePingPong, uring, std::string("tcp"), std::string("uring"), -1)
     ->Arg(8)->UseRealTime();
 BENCHMARK_CAPTURE(BM_EnginePingPong, uring_spin0, std::string("tcp"), std::string("uring"), 0)
+    ->Arg(8)->UseRealTime();
+BENCHMARK_CAPTURE(BM_EnginePingPong, fabric, std::string("fabric"), std::string("epoll"), -1)
     ->Arg(8)->UseRealTime();
 BENCHMARK_CAPTURE(BM_EnginePingPong, shm, std::string("shm"), std::string("epoll"), -1)
     ->Arg(8)->UseRealTime();

@@ -27,6 +27,17 @@ TransportOptions transportOptions(const std::string& commId, int rank, int size,
   return topts;
 }
 
+// What a rank whose transport cannot be set up publishes instead of its address: its peers,
+// waiting for that address, then fail at once with its reason rather than at the deadline.
+constexpr const char* kSetupFailed = "setup-failed:";
+
+Status publishFailure(const std::string& commId, int rank, const CommunicatorOptions& options,
+                      const Status& why) {
+  PrefixStore store("nanoccl/" + commId, options.store);
+  (void)store.set("addr/" + std::to_string(rank), kSetupFailed + why.message());
+  return why;
+}
+
 // For the group whose members are the parent ranks `ranks` (this rank is `rank` among them):
 // publishes `transport`'s address under "nanoccl/<commId>/addr/<rank>", reads every member's
 // and connects the full mesh. `localRanks`, for a main transport that does not route: the
@@ -35,7 +46,9 @@ Status publishAndConnect(Transport& transport, const std::string& commId, int ra
                          const std::vector<int>& ranks, const CommunicatorOptions& options,
                          const Deadline& deadline, const std::vector<int>* localRanks = nullptr) {
   PrefixStore store("nanoccl/" + commId, options.store);
-  NANOCCL_ASSIGN_OR_RETURN(const std::string address, transport.listen());
+  Result<std::string> listening = transport.listen();
+  if (!listening.isOk()) return publishFailure(commId, rank, options, listening.status());
+  const std::string& address = listening.value();
   NANOCCL_CHECK(store.set("addr/" + std::to_string(rank), address));
   std::vector<std::string> addresses(ranks.size());
   for (size_t i = 0; i < ranks.size(); ++i) {
@@ -45,6 +58,10 @@ Status publishAndConnect(Transport& transport, const std::string& commId, int ra
                                     "'s address: ");
     }
     addresses[i] = std::move(a).value();
+    if (addresses[i].rfind(kSetupFailed, 0) == 0) {
+      return peerError("rank " + std::to_string(ranks[i]) + " could not set up its transport: " +
+                       addresses[i].substr(std::string(kSetupFailed).size()));
+    }
   }
   if (localRanks != nullptr) {
     NANOCCL_ASSIGN_OR_RETURN(addresses, routed::plainAddresses(addresses, rank, *localRanks));
@@ -58,10 +75,10 @@ Result<std::unique_ptr<Transport>> connectGroup(const std::string& kind, const s
                                                 const std::string& secret,
                                                 const CommunicatorOptions& options,
                                                 const Deadline& deadline) {
-  NANOCCL_ASSIGN_OR_RETURN(
-      std::unique_ptr<Transport> transport,
-      createTransport(kind, transportOptions(commId, rank, static_cast<int>(ranks.size()), secret,
-                                             options)));
+  Result<std::unique_ptr<Transport>> made = createTransport(
+      kind, transportOptions(commId, rank, static_cast<int>(ranks.size()), secret, options));
+  if (!made.isOk()) return publishFailure(commId, rank, options, made.status());
+  std::unique_ptr<Transport> transport = std::move(made).value();
   NANOCCL_CHECK(publishAndConnect(*transport, commId, rank, ranks, options, deadline));
   return transport;
 }
@@ -83,10 +100,11 @@ Result<std::unique_ptr<Transport>> connectMain(const CommunicatorOptions& option
   const std::vector<int>& mine = topo.nodeRanks[topo.nodeOf[options.rank]];
   const bool route = mine.size() > 1 && choice.intraNode != choice.interNode;
   if (!route) {
-    NANOCCL_ASSIGN_OR_RETURN(
-        std::unique_ptr<Transport> t,
-        createTransport(choice.interNode, transportOptions(options.commId, options.rank,
-                                                           options.size, secret, options)));
+    Result<std::unique_ptr<Transport>> made = createTransport(
+        choice.interNode,
+        transportOptions(options.commId, options.rank, options.size, secret, options));
+    if (!made.isOk()) return publishFailure(options.commId, options.rank, options, made.status());
+    std::unique_ptr<Transport> t = std::move(made).value();
     NANOCCL_CHECK(
         publishAndConnect(*t, options.commId, options.rank, all, options, deadline, &mine));
     return t;
@@ -99,9 +117,11 @@ Result<std::unique_ptr<Transport>> connectMain(const CommunicatorOptions& option
   Result<std::unique_ptr<routed::RoutedTransport>> made = routed::createRoutedTransport(
       transportOptions(options.commId, options.rank, options.size, secret, options), ro);
   if (!made.isOk()) {
-    return made.status().withContext("NANOCCL_INTRA_TRANSPORT=" + options.config.intraTransport +
-                                     ": collectives within this node over " + choice.intraNode +
-                                     ": ");
+    return publishFailure(options.commId, options.rank, options,
+                          made.status().withContext("NANOCCL_INTRA_TRANSPORT=" +
+                                                    options.config.intraTransport +
+                                                    ": collectives within this node over " +
+                                                    choice.intraNode + ": "));
   }
   std::unique_ptr<routed::RoutedTransport> t = std::move(made).value();
   NANOCCL_CHECK(publishAndConnect(*t, options.commId, options.rank, all, options, deadline));

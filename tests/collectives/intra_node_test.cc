@@ -357,6 +357,35 @@ TEST(TransportSetting, AnUnknownOrMisplacedTransportFailsEveryRankNamingTheChoic
   }
 }
 
+// A rank whose transport cannot be set up (here: an interface it does not have) publishes why
+// instead of its address; its peer fails with that reason, not with a timeout.
+TEST(TransportSetting, ARankThatCannotSetUpItsTransportFailsItsPeersWithItsReason) {
+  auto store = std::make_shared<InMemoryStore>();
+  std::vector<Status> results(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      CommunicatorOptions co;
+      co.rank = r;
+      co.size = 2;
+      co.store = store;
+      co.commId = "transport-setup-fails";
+      co.config = worldConfig(worldOf("ab"));
+      if (r == 1) co.config.socketIfname = "=nosuchif0";
+      co.timeout = std::chrono::milliseconds(30000);
+      results[r] = Communicator::create(co).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(results[r].isOk()) << "rank " << r;
+    EXPECT_NE(results[r].code(), StatusCode::kTimeout) << results[r].toString();
+    EXPECT_NE(results[r].message().find("nosuchif0"), std::string::npos) << results[r].toString();
+  }
+  EXPECT_NE(results[0].message().find("rank 1 could not set up its transport"), std::string::npos)
+      << results[0].toString();
+}
+
 TEST(TransportSetting, ChoosesFromTheTable) {
   Config c;
   Result<TransportChoice> d = chooseTransports(c);

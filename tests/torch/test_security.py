@@ -26,7 +26,10 @@ def secret_file(directory: Path, name: str = "secret", content: str = "", mode: 
 @pytest.mark.timeout(150)
 def test_collectives_match_gloo_encrypted_with_a_secret_file(tmp_path: Path) -> None:
     """2 nodes x 2 ranks: every collective, dtype and reduction, hierarchical too."""
-    env = {"NANOCCL_SECRET_FILE": str(secret_file(tmp_path)), "NANOCCL_ENCRYPT": "1"}
+    # Encryption is the tcp transport's (the fabric one refuses it): pinned, whatever the
+    # environment running the suite chose.
+    env = {"NANOCCL_SECRET_FILE": str(secret_file(tmp_path)), "NANOCCL_ENCRYPT": "1",
+           "NANOCCL_TRANSPORT": "tcp"}
     rank_env = {r: {"NANOCCL_NODE_ID": f"node{r // 2}"} for r in range(4)}
     job = run_job("collectives", 4, timeout=140, env=env, rank_env=rank_env)
     results = job.assert_ok()
@@ -37,7 +40,8 @@ def test_collectives_match_gloo_encrypted_with_a_secret_file(tmp_path: Path) -> 
 
 @pytest.mark.timeout(100)
 def test_ddp_matches_gloo_encrypted(tmp_path: Path) -> None:
-    env = {"NANOCCL_SECRET_FILE": str(secret_file(tmp_path)), "NANOCCL_ENCRYPT": "1"}
+    env = {"NANOCCL_SECRET_FILE": str(secret_file(tmp_path)), "NANOCCL_ENCRYPT": "1",
+           "NANOCCL_TRANSPORT": "tcp"}
     job = run_job("ddp", 2, timeout=90, env=env)
     results = job.assert_ok()
     assert results[0]["max_param_diff"] <= 1e-4
@@ -51,7 +55,9 @@ def _setup_case(tmp_path: Path, case: str) -> tuple[dict[int, dict[str, str]], l
         return {0: {"NANOCCL_SECRET_FILE": loose}, 1: {"NANOCCL_SECRET_FILE": loose}}, [
             "mode 0644", "chmod 600"]
     if case == "encryption-differs":
-        return {0: {}, 1: {"NANOCCL_ENCRYPT": "1"}}, ["encrypt=1", "encrypt=0"]
+        return ({0: {"NANOCCL_TRANSPORT": "tcp"},
+                 1: {"NANOCCL_ENCRYPT": "1", "NANOCCL_TRANSPORT": "tcp"}},
+                ["encrypt=1", "encrypt=0"])
     if case == "only-one-rank-has-the-file":
         return {0: {}, 1: {"NANOCCL_SECRET_FILE": str(secret_file(tmp_path))}}, [
             "NANOCCL_SECRET_FILE"]

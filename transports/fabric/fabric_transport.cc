@@ -42,7 +42,7 @@ constexpr auto kPingPeriod = std::chrono::milliseconds(250);
 constexpr auto kDrainBound = std::chrono::seconds(10);
 constexpr auto kCloseBound = std::chrono::seconds(2);
 
-enum class Kind : uint32_t { kData = 1, kAbort = 2, kClose = 3, kPing = 4 };
+enum class Kind : uint32_t { kData = 1, kAbort = 2, kClose = 3, kPing = 4, kHello = 5 };
 
 // What precedes every frame's payload on the wire.
 struct WireHeader {
@@ -170,7 +170,7 @@ class FabricTransport : public Transport {
     return "fabric:" + toHex(name, len) + ":" + toHex(nonce_, sizeof(nonce_));
   }
 
-  Status connect(const std::vector<std::string>& addresses, const Deadline&) override {
+  Status connect(const std::vector<std::string>& addresses, const Deadline& deadline) override {
     if (o_.size > 1) {
       if (!ep_) return invalidArgument("rank " + std::to_string(o_.rank) + ": connect() before listen()");
       if (addresses.size() != static_cast<size_t>(o_.size)) {
@@ -218,9 +218,39 @@ class FabricTransport : public Transport {
         NANOCCL_CHECK(postRecv(c));
       }
     }
+    // Every rank greets every peer with a frame only a holder of the job secret can make, and
+    // waits for theirs: a rank with another secret (or none there) is named here, at setup.
+    hello_.assign(static_cast<size_t>(o_.size), false);
+    badTokens_.assign(static_cast<size_t>(o_.size), 0);
+    for (int p = 0; p < o_.size; ++p) {
+      if (p != o_.rank) queueControl(p, Kind::kHello);
+    }
+    thread_ = namedThread("fabric", [this] { progressLoop(); });
+    std::string missing, unproven;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      const auto allGreeted = [&] {
+        return std::count(hello_.begin(), hello_.end(), true) == o_.size - 1;
+      };
+      if (!waitUntil(cv_, lock, deadline, allGreeted)) {
+        for (int p = 0; p < o_.size; ++p) {
+          if (p == o_.rank || hello_[p]) continue;
+          missing += std::string(missing.empty() ? "" : ", ") + std::to_string(p);
+          if (badTokens_[p] > 0) unproven += std::string(unproven.empty() ? "" : ", ") + std::to_string(p);
+        }
+      }
+    }
+    if (!missing.empty()) {
+      return timeoutError(
+          "rank " + std::to_string(o_.rank) + ": fabric setup timed out waiting for rank(s) " +
+          missing + " to greet" +
+          (unproven.empty() ? std::string(" (did every rank reach connect()?)")
+                            : "; frames claiming to come from rank(s) " + unproven +
+                                  " did not prove this job's secret (do all ranks use the same "
+                                  "NANOCCL_SECRET_FILE or secret, and this communicator?)"));
+    }
     NANOCCL_INFO("rank " << o_.rank << ": " << describe() << " connected to " << o_.size - 1
                          << " peers");
-    thread_ = namedThread("fabric", [this] { progressLoop(); });
     connected_.store(true, std::memory_order_release);
     return Status::ok();
   }
@@ -684,8 +714,14 @@ class FabricTransport : public Transport {
     if (len < sizeof(WireHeader)) return dropped("too short");
     WireHeader h;
     std::memcpy(&h, data, sizeof(h));
-    if (h.from >= static_cast<uint32_t>(o_.size) || h.from == static_cast<uint32_t>(o_.rank) ||
-        !crypto::equalConstantTime(h.token, peers_[h.from].rxToken, kTokenBytes)) {
+    if (h.from >= static_cast<uint32_t>(o_.size) || h.from == static_cast<uint32_t>(o_.rank)) {
+      return dropped("no such rank");
+    }
+    if (!crypto::equalConstantTime(h.token, peers_[h.from].rxToken, kTokenBytes)) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        ++badTokens_[h.from];  // named if that rank never greets (connect)
+      }
       return dropped("bad token");
     }
     if (!failed_.isOk()) return;
@@ -703,7 +739,7 @@ class FabricTransport : public Transport {
         st = protocolError("frame of " + std::to_string(len) + " bytes announces " +
                            std::to_string(h.frame.length) + " payload bytes");
       }
-    } else if (h.kind != Kind::kClose && h.kind != Kind::kPing) {
+    } else if (h.kind != Kind::kClose && h.kind != Kind::kPing && h.kind != Kind::kHello) {
       st = protocolError("unknown frame kind " + std::to_string(static_cast<uint32_t>(h.kind)));
     } else if (len != sizeof(h)) {
       st = protocolError("control frame with a payload");
@@ -756,6 +792,14 @@ class FabricTransport : public Transport {
         return;
       }
       case Kind::kPing: return;
+      case Kind::kHello: {
+        {
+          std::lock_guard<std::mutex> lock(mu_);
+          hello_[p] = true;
+        }
+        cv_.notify_all();
+        return;
+      }
     }
   }
 
@@ -839,8 +883,10 @@ class FabricTransport : public Transport {
   std::thread thread_;
   std::atomic<bool> connected_{false};
 
-  std::mutex mu_;  // guards commands_, drained_
+  std::mutex mu_;  // guards commands_, drained_, hello_, badTokens_
   std::condition_variable cv_;
+  std::vector<bool> hello_;           // the peers whose greeting proved the secret
+  std::vector<uint64_t> badTokens_;   // frames per claimed sender that did not
   std::deque<Command> commands_;
   std::atomic<bool> commandsWaiting_{false};
   bool drained_ = false;
