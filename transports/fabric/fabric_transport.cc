@@ -31,9 +31,13 @@
 namespace nanoccl::fabric {
 namespace {
 
-constexpr uint64_t kChunkBytes = 256 * 1024;  // payload per frame
-constexpr int kRecvBuffers = 16;              // bounce buffers kept posted
-constexpr int kSendWindow = 16;               // frames in flight per peer
+// Payload per frame: a frame (header + payload) fits the eager size of ofi_rxm (its default
+// FI_OFI_RXM_BUFFER_SIZE, 16 KiB), so it goes out at once. Larger frames take rxm's
+// rendezvous, which halved the bandwidth of a 1 Gbit/s link here (measured: 0.060 against
+// 0.117 GB/s for 256 KiB frames).
+constexpr uint64_t kChunkBytes = 16 * 1024 - 128;
+constexpr int kRecvBuffers = 64;  // bounce buffers kept posted
+constexpr int kSendWindow = 64;   // frames in flight per peer
 constexpr uint64_t kTag = 0x6e63636c66616272ull;  // every frame; matching is ours
 constexpr size_t kTokenBytes = 16;
 constexpr auto kPingPeriod = std::chrono::milliseconds(250);
