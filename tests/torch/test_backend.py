@@ -69,6 +69,54 @@ def test_killed_peer_fails_the_others() -> None:
         assert not r.result["failures"], job.describe()
 
 
+def _fabric_built() -> bool:
+    import nanoccl
+    try:
+        nanoccl.Options(transport="fabric")
+    except ValueError:
+        return False
+    return True
+
+
+# The same jobs over the libfabric transport (tcp;ofi_rxm here): between "nodes" (2x2), and
+# between every rank (NANOCCL_INTRA_TRANSPORT=fabric too).
+FABRIC_ALL = {"NANOCCL_TRANSPORT": "fabric", "NANOCCL_INTRA_TRANSPORT": "fabric"}
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("case", ["collectives-2x2", "collectives-3", "ddp", "errors",
+                                  "killed_peer"])
+def test_over_the_fabric_transport(case: str) -> None:
+    if not _fabric_built():
+        pytest.skip("the fabric transport is not built in (libfabric-dev missing at build time)")
+    if case == "collectives-2x2":
+        rank_env = {r: {"NANOCCL_NODE_ID": f"node{r // 2}"} for r in range(4)}
+        job = run_job("collectives", 4, timeout=200, env={"NANOCCL_TRANSPORT": "fabric"},
+                      rank_env=rank_env)
+        results = job.assert_ok()
+        for r in results:
+            per_transport = r["stats"]["per_transport"]
+            assert per_transport["fabric"]["bytes_sent"] > 0, per_transport
+    elif case == "collectives-3":
+        job = run_job("collectives", 3, init="tcp", timeout=200, env=FABRIC_ALL)
+        results = job.assert_ok()
+        assert all(r["checks"] > 100 for r in results), [r["checks"] for r in results]
+        assert all(set(r["stats"]["per_transport"]) == {"fabric"} for r in results), results[0]
+    elif case == "ddp":
+        results = run_job("ddp", 2, timeout=90, env=FABRIC_ALL).assert_ok()
+        assert results[0]["max_param_diff"] <= 1e-4
+    elif case == "errors":
+        run_job("errors", 2, pg_timeout=15, timeout=140, env=FABRIC_ALL).assert_ok()
+    else:
+        job = run_job("killed_peer", 3, pg_timeout=10, timeout=80, env=FABRIC_ALL)
+        ranks = job.ranks
+        assert ranks[2].returncode == -signal.SIGKILL, job.describe()
+        for r in ranks[:2]:
+            assert not r.timed_out and r.returncode == 0, job.describe()
+            assert r.result is not None and r.result.get("raised"), job.describe()
+            assert not r.result["failures"], job.describe()
+
+
 @pytest.mark.timeout(60)
 def test_rank_that_never_joins() -> None:
     job = run_job("no_show", 2, pg_timeout=5, timeout=50)
