@@ -112,6 +112,10 @@ class Transport {
                                          size_t bytes) = 0;
 
   // Fails all pending requests with `why` and tells the peers. Idempotent; thread-safe.
+  // Returns once no socket, copy or provider operation targets a caller's buffer; where that
+  // does not happen within a few seconds (a stuck progress thread) it says so in the log and
+  // returns, and the requests whose buffers may still be targeted stay pending (not failed)
+  // until they are released, so that their waiters do not free them early.
   virtual void abort(const Status& why) = 0;
 
   // Payload bytes and messages per peer (index = rank) since creation.

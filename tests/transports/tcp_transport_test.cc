@@ -4,6 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <thread>
 #include <numeric>
 #include <random>
 
@@ -68,6 +71,35 @@ TEST(TcpTransportSetup, UnknownTransportOrEngineIsAClearError) {
   ASSERT_TRUE(t.isOk());
   ASSERT_TRUE(t.value()->listen().isOk());
   EXPECT_EQ(t.value()->connect({""}, soon()).code(), StatusCode::kInvalidArgument);
+}
+
+// abort() from another thread while the progress thread is stuck (a completion callback that
+// blocks, against the contract): abort returns after its bounded wait instead of hanging, the
+// requests it could not release stay pending meanwhile, and once the thread moves on they
+// fail with the reason.
+TEST(TcpTransportAbort, AStuckProgressThreadDoesNotHangAbort) {
+  auto ts = makeMesh(2, loopbackConfig("epoll", 1));
+  ASSERT_EQ(ts.size(), 2u);
+  std::atomic<bool> release{false};
+  std::atomic<bool> inCallback{false};
+  uint8_t x = 1, y = 0;
+  std::vector<uint8_t> big(1 << 20);
+  auto first = ts[1]->irecv(0, collectiveEnvelope(1, 0, 1), &y, 1);
+  auto later = ts[1]->irecv(0, collectiveEnvelope(1, 1, 1), big.data(), big.size());
+  first->setCallback([&](const Status&, int) {
+    inCallback = true;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!release && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  ASSERT_TRUE(ts[0]->isend(1, collectiveEnvelope(1, 0, 1), &x, 1)->wait(soon()).isOk());
+  while (!inCallback) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ts[1]->abort(abortedError("rank 1: gave up"));  // returns, though nothing could be handled
+  EXPECT_FALSE(later->test());  // still pending: not released behind the stuck thread's back
+  release = true;
+  const Status st = later->wait(soon());
+  EXPECT_EQ(st.code(), StatusCode::kAborted) << st.toString();
 }
 
 }  // namespace

@@ -168,8 +168,13 @@ class ShmTransport : public Transport {
     }
     post({CommandKind::kAbort, nullptr, why});
     std::unique_lock<std::mutex> lock(mu_);
-    // Bounded: the progress thread handles the command between two chunk copies.
-    cv_.wait_for(lock, std::chrono::seconds(30), [&] { return drained_; });
+    // The progress thread (or a waiter driving it) handles the command between two chunk
+    // copies: copies touch callers' buffers only there, so once it has, none is touched.
+    if (!cv_.wait_for(lock, std::chrono::seconds(5), [&] { return drained_; })) {
+      NANOCCL_WARN("rank " << o_.rank << ": shm: abort is not handled after 5 s (the progress "
+                   "thread is stuck, in a callback say); the pending requests stay pending "
+                   "until it is, so their buffers are not released early");
+    }
   }
 
   std::vector<PeerCounters> counters() const override {

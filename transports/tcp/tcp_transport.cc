@@ -45,6 +45,9 @@ static_assert(kMaxAbortText <= kRecordBytes, "an abort text is one record");
 // frame only closes. When a close would fail this transport, it waits this long for a reason
 // to arrive on another stream (from that peer or any other) and fails with it if one comes.
 constexpr auto kCloseGrace = std::chrono::milliseconds(200);
+// How long abort() waits for the progress thread to end the socket operations on callers'
+// buffers, before it shuts the sockets down itself (and again after that, before it reports).
+constexpr auto kAbortDrain = std::chrono::milliseconds(5000);
 
 class TcpRequest : public BasicRequest {
  public:
@@ -210,8 +213,23 @@ class TcpTransport : public Transport {
     }
     post({CommandKind::kAbort, nullptr, why});
     std::unique_lock<std::mutex> lock(mu_);
-    // Bounded: after fail() shuts the sockets down, in-flight operations end within moments.
-    cv_.wait_for(lock, std::chrono::seconds(30), [&] { return drained_; });
+    // fail() tells the peers, then shuts the sockets down: in-flight operations end within
+    // moments and the progress thread reaps them.
+    if (cv_.wait_for(lock, kAbortDrain, [&] { return drained_; })) return;
+    // The progress thread has not got there (it is stuck, in a callback say). Shutting the
+    // sockets down from here ends every operation in the kernel all the same; what the peers
+    // are told is then only that the connections closed.
+    NANOCCL_WARN("rank " << o_.rank << ": tcp: abort found socket operations on callers' "
+                 "buffers still in flight after " << kAbortDrain.count() << " ms; shutting "
+                 "the sockets down from this thread");
+    for (auto& row : peers_) {
+      for (auto& c : row) shutdown(c->fd, SHUT_RDWR);
+    }
+    if (!cv_.wait_for(lock, kAbortDrain, [&] { return drained_; })) {
+      NANOCCL_WARN("rank " << o_.rank << ": tcp: the progress thread has still not reaped "
+                   "them; the requests on those buffers stay pending until it does, and "
+                   "destroying the transport waits for it");
+    }
   }
 
   std::vector<PeerCounters> counters() const override {
