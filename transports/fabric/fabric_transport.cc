@@ -25,6 +25,7 @@
 #include "common/spin.h"
 #include "common/thread_name.h"
 #include "transports/matcher.h"
+#include "transports/transport_common.h"
 #include "transports/request.h"
 #include "transports/tcp/address.h"
 
@@ -150,7 +151,7 @@ struct FiDeleter {
 class FabricTransport : public Transport {
  public:
   explicit FabricTransport(const TransportOptions& o)
-      : o_(o), peers_(static_cast<size_t>(o.size)), counters_(static_cast<size_t>(o.size)),
+      : o_(o), peers_(static_cast<size_t>(o.size)), counters_(o.size),
         matcher_(matcherOptions()) {}
 
   ~FabricTransport() override {
@@ -291,8 +292,7 @@ class FabricTransport : public Transport {
       return;
     }
     post({CommandKind::kAbort, nullptr, why});
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!cv_.wait_for(lock, kDrainBound, [&] { return drained_; })) {
+    if (!drained_.waitFor(kDrainBound)) {
       NANOCCL_WARN("rank " << o_.rank << ": fabric: abort waited "
                            << std::chrono::duration_cast<std::chrono::seconds>(kDrainBound).count()
                            << " s and the provider still holds sends from callers' buffers; "
@@ -300,10 +300,7 @@ class FabricTransport : public Transport {
     }
   }
 
-  std::vector<PeerCounters> counters() const override {
-    std::lock_guard<std::mutex> lock(countersMu_);
-    return counters_;
-  }
+  std::vector<PeerCounters> counters() const override { return counters_.snapshot(); }
 
   std::string describe() const override {
     return "fabric/" + provider_ + (domainName_.empty() ? "" : " via " + domainName_);
@@ -311,19 +308,12 @@ class FabricTransport : public Transport {
 
  private:
   MatcherOptions matcherOptions() {
-    MatcherOptions mo;
-    mo.rank = o_.rank;
-    mo.size = o_.size;
+    MatcherOptions mo = matcherOptionsFor(o_, &counters_);
     mo.lanes = 1;  // a peer's frames are handled in its sending order
     mo.parts = [](OpType, uint64_t, uint32_t, uint64_t total) {
       return std::vector<Part>{{0, 0, total}};
     };
     mo.landsInOrder = true;
-    mo.delivered = [this](int peer, uint64_t bytes) {
-      std::lock_guard<std::mutex> lock(countersMu_);
-      counters_[peer].bytesReceived += bytes;
-      counters_[peer].messagesReceived += 1;
-    };
     return mo;
   }
 
@@ -695,11 +685,7 @@ class FabricTransport : public Transport {
       if (!failed_.isOk()) {
         if (r->framesInFlight == 0) r->complete(failed_, -1);
       } else if (--r->framesLeft == 0) {
-        {
-          std::lock_guard<std::mutex> lock(countersMu_);
-          counters_[c->peer].bytesSent += r->bytes;
-          counters_[c->peer].messagesSent += 1;
-        }
+        counters_.sent(c->peer, r->bytes);
         r->complete(Status::ok(), o_.rank);
       }
     }
@@ -787,10 +773,7 @@ class FabricTransport : public Transport {
       case Kind::kClose: {
         peers_[p].closed = true;
         NANOCCL_INFO("rank " << o_.rank << ": rank " << p << " closed its fabric transport");
-        {
-          std::lock_guard<std::mutex> lock(countersMu_);
-          counters_[p].connectionsClosed += 1;
-        }
+        counters_.closed(p);
         if (auto req = matcher_.laneClosed(p, 0)) return fail(matcher_.closedError(p, *req), true);
         if (!peers_[p].queue.empty()) return fail(closedPeer(p), true);
         return;
@@ -839,12 +822,7 @@ class FabricTransport : public Transport {
     for (const OpCtx* c : sendsInFlight_) {
       if (c->req) return;  // the provider may still read a caller's buffer
     }
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (drained_) return;
-      drained_ = true;
-    }
-    cv_.notify_all();
+    drained_.set();
   }
 
   // Fails the transport: every request completes with `why` (a send the provider still reads
@@ -852,11 +830,7 @@ class FabricTransport : public Transport {
   void fail(const Status& why, bool notifyPeers) {
     if (!failed_.isOk()) return;
     failed_ = why;
-    if (hasPending()) {
-      NANOCCL_WARN("rank " << o_.rank << ": transport failed: " << why.toString());
-    } else {
-      NANOCCL_INFO("rank " << o_.rank << ": transport closed: " << why.toString());
-    }
+    logTransportFailure(o_.rank, why, hasPending());
     std::vector<std::shared_ptr<BasicRequest>> pending = matcher_.takeAll();
     for (int p = 0; p < o_.size; ++p) {
       Peer& peer = peers_[p];
@@ -887,16 +861,15 @@ class FabricTransport : public Transport {
   std::thread thread_;
   std::atomic<bool> connected_{false};
 
-  std::mutex mu_;  // guards commands_, drained_, hello_, badTokens_
+  std::mutex mu_;  // guards commands_, hello_, badTokens_
   std::condition_variable cv_;
   std::vector<bool> hello_;           // the peers whose greeting proved the secret
   std::vector<uint64_t> badTokens_;   // frames per claimed sender that did not
   std::deque<Command> commands_;
   std::atomic<bool> commandsWaiting_{false};
-  bool drained_ = false;
+  DrainedFlag drained_;  // abort() waits for it
 
-  mutable std::mutex countersMu_;
-  std::vector<PeerCounters> counters_;
+  TransportCounters counters_;
 
   // Progress-thread state.
   Status failed_;

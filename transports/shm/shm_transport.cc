@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -14,6 +13,7 @@
 #include "common/spin.h"
 #include "common/thread_name.h"
 #include "transports/matcher.h"
+#include "transports/transport_common.h"
 #include "transports/request.h"
 #include "transports/shm/segment.h"
 #include "transports/frame.h"
@@ -79,7 +79,7 @@ class ShmTransport : public Transport {
   explicit ShmTransport(const TransportOptions& o)
       : o_(o),
         peers_(static_cast<size_t>(o.size)),
-        counters_(static_cast<size_t>(o.size)),
+        counters_(o.size),
         matcher_(matcherOptions()) {}
 
   ~ShmTransport() override {
@@ -167,20 +167,16 @@ class ShmTransport : public Transport {
       return;
     }
     post({CommandKind::kAbort, nullptr, why});
-    std::unique_lock<std::mutex> lock(mu_);
     // The progress thread (or a waiter driving it) handles the command between two chunk
     // copies: copies touch callers' buffers only there, so once it has, none is touched.
-    if (!cv_.wait_for(lock, std::chrono::seconds(5), [&] { return drained_; })) {
+    if (!drained_.waitFor(std::chrono::seconds(5))) {
       NANOCCL_WARN("rank " << o_.rank << ": shm: abort is not handled after 5 s (the progress "
                    "thread is stuck, in a callback say); the pending requests stay pending "
                    "until it is, so their buffers are not released early");
     }
   }
 
-  std::vector<PeerCounters> counters() const override {
-    std::lock_guard<std::mutex> lock(countersMu_);
-    return counters_;
-  }
+  std::vector<PeerCounters> counters() const override { return counters_.snapshot(); }
 
   std::string describe() const override {
     return "shm " + std::to_string(kRingChunks) + "x" + std::to_string(kChunkBytes >> 10) + "KiB";
@@ -193,19 +189,12 @@ class ShmTransport : public Transport {
 
   // One lane per peer (its ring), which carries every message whole, chunk by chunk in order.
   MatcherOptions matcherOptions() {
-    MatcherOptions mo;
-    mo.rank = o_.rank;
-    mo.size = o_.size;
+    MatcherOptions mo = matcherOptionsFor(o_, &counters_);
     mo.lanes = 1;
     mo.parts = [](OpType, uint64_t, uint32_t, uint64_t total) {
       return std::vector<Part>{{0, 0, total}};
     };
     mo.landsInOrder = true;
-    mo.delivered = [this](int peer, uint64_t bytes) {
-      std::lock_guard<std::mutex> lock(countersMu_);
-      counters_[peer].bytesReceived += bytes;
-      counters_[peer].messagesReceived += 1;
-    };
     return mo;
   }
 
@@ -521,11 +510,7 @@ class ShmTransport : public Transport {
         RequestPtr done = std::move(peer.sendQueue.front());
         peer.sendQueue.pop_front();
         peer.sentBytes = 0;
-        {
-          std::lock_guard<std::mutex> lock(countersMu_);
-          counters_[p].bytesSent += done->bytes;
-          counters_[p].messagesSent += 1;
-        }
+        counters_.sent(p, done->bytes);
         done->complete(Status::ok(), o_.rank);
         if (!failed_.isOk()) break;  // its callback aborted the transport
       }
@@ -616,10 +601,7 @@ class ShmTransport : public Transport {
       while (failed_.isOk() && pumpRx(p)) {
       }
       peers_[p].closed = true;
-      {
-        std::lock_guard<std::mutex> lock(countersMu_);
-        counters_[p].connectionsClosed += 1;
-      }
+      counters_.closed(p);
       const bool needed = matcher_.laneClosed(p, 0) != nullptr || !peers_[p].sendQueue.empty();
       if (failed_.isOk() && needed) fail(st, true);
     }
@@ -642,12 +624,7 @@ class ShmTransport : public Transport {
 
   void updateDrained() {
     if (failed_.isOk()) return;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (drained_) return;
-      drained_ = true;
-    }
-    cv_.notify_all();
+    drained_.set();
   }
 
   // Fails the transport: every pending request completes with `why` (no copy is in progress:
@@ -655,12 +632,7 @@ class ShmTransport : public Transport {
   void fail(const Status& why, bool notifyPeers) {
     if (!failed_.isOk()) return;
     failed_ = why;
-    // A peer closing while nothing is pending is the normal end of a job.
-    if (hasPending()) {
-      NANOCCL_WARN("rank " << o_.rank << ": transport failed: " << why.toString());
-    } else {
-      NANOCCL_INFO("rank " << o_.rank << ": transport closed: " << why.toString());
-    }
+    logTransportFailure(o_.rank, why, hasPending());
     if (notifyPeers) {
       publishAbort(why.message());
       ringPeers();
@@ -690,13 +662,11 @@ class ShmTransport : public Transport {
   std::mutex progressMu_;
   std::atomic<std::thread::id> driver_{};  // the thread other than thread_ in a step
   std::atomic<Clock::rep> lastBusy_{0};    // when the progress thread's step last moved something
-  std::mutex mu_;  // guards commands_, drained_
-  std::condition_variable cv_;
+  std::mutex mu_;  // guards commands_
   std::deque<Command> commands_;
-  bool drained_ = false;
+  DrainedFlag drained_;  // abort() waits for it
 
-  mutable std::mutex countersMu_;
-  std::vector<PeerCounters> counters_;
+  TransportCounters counters_;
 
   // Progress state (progressMu_).
   bool stopping_ = false;  // the destructor's kStop was run

@@ -5,7 +5,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -19,6 +18,7 @@
 #include "common/spin.h"
 #include "common/thread_name.h"
 #include "transports/matcher.h"
+#include "transports/transport_common.h"
 #include "transports/request.h"
 #include "transports/tcp/handshake.h"
 #include "transports/tcp/socket_ops.h"
@@ -110,7 +110,7 @@ class TcpTransport : public Transport {
   explicit TcpTransport(const TransportOptions& o)
       : o_(o),
         peers_(static_cast<size_t>(o.size)),
-        counters_(static_cast<size_t>(o.size)),
+        counters_(o.size),
         matcher_(matcherOptions()) {}
 
   ~TcpTransport() override {
@@ -212,10 +212,9 @@ class TcpTransport : public Transport {
       return;
     }
     post({CommandKind::kAbort, nullptr, why});
-    std::unique_lock<std::mutex> lock(mu_);
     // fail() tells the peers, then shuts the sockets down: in-flight operations end within
     // moments and the progress thread reaps them.
-    if (cv_.wait_for(lock, kAbortDrain, [&] { return drained_; })) return;
+    if (drained_.waitFor(kAbortDrain)) return;
     // The progress thread has not got there (it is stuck, in a callback say). Shutting the
     // sockets down from here ends every operation in the kernel all the same; what the peers
     // are told is then only that the connections closed.
@@ -225,17 +224,14 @@ class TcpTransport : public Transport {
     for (auto& row : peers_) {
       for (auto& c : row) shutdown(c->fd, SHUT_RDWR);
     }
-    if (!cv_.wait_for(lock, kAbortDrain, [&] { return drained_; })) {
+    if (!drained_.waitFor(kAbortDrain)) {
       NANOCCL_WARN("rank " << o_.rank << ": tcp: the progress thread has still not reaped "
                    "them; the requests on those buffers stay pending until it does, and "
                    "destroying the transport waits for it");
     }
   }
 
-  std::vector<PeerCounters> counters() const override {
-    std::lock_guard<std::mutex> lock(countersMu_);
-    return counters_;
-  }
+  std::vector<PeerCounters> counters() const override { return counters_.snapshot(); }
 
   std::string describe() const override {
     return std::string("tcp/") + (engine_ ? engine_->name() : "?") + " x" +
@@ -246,17 +242,10 @@ class TcpTransport : public Transport {
  private:
   // Connections are the matcher's lanes; layout() says which carry what.
   MatcherOptions matcherOptions() {
-    MatcherOptions mo;
-    mo.rank = o_.rank;
-    mo.size = o_.size;
+    MatcherOptions mo = matcherOptionsFor(o_, &counters_);
     mo.lanes = std::clamp(o_.config.nsocks, 1, kMaxSocketsPerPeer);
     mo.parts = [this](OpType op, uint64_t seq, uint32_t tag, uint64_t total) {
       return layout(seq, tag, op, total);
-    };
-    mo.delivered = [this](int peer, uint64_t bytes) {
-      std::lock_guard<std::mutex> lock(countersMu_);
-      counters_[peer].bytesReceived += bytes;
-      counters_[peer].messagesReceived += 1;
     };
     return mo;
   }
@@ -493,11 +482,7 @@ class TcpTransport : public Transport {
     }
     if (result < 0) return failOnClose(connectionError(c, result), f.req);
     if (f.req && --f.req->framesLeft == 0) {
-      {
-        std::lock_guard<std::mutex> lock(countersMu_);
-        counters_[c.peer].bytesSent += f.req->bytes;
-        counters_[c.peer].messagesSent += 1;
-      }
+      counters_.sent(c.peer, f.req->bytes);
       f.req->complete(Status::ok(), o_.rank);
     }
     kickSend(c);
@@ -572,10 +557,7 @@ class TcpTransport : public Transport {
   void onOrderlyClose(Conn& c) {
     c.closed = true;
     NANOCCL_INFO("rank " << o_.rank << ": rank " << c.peer << " closed connection " << c.index);
-    {
-      std::lock_guard<std::mutex> lock(countersMu_);
-      counters_[c.peer].connectionsClosed += 1;
-    }
+    counters_.closed(c.peer);
     if (auto req = matcher_.laneClosed(c.peer, c.index)) {
       failOnClose(matcher_.closedError(c.peer, *req));
     }
@@ -612,12 +594,7 @@ class TcpTransport : public Transport {
 
   void updateDrained() {
     if (failed_.isOk() || inFlight() > 0) return;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (drained_) return;
-      drained_ = true;
-    }
-    cv_.notify_all();
+    drained_.set();
   }
 
   // Fails the transport: every request completes with `why` (those whose buffers a socket
@@ -642,12 +619,7 @@ class TcpTransport : public Transport {
       std::lock_guard<std::mutex> lock(mu_);
       failedPublic_ = why;
     }
-    // A peer closing while nothing is pending is the normal end of a job.
-    if (hasPending()) {
-      NANOCCL_WARN("rank " << o_.rank << ": transport failed: " << why.toString());
-    } else {
-      NANOCCL_INFO("rank " << o_.rank << ": transport closed: " << why.toString());
-    }
+    logTransportFailure(o_.rank, why, hasPending());
     const std::string text = why.message().substr(0, kMaxAbortText);
     for (auto& row : peers_) {
       if (notifyPeers) {
@@ -718,15 +690,13 @@ class TcpTransport : public Transport {
   std::vector<std::vector<std::unique_ptr<Conn>>> peers_;
   std::thread thread_;
 
-  std::mutex mu_;  // guards commands_, drained_, failedPublic_
-  std::condition_variable cv_;
+  std::mutex mu_;  // guards commands_, failedPublic_
   std::deque<Command> commands_;
   std::atomic<bool> commandsWaiting_{false};  // commands_ is not empty (read while spinning)
-  bool drained_ = false;
+  DrainedFlag drained_;  // abort() waits for it
   Status failedPublic_;
 
-  mutable std::mutex countersMu_;
-  std::vector<PeerCounters> counters_;
+  TransportCounters counters_;
 
   // Progress-thread state.
   Status failed_;
