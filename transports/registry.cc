@@ -76,7 +76,9 @@ std::string builtNames(TransportScope scope, const std::string& first = "") {
 Result<std::string> resolve(const std::string& setting, const std::string& value,
                             TransportScope scope) {
   std::string choices = builtNames(scope, "auto");
-  if (scope == TransportScope::kIntraNode) choices = builtNames(TransportScope::kInterNode, choices);
+  if (scope == TransportScope::kIntraNode) {
+    choices = builtNames(TransportScope::kInterNode, choices);
+  }
   const TransportRow* row = findRow(value);
   if (row == nullptr) {
     return invalidArgument(setting + "=" + value + ": no such transport (choose one of: " +
@@ -123,8 +125,8 @@ Result<TransportChoice> chooseTransports(const Config& config) {
     if (built.empty()) return unavailableError("no inter-node transport is built in");
     c.interNode = built.substr(0, built.find(','));
   } else {
-    NANOCCL_ASSIGN_OR_RETURN(c.interNode,
-                             resolve("NANOCCL_TRANSPORT", config.transport, TransportScope::kInterNode));
+    NANOCCL_ASSIGN_OR_RETURN(
+        c.interNode, resolve("NANOCCL_TRANSPORT", config.transport, TransportScope::kInterNode));
   }
   // NANOCCL_INTRA_TRANSPORT: an intra-node row, or an inter-node one (then the node's ranks
   // talk over it like ranks of different nodes).

@@ -93,6 +93,15 @@ TEST(ConformanceRows, CoverEveryTransportBuiltIn) {
   EXPECT_FALSE(builtInTransports().empty());
 }
 
+TEST_P(Conformance, AWorldOfOneNeedsNoPeers) {
+  auto ts = mesh(1);
+  ASSERT_EQ(ts.size(), 1u);
+  uint8_t x = 0;
+  EXPECT_EQ(ts[0]->isend(0, collectiveEnvelope(1, 0, 1), &x, 1)->wait(soon()).code(),
+            StatusCode::kInvalidArgument);
+  ts[0]->abort(abortedError("rank 0: done"));  // nothing to drain, nobody to tell
+}
+
 TEST_P(Conformance, DeliversMessagesOfEverySize) {
   auto ts = mesh(2);
   ASSERT_EQ(ts.size(), 2u);

@@ -67,7 +67,8 @@ class RawFabricPeer {
     avAttr.type = FI_AV_TABLE;
     if (fi_cq_open(domain_, &cqAttr, &cq_, nullptr) != 0 ||
         fi_av_open(domain_, &avAttr, &av_, nullptr) != 0 ||
-        fi_endpoint(domain_, info_, &ep_, nullptr) != 0 || fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV) != 0 ||
+        fi_endpoint(domain_, info_, &ep_, nullptr) != 0 ||
+        fi_ep_bind(ep_, &cq_->fid, FI_TRANSMIT | FI_RECV) != 0 ||
         fi_ep_bind(ep_, &av_->fid, 0) != 0 || fi_enable(ep_) != 0) {
       return;
     }

@@ -176,8 +176,16 @@ class FabricTransport : public Transport {
   }
 
   Status connect(const std::vector<std::string>& addresses, const Deadline& deadline) override {
-    if (o_.size > 1) {
-      if (!ep_) return invalidArgument("rank " + std::to_string(o_.rank) + ": connect() before listen()");
+    const std::string me = "rank " + std::to_string(o_.rank) + ": ";
+    if (thread_.joinable() || connected_.load()) {
+      return invalidArgument(me + "connect() called twice");
+    }
+    if (o_.size == 1) {  // nobody to reach: no endpoint, no progress thread
+      connected_.store(true, std::memory_order_release);
+      return Status::ok();
+    }
+    {
+      if (!ep_) return invalidArgument(me + "connect() before listen()");
       if (addresses.size() != static_cast<size_t>(o_.size)) {
         return invalidArgument("rank " + std::to_string(o_.rank) + ": " +
                                std::to_string(addresses.size()) + " addresses for " +
@@ -195,10 +203,12 @@ class FabricTransport : public Transport {
             name.empty() || nonce.size() != sizeof(nonce_)) {
           return invalidArgument("rank " + std::to_string(o_.rank) + ": rank " +
                                  std::to_string(p) + " published '" + a.substr(0, 40) +
-                                 "', not a fabric address (do all ranks use NANOCCL_TRANSPORT=fabric?)");
+                                 "', not a fabric address (do all ranks use "
+                                 "NANOCCL_TRANSPORT=fabric?)");
         }
         fi_addr_t addr = FI_ADDR_UNSPEC;
-        if (fi_av_insert(reinterpret_cast<fid_av*>(av_.get()), name.data(), 1, &addr, 0, nullptr) != 1) {
+        auto* av = reinterpret_cast<fid_av*>(av_.get());
+        if (fi_av_insert(av, name.data(), 1, &addr, 0, nullptr) != 1) {
           return unavailableError("rank " + std::to_string(o_.rank) +
                                   ": fi_av_insert refused rank " + std::to_string(p) +
                                   "'s address");
@@ -241,7 +251,8 @@ class FabricTransport : public Transport {
         for (int p = 0; p < o_.size; ++p) {
           if (p == o_.rank || hello_[p]) continue;
           missing += std::string(missing.empty() ? "" : ", ") + std::to_string(p);
-          if (badTokens_[p] > 0) unproven += std::string(unproven.empty() ? "" : ", ") + std::to_string(p);
+          if (badTokens_[p] == 0) continue;
+          unproven += std::string(unproven.empty() ? "" : ", ") + std::to_string(p);
         }
       }
     }
@@ -381,7 +392,8 @@ class FabricTransport : public Transport {
     static std::once_flag logged;
     std::call_once(logged, [&] {
       NANOCCL_INFO("fabric: libfabric " << FI_MAJOR(fi_version()) << "." << FI_MINOR(fi_version())
-                   << ", provider " << provider_ << " " << FI_MAJOR(info_->fabric_attr->prov_version)
+                   << ", provider " << provider_ << " "
+                   << FI_MAJOR(info_->fabric_attr->prov_version)
                    << "." << FI_MINOR(info_->fabric_attr->prov_version) << ", fabric "
                    << (info_->fabric_attr->name ? info_->fabric_attr->name : "?") << ", domain "
                    << domainName_);
@@ -718,7 +730,8 @@ class FabricTransport : public Transport {
     // From here on the sender is a rank of this job: what is wrong is a protocol error.
     const int p = static_cast<int>(h.from);
     Peer& peer = peers_[p];
-    const std::string from = "rank " + std::to_string(o_.rank) + ": from rank " + std::to_string(p) + ": ";
+    const std::string from =
+        "rank " + std::to_string(o_.rank) + ": from rank " + std::to_string(p) + ": ";
     Status st = Status::ok();
     if (h.kind == Kind::kData || h.kind == Kind::kAbort) {
       st = validateFrameHeader(h.frame);
