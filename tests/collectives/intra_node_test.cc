@@ -320,32 +320,43 @@ TEST(IntraTransport, RanksOfOneNodeThatDisagreeFailSetupNamingTheSetting) {
       << results[0].toString();
 }
 
+// Creates the communicators of a two-node world, one rank per node, each rank's settings
+// adjusted by `adjust(rank, config)`; returns what create() said on each rank.
+template <typename Adjust>
+std::vector<Status> createTwoNodes(const std::string& commId, Adjust adjust) {
+  auto store = std::make_shared<InMemoryStore>();
+  std::vector<Status> results(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      CommunicatorOptions co;
+      co.rank = r;
+      co.size = 2;
+      co.store = store;
+      co.commId = commId;
+      co.config = worldConfig(worldOf("ab"));
+      adjust(r, co.config);
+      co.timeout = std::chrono::milliseconds(30000);
+      results[r] = Communicator::create(co).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
+
 // NANOCCL_TRANSPORT names a row of the transport table: a name it does not have, or one that
 // only works within a node, fails create() on every rank at once, naming the setting and the
 // choices; "tcp" and "auto" run.
 TEST(TransportSetting, AnUnknownOrMisplacedTransportFailsEveryRankNamingTheChoices) {
   bool fabricBuilt = false;
-  for (const TransportInfo& t : builtInTransports()) fabricBuilt = fabricBuilt || t.name == "fabric";
+  for (const TransportInfo& t : builtInTransports()) {
+    fabricBuilt = fabricBuilt || t.name == "fabric";
+  }
   for (const std::string bad : {"bogus", "shm", "fabric"}) {
     if (bad == "shm" && !shmBuiltIn()) continue;
     if (bad == "fabric" && fabricBuilt) continue;  // then a valid choice (conformance_test.cc)
-    auto store = std::make_shared<InMemoryStore>();
-    std::vector<Status> results(2);
-    std::vector<std::thread> threads;
-    for (int r = 0; r < 2; ++r) {
-      threads.emplace_back([&, r] {
-        CommunicatorOptions co;
-        co.rank = r;
-        co.size = 2;
-        co.store = store;
-        co.commId = "transport-setting";
-        co.config = worldConfig(worldOf("ab"));
-        co.config.transport = bad;
-        co.timeout = std::chrono::milliseconds(5000);
-        results[r] = Communicator::create(co).status();
-      });
-    }
-    for (auto& t : threads) t.join();
+    const std::vector<Status> results =
+        createTwoNodes("transport-setting", [&](int, Config& c) { c.transport = bad; });
     for (int r = 0; r < 2; ++r) {
       ASSERT_FALSE(results[r].isOk()) << bad << " rank " << r;
       EXPECT_NE(results[r].code(), StatusCode::kTimeout) << results[r].toString();
@@ -360,23 +371,10 @@ TEST(TransportSetting, AnUnknownOrMisplacedTransportFailsEveryRankNamingTheChoic
 // A rank whose transport cannot be set up (here: an interface it does not have) publishes why
 // instead of its address; its peer fails with that reason, not with a timeout.
 TEST(TransportSetting, ARankThatCannotSetUpItsTransportFailsItsPeersWithItsReason) {
-  auto store = std::make_shared<InMemoryStore>();
-  std::vector<Status> results(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      CommunicatorOptions co;
-      co.rank = r;
-      co.size = 2;
-      co.store = store;
-      co.commId = "transport-setup-fails";
-      co.config = worldConfig(worldOf("ab"));
-      if (r == 1) co.config.socketIfname = "=nosuchif0";
-      co.timeout = std::chrono::milliseconds(30000);
-      results[r] = Communicator::create(co).status();
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<Status> results = createTwoNodes(
+      "transport-setup-fails", [](int r, Config& c) {
+        if (r == 1) c.socketIfname = "=nosuchif0";
+      });
   for (int r = 0; r < 2; ++r) {
     ASSERT_FALSE(results[r].isOk()) << "rank " << r;
     EXPECT_NE(results[r].code(), StatusCode::kTimeout) << results[r].toString();

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <future>
 #include <memory>
 #include <string>
@@ -94,6 +95,21 @@ inline Envelope p2pEnvelope(uint32_t tag, uint64_t count, DataType dtype = DataT
   e.fingerprint.count = count;
   e.tag = tag;
   return e;
+}
+
+// Fast, seed-dependent bytes (tens of MB must not make the suite slow).
+inline std::vector<uint8_t> pattern(size_t n, uint64_t seed) {
+  std::vector<uint8_t> v(n);
+  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    std::memcpy(&v[i], &x, 8);
+  }
+  for (; i < n; ++i) v[i] = static_cast<uint8_t>(x >> (8 * (i % 8)));
+  return v;
 }
 
 inline Deadline soon(int seconds = 10) { return Deadline::after(std::chrono::seconds(seconds)); }

@@ -29,21 +29,6 @@ namespace nanoccl::testing {
 namespace {
 
 
-// Fast, seed-dependent bytes (64 MB messages must not make the suite slow).
-std::vector<uint8_t> pattern(size_t n, uint64_t seed) {
-  std::vector<uint8_t> v(n);
-  uint64_t x = seed * 0x9e3779b97f4a7c15ull + 1;
-  size_t i = 0;
-  for (; i + 8 <= n; i += 8) {
-    x ^= x << 13;
-    x ^= x >> 7;
-    x ^= x << 17;
-    std::memcpy(&v[i], &x, 8);
-  }
-  for (; i < n; ++i) v[i] = static_cast<uint8_t>(x >> (8 * (i % 8)));
-  return v;
-}
-
 TransportOptions shmOptions(int rank, int size, const std::string& secret = "test-secret",
                             const std::string& commId = "test-comm") {
   TransportOptions o;
