@@ -6,12 +6,14 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <memory>
 #include <mutex>
 #include <vector>
 
 #include "common/logging.h"
 #include "common/status.h"
 #include "transports/matcher.h"
+#include "transports/request.h"
 #include "transports/transport.h"
 
 namespace nanoccl {
@@ -68,6 +70,19 @@ class DrainedFlag {
   std::condition_variable cv_;
   bool set_ = false;
 };
+
+// isend()/irecv()'s common start: a request naming a bad peer or size, or made before
+// connect(), completes at once with the error (checkRequest); any other goes to `post`.
+template <typename Req, typename Post>
+std::shared_ptr<Request> startRequest(std::shared_ptr<Req> req, int rank, int size,
+                                      bool connected, Post&& post) {
+  if (Status st = checkRequest(rank, size, *req, connected); !st.isOk()) {
+    req->complete(st, -1);
+  } else {
+    post(req);
+  }
+  return req;
+}
 
 // The matcher options every transport starts from: its rank and size, deliveries counted.
 inline MatcherOptions matcherOptionsFor(const TransportOptions& o, TransportCounters* counters) {

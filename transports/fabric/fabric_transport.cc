@@ -275,25 +275,18 @@ class FabricTransport : public Transport {
                                  size_t bytes) override {
     auto req = std::make_shared<FabricRequest>(
         true, peer, env, const_cast<char*>(static_cast<const char*>(buf)), bytes, spin_);
-    if (Status st = checkPeer(peer, false, bytes); !st.isOk()) {
-      req->complete(st, -1);
-    } else {
-      post({CommandKind::kSend, req, {}});
-    }
-    return req;
+    return startRequest(std::move(req), o_.rank, o_.size,
+                        connected_.load(std::memory_order_acquire),
+                        [&](const auto& r) { post({CommandKind::kSend, r, {}}); });
   }
 
   std::shared_ptr<Request> irecv(int peer, const Envelope& env, void* buf,
                                  size_t bytes) override {
-    auto req =
-        std::make_shared<FabricRequest>(false, peer, env, static_cast<char*>(buf), bytes, spin_);
-    const bool any = peer == kAnySource && env.fingerprint.op == OpType::kSendRecv;
-    if (Status st = checkPeer(peer, any, bytes); !st.isOk()) {
-      req->complete(st, -1);
-    } else {
-      post({CommandKind::kRecv, req, {}});
-    }
-    return req;
+    auto req = std::make_shared<FabricRequest>(false, peer, env, static_cast<char*>(buf),
+                                               bytes, spin_);
+    return startRequest(std::move(req), o_.rank, o_.size,
+                        connected_.load(std::memory_order_acquire),
+                        [&](const auto& r) { post({CommandKind::kRecv, r, {}}); });
   }
 
   void abort(const Status& why) override {
@@ -326,11 +319,6 @@ class FabricTransport : public Transport {
     };
     mo.landsInOrder = true;
     return mo;
-  }
-
-  Status checkPeer(int peer, bool anyAllowed, size_t bytes) const {
-    return checkRequestPeer(o_.rank, o_.size, peer, anyAllowed, bytes,
-                            connected_.load(std::memory_order_acquire));
   }
 
   // ---- setup ----------------------------------------------------------------------------

@@ -140,24 +140,18 @@ class ShmTransport : public Transport {
                                  size_t bytes) override {
     auto req = std::make_shared<ShmRequest>(
         this, true, peer, env, const_cast<char*>(static_cast<const char*>(buf)), bytes);
-    if (Status st = checkPeer(peer, false, bytes); !st.isOk()) {
-      req->complete(st, -1);
-    } else {
-      post({CommandKind::kSend, req, {}});
-    }
-    return req;
+    return startRequest(std::move(req), o_.rank, o_.size,
+                        connected_.load(std::memory_order_acquire),
+                        [&](const auto& r) { post({CommandKind::kSend, r, {}}); });
   }
 
   std::shared_ptr<Request> irecv(int peer, const Envelope& env, void* buf,
                                  size_t bytes) override {
-    auto req = std::make_shared<ShmRequest>(this, false, peer, env, static_cast<char*>(buf), bytes);
-    const bool any = peer == kAnySource && env.fingerprint.op == OpType::kSendRecv;
-    if (Status st = checkPeer(peer, any, bytes); !st.isOk()) {
-      req->complete(st, -1);
-    } else {
-      post({CommandKind::kRecv, req, {}});
-    }
-    return req;
+    auto req =
+        std::make_shared<ShmRequest>(this, false, peer, env, static_cast<char*>(buf), bytes);
+    return startRequest(std::move(req), o_.rank, o_.size,
+                        connected_.load(std::memory_order_acquire),
+                        [&](const auto& r) { post({CommandKind::kRecv, r, {}}); });
   }
 
   void abort(const Status& why) override {
@@ -196,11 +190,6 @@ class ShmTransport : public Transport {
     };
     mo.landsInOrder = true;
     return mo;
-  }
-
-  Status checkPeer(int peer, bool anyAllowed, size_t bytes) const {
-    return checkRequestPeer(o_.rank, o_.size, peer, anyAllowed, bytes,
-                            connected_.load(std::memory_order_acquire));
   }
 
   void post(Command cmd) {

@@ -181,28 +181,18 @@ class TcpTransport : public Transport {
 
   std::shared_ptr<Request> isend(int peer, const Envelope& env, const void* buf,
                                  size_t bytes) override {
-    auto req = std::make_shared<TcpRequest>(true, peer, env,
-                                            const_cast<char*>(static_cast<const char*>(buf)),
-                                            bytes, spin_);
-    if (Status st = checkPeer(peer, false, bytes); !st.isOk()) {
-      req->complete(st, -1);
-    } else {
-      post({CommandKind::kSend, req, {}});
-    }
-    return req;
+    auto req = std::make_shared<TcpRequest>(
+        true, peer, env, const_cast<char*>(static_cast<const char*>(buf)), bytes, spin_);
+    return startRequest(std::move(req), o_.rank, o_.size, thread_.joinable(),
+                        [&](const auto& r) { post({CommandKind::kSend, r, {}}); });
   }
 
   std::shared_ptr<Request> irecv(int peer, const Envelope& env, void* buf,
                                  size_t bytes) override {
     auto req =
         std::make_shared<TcpRequest>(false, peer, env, static_cast<char*>(buf), bytes, spin_);
-    const bool any = peer == kAnySource && env.fingerprint.op == OpType::kSendRecv;
-    if (Status st = checkPeer(peer, any, bytes); !st.isOk()) {
-      req->complete(st, -1);
-    } else {
-      post({CommandKind::kRecv, req, {}});
-    }
-    return req;
+    return startRequest(std::move(req), o_.rank, o_.size, thread_.joinable(),
+                        [&](const auto& r) { post({CommandKind::kRecv, r, {}}); });
   }
 
   void abort(const Status& why) override {
@@ -248,10 +238,6 @@ class TcpTransport : public Transport {
       return layout(seq, tag, op, total);
     };
     return mo;
-  }
-
-  Status checkPeer(int peer, bool anyAllowed, size_t bytes) const {
-    return checkRequestPeer(o_.rank, o_.size, peer, anyAllowed, bytes, thread_.joinable());
   }
 
   void post(Command cmd) {
