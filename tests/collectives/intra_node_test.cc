@@ -32,7 +32,42 @@ WorldOptions worldOf(const std::string& letters, const std::string& algo = "auto
   return o;
 }
 
-bool shmBuiltIn() { return createTransport("shm", TransportOptions{}).isOk(); }
+bool builtIn(const std::string& transport) {
+  for (const TransportInfo& t : builtInTransports()) {
+    if (t.name == transport) return true;
+  }
+  return false;
+}
+
+bool shmBuiltIn() { return builtIn("shm"); }
+
+// Calls create() on every rank of the world `letters` (one letter per rank, naming its node:
+// worldOf), each from its own thread, with rank r's settings adjusted by `adjust(r, config)`;
+// returns what create() said on each rank.
+template <typename Adjust>
+std::vector<Status> createWorld(const std::string& letters, const std::string& commId,
+                                std::chrono::milliseconds timeout, Adjust adjust) {
+  const WorldOptions world = worldOf(letters);
+  auto store = std::make_shared<InMemoryStore>();
+  std::vector<Status> results(letters.size());
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world.size; ++r) {
+    threads.emplace_back([&, r] {
+      CommunicatorOptions co;
+      co.rank = r;
+      co.size = world.size;
+      co.store = store;
+      co.commId = commId;
+      co.config = worldConfig(world);
+      adjust(r, co.config);
+      co.timeout = timeout;
+      co.nodeId = world.nodeIds[r];
+      results[r] = Communicator::create(co).status();
+    });
+  }
+  for (auto& t : threads) t.join();
+  return results;
+}
 
 // perTransport's entry `name`, or nullptr.
 const PeerCounters* transportEntry(const CommStats& st, const std::string& name) {
@@ -295,23 +330,10 @@ TEST(IntraTransport, RanksOfOneNodeThatDisagreeFailSetupNamingTheSetting) {
   if (!shmBuiltIn()) GTEST_SKIP() << "no shm in this build";
   // Rank 1 keeps tcp while ranks 0 and 2 route: nobody may wait for messages on the wrong
   // transport; setup fails on every rank within the timeout instead.
-  auto store = std::make_shared<InMemoryStore>();
-  std::vector<Status> results(3);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 3; ++r) {
-    threads.emplace_back([&, r] {
-      CommunicatorOptions co;
-      co.rank = r;
-      co.size = 3;
-      co.store = store;
-      co.commId = "intra-disagree";
-      co.config = worldConfig(worldOf("aaa", "auto", r == 1 ? "tcp" : "auto"));
-      co.timeout = std::chrono::milliseconds(5000);
-      co.nodeId = "intra-test-node-a";
-      results[r] = Communicator::create(co).status();
-    });
-  }
-  for (auto& t : threads) t.join();
+  const std::vector<Status> results =
+      createWorld("aaa", "intra-disagree", std::chrono::milliseconds(5000), [](int r, Config& c) {
+        if (r == 1) c.intraTransport = "tcp";
+      });
   for (int r = 0; r < 3; ++r) {
     EXPECT_FALSE(results[r].isOk()) << "rank " << r;
     EXPECT_NE(results[r].code(), StatusCode::kTimeout) << results[r].toString();
@@ -320,43 +342,16 @@ TEST(IntraTransport, RanksOfOneNodeThatDisagreeFailSetupNamingTheSetting) {
       << results[0].toString();
 }
 
-// Creates the communicators of a two-node world, one rank per node, each rank's settings
-// adjusted by `adjust(rank, config)`; returns what create() said on each rank.
-template <typename Adjust>
-std::vector<Status> createTwoNodes(const std::string& commId, Adjust adjust) {
-  auto store = std::make_shared<InMemoryStore>();
-  std::vector<Status> results(2);
-  std::vector<std::thread> threads;
-  for (int r = 0; r < 2; ++r) {
-    threads.emplace_back([&, r] {
-      CommunicatorOptions co;
-      co.rank = r;
-      co.size = 2;
-      co.store = store;
-      co.commId = commId;
-      co.config = worldConfig(worldOf("ab"));
-      adjust(r, co.config);
-      co.timeout = std::chrono::milliseconds(30000);
-      results[r] = Communicator::create(co).status();
-    });
-  }
-  for (auto& t : threads) t.join();
-  return results;
-}
-
 // NANOCCL_TRANSPORT names a row of the transport table: a name it does not have, or one that
 // only works within a node, fails create() on every rank at once, naming the setting and the
 // choices; "tcp" and "auto" run.
 TEST(TransportSetting, AnUnknownOrMisplacedTransportFailsEveryRankNamingTheChoices) {
-  bool fabricBuilt = false;
-  for (const TransportInfo& t : builtInTransports()) {
-    fabricBuilt = fabricBuilt || t.name == "fabric";
-  }
   for (const std::string bad : {"bogus", "shm", "fabric"}) {
     if (bad == "shm" && !shmBuiltIn()) continue;
-    if (bad == "fabric" && fabricBuilt) continue;  // then a valid choice (conformance_test.cc)
+    if (bad == "fabric" && builtIn("fabric")) continue;  // then a valid choice (conformance_test.cc)
     const std::vector<Status> results =
-        createTwoNodes("transport-setting", [&](int, Config& c) { c.transport = bad; });
+        createWorld("ab", "transport-setting-" + bad, std::chrono::milliseconds(30000),
+                    [&](int, Config& c) { c.transport = bad; });
     for (int r = 0; r < 2; ++r) {
       ASSERT_FALSE(results[r].isOk()) << bad << " rank " << r;
       EXPECT_NE(results[r].code(), StatusCode::kTimeout) << results[r].toString();
@@ -371,10 +366,11 @@ TEST(TransportSetting, AnUnknownOrMisplacedTransportFailsEveryRankNamingTheChoic
 // A rank whose transport cannot be set up (here: an interface it does not have) publishes why
 // instead of its address; its peer fails with that reason, not with a timeout.
 TEST(TransportSetting, ARankThatCannotSetUpItsTransportFailsItsPeersWithItsReason) {
-  const std::vector<Status> results = createTwoNodes(
-      "transport-setup-fails", [](int r, Config& c) {
-        if (r == 1) c.socketIfname = "=nosuchif0";
-      });
+  const std::vector<Status> results =
+      createWorld("ab", "transport-setup-fails", std::chrono::milliseconds(30000),
+                  [](int r, Config& c) {
+                    if (r == 1) c.socketIfname = "=nosuchif0";
+                  });
   for (int r = 0; r < 2; ++r) {
     ASSERT_FALSE(results[r].isOk()) << "rank " << r;
     EXPECT_NE(results[r].code(), StatusCode::kTimeout) << results[r].toString();
