@@ -11,6 +11,7 @@
 #include <mutex>
 #include <thread>
 
+#include "common/completion.h"
 #include "common/logging.h"
 #include "common/reduce.h"
 #include "common/thread_name.h"
@@ -103,19 +104,17 @@ std::vector<size_t> splitEvenly(size_t count, int parts) {
 // ---- CudaJob ----------------------------------------------------------------------------------
 
 struct CudaJob::Impl {
-  enum class Phase { kQueued, kEnqueued, kDone, kFailed };
+  enum class Phase { kEnqueued, kDone, kFailed };
 
   CudaCall call;
   Deadline deadline = Deadline::never();
   cudaEvent_t start = nullptr;  // recorded on the caller's stream at submit()
   cudaEvent_t end = nullptr;    // recorded on the internal stream after the call's last operation
 
-  mutable std::mutex mu;
-  mutable std::condition_variable cv;
-  Phase phase = Phase::kQueued;
-  Status status;
-  std::vector<std::function<void(const Status&)>> enqueuedCallbacks;
-  std::vector<std::function<void(const Status&)>> finishedCallbacks;
+  // The two stages (common/completion.h): every operation enqueued on the internal stream (ok,
+  // or the error that came first), then done on the GPU (ok) or failed.
+  Completion enqueued;
+  Completion finished;
 
   ~Impl() {
     // Destroying an event whose record is still pending is allowed: CUDA frees it once reached.
@@ -123,25 +122,19 @@ struct CudaJob::Impl {
     if (end != nullptr) (void)cudaEventDestroy(end);
   }
 
-  bool terminal() const { return phase == Phase::kDone || phase == Phase::kFailed; }
-
-  // Moves forward (kQueued -> kEnqueued -> kDone, or to kFailed from anywhere before kDone) and
-  // runs the callbacks that became due, outside the lock.
+  // Moves forward (enqueued -> done, or failed from anywhere before done); the callbacks that
+  // become due run on this thread. A stage already over stays as it was.
   void advance(Phase to, const Status& why) {
-    std::vector<std::function<void(const Status&)>> enqueued, finished;
-    Status s;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (terminal() || (to == Phase::kEnqueued && phase != Phase::kQueued)) return;
-      if (to == Phase::kFailed) status = why;
-      if (phase == Phase::kQueued) enqueued = std::move(enqueuedCallbacks);
-      if (to == Phase::kDone || to == Phase::kFailed) finished = std::move(finishedCallbacks);
-      phase = to;
-      s = status;
-      cv.notify_all();
-    }
-    for (auto& cb : enqueued) cb(s);
-    for (auto& cb : finished) cb(s);
+    if (finished.done()) return;
+    const Status s = to == Phase::kFailed ? why : Status::ok();
+    enqueued.complete(s);
+    if (to != Phase::kEnqueued) finished.complete(s);
+  }
+
+  // The first error, or ok.
+  Status status() const {
+    if (finished.done()) return finished.status();
+    return enqueued.done() ? enqueued.status() : Status::ok();
   }
 };
 
@@ -149,59 +142,30 @@ CudaJob::CudaJob(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 CudaJob::~CudaJob() = default;
 
 Status CudaJob::waitEnqueued(const Deadline& deadline) const {
-  std::unique_lock<std::mutex> lock(impl_->mu);
-  while (impl_->phase == Impl::Phase::kQueued) {
-    if (deadline.expired()) {
-      return timeoutError("the call's host stages were not over before the caller's deadline");
-    }
-    impl_->cv.wait_for(lock, std::chrono::milliseconds(deadline.remainingMs(100)));
+  if (!impl_->enqueued.wait(deadline)) {
+    return timeoutError("the call's host stages were not over before the caller's deadline");
   }
-  return impl_->status;
+  return impl_->enqueued.status();
 }
 
 Status CudaJob::blockStream(void* stream) const {
-  {
-    std::lock_guard<std::mutex> lock(impl_->mu);
-    if (!impl_->status.isOk()) return impl_->status;
-    if (impl_->phase == Impl::Phase::kQueued) {
-      return internalError("blockStream() before the call was enqueued");
-    }
-  }
+  if (Status s = impl_->status(); !s.isOk()) return s;
+  if (!impl_->enqueued.done()) return internalError("blockStream() before the call was enqueued");
   NANOCCL_CUDA("cudaStreamWaitEvent",
                cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), impl_->end, 0));
   return Status::ok();
 }
 
-bool CudaJob::finished() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->terminal();
-}
+bool CudaJob::finished() const { return impl_->finished.done(); }
 
-Status CudaJob::status() const {
-  std::lock_guard<std::mutex> lock(impl_->mu);
-  return impl_->status;
-}
+Status CudaJob::status() const { return impl_->status(); }
 
 void CudaJob::onEnqueued(std::function<void(const Status&)> cb) {
-  std::unique_lock<std::mutex> lock(impl_->mu);
-  if (impl_->phase == Impl::Phase::kQueued) {
-    impl_->enqueuedCallbacks.push_back(std::move(cb));
-    return;
-  }
-  const Status s = impl_->status;
-  lock.unlock();
-  cb(s);
+  impl_->enqueued.onComplete([cb = std::move(cb)](const Status& s, int) { cb(s); });
 }
 
 void CudaJob::onFinished(std::function<void(const Status&)> cb) {
-  std::unique_lock<std::mutex> lock(impl_->mu);
-  if (!impl_->terminal()) {
-    impl_->finishedCallbacks.push_back(std::move(cb));
-    return;
-  }
-  const Status s = impl_->status;
-  lock.unlock();
-  cb(s);
+  impl_->finished.onComplete([cb = std::move(cb)](const Status& s, int) { cb(s); });
 }
 
 // ---- CudaGroup --------------------------------------------------------------------------------

@@ -80,64 +80,31 @@ std::string sizeText(DataType dtype, size_t count) {
 
 // ---- Task ----
 
-bool Task::test() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return done_;
-}
+bool Task::test() const { return done_.done(); }
 
 Status Task::wait(const Deadline& deadline) const {
   runHere();
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!waitUntil(cv_, lock, deadline, [&] { return done_; })) {
+  if (!done_.wait(deadline)) {
     return timeoutError("the task did not complete before the caller's deadline");
   }
-  return status_;
+  return done_.status();
 }
 
 void Task::runHere() const {
-  std::shared_ptr<Communicator> owner;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (done_) return;
-    owner = owner_.lock();
-  }
-  if (owner) owner->runIfNext(*this);
+  if (done_.done()) return;
+  if (std::shared_ptr<Communicator> owner = owner_.lock()) owner->runIfNext(*this);
 }
 
-Status Task::status() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return status_;
-}
+Status Task::status() const { return done_.status(); }
 
 void Task::onComplete(std::function<void(const Status&)> cb) {
-  std::unique_lock<std::mutex> lock(mu_);
-  if (!done_) {
-    callbacks_.push_back(std::move(cb));
-    return;
-  }
-  const Status s = status_;
-  lock.unlock();
-  cb(s);
+  done_.onComplete([cb = std::move(cb)](const Status& s, int) { cb(s); });
 }
 
-int Task::source() const {
-  std::lock_guard<std::mutex> lock(mu_);
-  return source_;
-}
+int Task::source() const { return done_.source(); }
 
-void Task::complete(const Status& status, int source) {
-  std::vector<std::function<void(const Status&)>> callbacks;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (done_) return;  // a timed-out p2p request may still be called back after the abort
-    done_ = true;
-    status_ = status;
-    source_ = source;
-    callbacks.swap(callbacks_);
-  }
-  cv_.notify_all();
-  for (auto& cb : callbacks) cb(status);
-}
+// A timed-out p2p request may still be called back after the abort: the first completion wins.
+void Task::complete(const Status& status, int source) { done_.complete(status, source); }
 
 // ---- Communicator ----
 

@@ -42,17 +42,16 @@
 #pragma once
 
 #include <chrono>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "collectives/store.h"
 #include "collectives/topology.h"
+#include "common/completion.h"
 #include "common/config.h"
 #include "common/dtype.h"
 #include "common/op.h"
@@ -87,13 +86,9 @@ class Task {
   void complete(const Status& status, int source = -1);
 
  private:
-  mutable std::mutex mu_;
-  mutable std::condition_variable cv_;
-  bool done_ = false;
-  Status status_;
-  int source_ = -1;
-  std::vector<std::function<void(const Status&)>> callbacks_;
-  // The communicator that queued it (collectives only), for runHere().
+  Completion done_;
+  // The communicator that queued it (collectives only), for runHere(); set before the Task is
+  // handed to anyone.
   friend class Communicator;
   std::weak_ptr<Communicator> owner_;
 };

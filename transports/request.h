@@ -1,19 +1,18 @@
-// BasicRequest: the Request that the transports share (tcp, shm): one pending send or receive.
+// BasicRequest: the Request that every transport shares (tcp, shm, fabric, routed): one pending
+// send or receive.
 //
 // Created on the caller's thread; completed exactly once on the transport's progress thread
-// (the first complete() wins), which then runs the callback outside the lock. test/wait/source
-// may be called from any thread; wait() polls for the transport's spin budget before it
-// sleeps (common/spin.h). A transport subclasses it for its progress-thread state.
+// (the first complete() wins: common/completion.h), which then runs the callback outside the
+// lock. test/wait/source may be called from any thread; wait() polls for the transport's spin
+// budget before it sleeps (common/spin.h). A transport subclasses it for its progress-thread
+// state.
 #pragma once
 
-#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <functional>
-#include <mutex>
 #include <string>
 
-#include "common/spin.h"
+#include "common/completion.h"
 #include "transports/frame.h"
 #include "transports/transport.h"
 
@@ -26,51 +25,26 @@ class BasicRequest : public Request {
                std::chrono::microseconds spin = {})
       : isSend(isSend), peer(peer), env(env), buf(buf), bytes(bytes), spin_(spin) {}
 
-  bool test() override { return done_.load(std::memory_order_acquire); }
+  bool test() override { return done_.done(); }
 
   Status wait(const Deadline& deadline) override {
-    spinFor(spin_, [&] { return done_.load(std::memory_order_acquire); });
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!waitUntil(cv_, lock, deadline, [&] { return done_.load(); })) {
+    if (!done_.wait(deadline, spin_)) {
       return timeoutError(std::string(isSend ? "send to" : "receive from") + " rank " +
                           (peer == kAnySource ? std::string("any") : std::to_string(peer)) +
                           " of " + env.fingerprint.describe() + " tag " +
                           std::to_string(env.tag) + " did not complete before the deadline");
     }
-    return status_;
+    return done_.status();
   }
 
-  int source() const override {
-    std::lock_guard<std::mutex> lock(mu_);
-    return source_;
-  }
+  int source() const override { return done_.source(); }
 
   void setCallback(std::function<void(const Status&, int)> cb) override {
-    std::unique_lock<std::mutex> lock(mu_);
-    if (!done_) {
-      callback_ = std::move(cb);
-      return;
-    }
-    const Status st = status_;
-    const int src = source_;
-    lock.unlock();
-    cb(st, src);
+    done_.onComplete(std::move(cb));
   }
 
   // Progress thread only; the first completion wins.
-  void complete(const Status& st, int src) {
-    std::function<void(const Status&, int)> cb;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (done_.load(std::memory_order_relaxed)) return;
-      status_ = st;
-      source_ = src;
-      done_.store(true, std::memory_order_release);  // status_ and source_ are set first
-      cb = std::move(callback_);
-    }
-    cv_.notify_all();
-    if (cb) cb(st, src);
-  }
+  void complete(const Status& st, int src) { done_.complete(st, src); }
 
   const bool isSend;
   const int peer;
@@ -80,12 +54,7 @@ class BasicRequest : public Request {
 
  private:
   const std::chrono::microseconds spin_;
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  std::atomic<bool> done_{false};  // written under mu_; read without it by test() and the spin
-  Status status_;
-  int source_ = -1;
-  std::function<void(const Status&, int)> callback_;
+  Completion done_;
 };
 
 // The checks both transports make on a request and on the message that meets it, worded once

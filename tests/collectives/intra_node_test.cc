@@ -397,7 +397,9 @@ TEST(TransportSetting, ChoosesFromTheTable) {
   bool tcp = false;
   for (const TransportInfo& t : builtInTransports()) {
     if (t.name == "tcp") tcp = t.scope == TransportScope::kInterNode;
-    if (t.name == "shm") EXPECT_EQ(t.scope, TransportScope::kIntraNode);
+    if (t.name == "shm") {
+      EXPECT_EQ(t.scope, TransportScope::kIntraNode);
+    }
   }
   EXPECT_TRUE(tcp);
 }
