@@ -105,7 +105,7 @@ class AuthTest : public ::testing::TestWithParam<bool> {  // param: the secret i
       const int fd = dial(address);
       tcp::Hello hello = helloFor(1, 2, 1, 0, tcp::kHelloEncrypt, "auth-world");
       hello.stripeMinBytes = Config().stripeMinBytes;  // the job's settings are no secret
-      const Played played = handshake(fd, hello, keyOf(guess));
+      const Played played = handshake(fd, hello, keyOf(guess, "auth-world"));  // ids are no secret
       admitted = admitted || (played.ack && played.ack->verdict == tcp::HelloVerdict::kAccepted);
       close(fd);
     }

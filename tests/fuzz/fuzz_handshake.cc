@@ -33,13 +33,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace nanoccl;
   static auto listener = tcp::openListener("lo");
   if (!listener.isOk()) __builtin_trap();
-  tcp::MeshParams p;
+  tcp::MeshParams p{CommIdentity("fuzz-job-secret-0123456789", "fuzz")};
   p.rank = 0;
   p.size = 2;
   p.nsocks = 1;
   p.stripeMinBytes = 65536;
-  p.commIdHash = hashCommId("fuzz");
-  p.jobKey = jobKey("fuzz-job-secret-0123456789");
   std::thread stranger([&] {
     const int fd = dial(listener->address);
     if (fd < 0) return;

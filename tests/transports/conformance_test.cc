@@ -5,9 +5,10 @@
 // mismatched and skipped calls, peers that die or leave in order with data in flight, abort,
 // callbacks, bad peer ranks. Ranks are threads of this process.
 //
-// What depends on how a transport reaches its peers (strangers, garbage on the wire, a secret
-// that does not match, processes that die) is tested per transport: handshake_test.cc (tcp),
-// shm_transport_test.cc (shm).
+// Membership (transports/identity.h): a rank with another secret, or of another communicator,
+// is refused at setup on every row. How a stranger can reach a transport differs (a socket, a
+// segment name, an endpoint), so the garbage such a stranger sends is tested per transport:
+// handshake_test.cc (tcp), shm_transport_test.cc (shm), fabric_transport_test.cc (fabric).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -461,6 +462,41 @@ TEST_P(Conformance, InvalidPeersAreRejectedWithoutBreakingTheTransport) {
   auto r = ts[1]->irecv(0, collectiveEnvelope(1, 0, 1), &y, 1);
   EXPECT_TRUE(ts[0]->isend(1, collectiveEnvelope(1, 0, 1), &x, 1)->wait(soon()).isOk());
   EXPECT_TRUE(r->wait(soon()).isOk());
+}
+
+// Setup with one rank whose membership differs (`tweak`): every rank's connect() must end
+// within the deadline, and not in success.
+std::vector<Status> setupWithAnOutsider(const Row& row,
+                                        const std::function<void(int, TransportOptions&)>& tweak) {
+  std::vector<Status> statuses;
+  const Clock::time_point start = Clock::now();
+  auto ts = makeMesh(2, [&](int) { return row.config; }, &statuses, row.transport, tweak, 2);
+  EXPECT_LT(Clock::now() - start, std::chrono::seconds(15)) << "setup outlived its deadline";
+  return statuses;
+}
+
+TEST_P(Conformance, ARankWithAnotherSecretIsRefusedAtSetup) {
+  const auto statuses = setupWithAnOutsider(GetParam(), [](int rank, TransportOptions& o) {
+    if (rank == 1) o.secret = "another-jobs-secret-0123";
+  });
+  ASSERT_EQ(statuses.size(), 2u);
+  bool named = false;
+  for (const Status& st : statuses) {
+    EXPECT_FALSE(st.isOk()) << "a rank with another secret was admitted";
+    named = named || st.message().find("secret") != std::string::npos;
+  }
+  EXPECT_TRUE(named) << statuses[0].toString() << " / " << statuses[1].toString();
+}
+
+TEST_P(Conformance, ARankOfAnotherCommunicatorIsRefusedAtSetup) {
+  // The same secret proves nothing in another communicator: proofs are under a key of both.
+  const auto statuses = setupWithAnOutsider(GetParam(), [](int rank, TransportOptions& o) {
+    if (rank == 1) o.commId = "another-comm";
+  });
+  ASSERT_EQ(statuses.size(), 2u);
+  for (const Status& st : statuses) {
+    EXPECT_FALSE(st.isOk()) << "a rank of another communicator was admitted";
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Rows, Conformance, ::testing::ValuesIn(rows()),

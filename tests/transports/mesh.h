@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <functional>
 #include <future>
 #include <memory>
 #include <string>
@@ -37,15 +38,19 @@ inline TransportOptions optionsFor(int rank, int size, const Config& cfg,
 }
 
 // Creates and connects `size` transports of the table's row `transport` (tcp unless named);
-// each rank's Config comes from `configFor(rank)`.
+// each rank's Config comes from `configFor(rank)`, and `tweak(rank, options)` may change the
+// rest of its options (its secret, its comm id). Setup gets `setupSeconds`.
 template <typename ConfigFor>
-std::vector<std::unique_ptr<Transport>> makeMesh(int size, ConfigFor configFor,
-                                                 std::vector<Status>* statuses = nullptr,
-                                                 const std::string& transport = "tcp") {
+std::vector<std::unique_ptr<Transport>> makeMesh(
+    int size, ConfigFor configFor, std::vector<Status>* statuses = nullptr,
+    const std::string& transport = "tcp",
+    const std::function<void(int, TransportOptions&)>& tweak = {}, int setupSeconds = 20) {
   std::vector<std::unique_ptr<Transport>> ts(static_cast<size_t>(size));
   std::vector<std::string> addrs(static_cast<size_t>(size));
   for (int r = 0; r < size; ++r) {
-    auto t = createTransport(transport, optionsFor(r, size, configFor(r)));
+    TransportOptions o = optionsFor(r, size, configFor(r));
+    if (tweak) tweak(r, o);
+    auto t = createTransport(transport, o);
     EXPECT_TRUE(t.isOk()) << t.status().toString();
     if (!t.isOk()) return {};
     ts[r] = std::move(t).value();
@@ -56,7 +61,7 @@ std::vector<std::unique_ptr<Transport>> makeMesh(int size, ConfigFor configFor,
   std::vector<std::future<Status>> done;
   for (int r = 0; r < size; ++r) {
     done.push_back(std::async(std::launch::async, [&, r] {
-      return ts[r]->connect(addrs, Deadline::after(std::chrono::seconds(20)));
+      return ts[r]->connect(addrs, Deadline::after(std::chrono::seconds(setupSeconds)));
     }));
   }
   bool ok = true;

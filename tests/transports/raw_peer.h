@@ -53,7 +53,10 @@ inline bool closedByPeer(int fd, int ms = 5000) {
   return recv(fd, b, sizeof(b), 0) <= 0;
 }
 
-inline crypto::Key keyOf(const std::string& secret) { return jobKey(secret); }
+// A member's identity (transports/identity.h) for `secret` in communicator `commId`.
+inline CommIdentity keyOf(const std::string& secret, const std::string& commId = "test-comm") {
+  return CommIdentity(secret, commId);
+}
 
 inline tcp::Hello helloFor(int rank, int size, int nsocks = 1, int socket = 0, uint32_t flags = 0,
                            const std::string& commId = "test-comm") {
@@ -90,7 +93,7 @@ struct Played {
 
 // Plays the connector's side of the handshake on `fd` under `key`: Hello, Challenge, Proof,
 // HelloAck. A `replay` of an earlier transcript is sent instead of a fresh Hello and Proof.
-inline Played handshake(int fd, const tcp::Hello& h, const crypto::Key& key,
+inline Played handshake(int fd, const tcp::Hello& h, const CommIdentity& key,
                  const std::string& replay = "") {
   Played out;
   const std::string hello = replay.empty() ? std::string(reinterpret_cast<const char*>(&h),

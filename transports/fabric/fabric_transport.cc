@@ -21,9 +21,9 @@
 
 #include "common/crypto.h"
 #include "common/logging.h"
-#include "common/secret.h"
 #include "common/spin.h"
 #include "common/thread_name.h"
+#include "transports/identity.h"
 #include "transports/matcher.h"
 #include "transports/transport_common.h"
 #include "transports/request.h"
@@ -191,8 +191,7 @@ class FabricTransport : public Transport {
                                std::to_string(addresses.size()) + " addresses for " +
                                std::to_string(o_.size) + " ranks");
       }
-      const crypto::Key key = jobKey(o_.secret);
-      const uint64_t comm = hashCommId(o_.commId);
+      const CommIdentity member(o_.secret, o_.commId);
       for (int p = 0; p < o_.size; ++p) {
         if (p == o_.rank) continue;
         std::vector<uint8_t> name, nonce;
@@ -215,12 +214,14 @@ class FabricTransport : public Transport {
         }
         Peer& peer = peers_[p];
         peer.addr = addr;
+        // A member's MAC (transports/identity.h) of both ranks and both nonces, cut to 16 bytes.
         const auto token = [&](int from, int to, const void* nFrom, const void* nTo, uint8_t* out) {
           const uint32_t f = static_cast<uint32_t>(from), t = static_cast<uint32_t>(to);
-          const crypto::Mac mac = crypto::hmac(
-              key, {"nanoccl fabric frame token", crypto::bytesOf(comm), crypto::bytesOf(f),
-                    crypto::bytesOf(t), std::string_view(static_cast<const char*>(nFrom), 16),
-                    std::string_view(static_cast<const char*>(nTo), 16)});
+          const crypto::Mac mac = member.prove(
+              "nanoccl fabric frame token v3",
+              {crypto::bytesOf(f), crypto::bytesOf(t),
+               std::string_view(static_cast<const char*>(nFrom), sizeof(nonce_)),
+               std::string_view(static_cast<const char*>(nTo), sizeof(nonce_))});
           std::memcpy(out, mac.data(), kTokenBytes);
         };
         token(o_.rank, p, nonce_, nonce.data(), peer.txToken);

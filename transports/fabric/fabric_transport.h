@@ -11,9 +11,9 @@
 // address; connect() inserts every peer's name into the address vector. Nothing travels
 // before the first message: an RDM endpoint has no connection handshake.
 //
-// Who may send: every frame starts with a 16-byte token, an HMAC of the job key over (comm id,
-// sender, receiver, both ranks' nonces from the store). Only a holder of the job secret can
-// make it; a frame whose token does not check out (a stranger, garbage, another job) is
+// Who may send: every frame starts with a 16-byte token, a member's MAC (transports/identity.h:
+// the job secret and comm id) over (sender, receiver, both ranks' nonces from the store). Only
+// a holder of the job secret can make it; a frame whose token does not check out (a stranger, garbage, another job) is
 // dropped before anything in it is read, and counted (logged once per transport); it never
 // fails the job. Like the tcp transport without NANOCCL_ENCRYPT, it does not stop an on-path
 // attacker who reads the token off the wire; NANOCCL_ENCRYPT=1 is refused here.

@@ -18,7 +18,6 @@
 
 #include "common/crypto.h"
 #include "common/logging.h"
-#include "common/secret.h"
 
 namespace nanoccl::shm {
 namespace {
@@ -32,14 +31,6 @@ constexpr uint64_t chunkHeadersBytes() { return roundUp(kRingChunks * sizeof(Fra
 constexpr uint64_t ringStride() { return chunkHeadersBytes() + kRingChunks * kChunkBytes; }
 uint64_t ringsOffset(int size) {
   return roundUp(controlsOffset() + static_cast<uint64_t>(size - 1) * sizeof(RingControl), kPage);
-}
-
-uint64_t fnv1a(uint64_t h, const std::string& s) {
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
 }
 
 // splitmix64's finaliser: spreads every input bit over the output.
@@ -173,13 +164,12 @@ Liveness probe(const ProcessIdentity& who) {
   return Liveness::kAlive;
 }
 
-std::array<uint8_t, 32> segmentProof(const std::string& secret, const std::string& name,
-                                     const SegmentHeader& h) {
+crypto::Mac segmentProof(const CommIdentity& member, const std::string& name,
+                         const SegmentHeader& h) {
   using crypto::bytesOf;
-  return crypto::hmac(jobKey(secret),
-                      {"nanoccl shm segment v2", name, bytesOf(h.rank), bytesOf(h.size),
-                       bytesOf(h.pid), bytesOf(h.startTime), bytesOf(h.pidNamespace),
-                       bytesOf(h.commIdHash)});
+  return member.prove("nanoccl shm segment v3",
+                      {name, bytesOf(h.rank), bytesOf(h.size), bytesOf(h.pid),
+                       bytesOf(h.startTime), bytesOf(h.pidNamespace), bytesOf(h.commIdHash)});
 }
 
 uint64_t Segment::bytesFor(int size) {
@@ -226,7 +216,7 @@ Result<std::unique_ptr<Segment>> Segment::create(const Identity& id) {
   int fd = -1;
   for (int attempt = 0; attempt < 4 && fd < 0; ++attempt) {
     const uint64_t tag =
-        mix(randomWord() ^ fnv1a(1469598103934665603ull, id.commId));
+        mix(randomWord() ^ id.member.commHash());
     char hex[17];
     std::snprintf(hex, sizeof(hex), "%016llx", static_cast<unsigned long long>(tag));
     name = std::string("/") + kNamePrefix + hex + "-" + std::to_string(id.rank) + "-" +
@@ -288,8 +278,8 @@ Result<std::unique_ptr<Segment>> Segment::create(const Identity& id) {
   h.pid = self.pid;
   h.startTime = self.startTime;
   h.pidNamespace = self.pidNamespace;
-  h.commIdHash = hashCommId(id.commId);
-  const auto proof = segmentProof(id.secret, name, h);
+  h.commIdHash = id.member.commHash();
+  const crypto::Mac proof = segmentProof(id.member, name, h);
   std::memcpy(h.proof, proof.data(), sizeof(h.proof));
   std::atomic_thread_fence(std::memory_order_release);
   h.magic = kSegmentMagic;
@@ -340,13 +330,15 @@ Result<std::unique_ptr<Segment>> Segment::attach(const std::string& name, int pe
     return protocolError(who + " is not a nanoccl segment of version " +
                          std::to_string(kSegmentVersion));
   }
-  if (!crypto::equalConstantTime(segmentProof(id.secret, name, h).data(), h.proof,
+  // The comm id first: a segment of another communicator of this job is told apart from one
+  // made without the secret (its proof is under another communicator key).
+  if (h.commIdHash != id.member.commHash()) {
+    return protocolError(who + " belongs to another communicator (comm id differs)");
+  }
+  if (!crypto::equalConstantTime(segmentProof(id.member, name, h).data(), h.proof,
                                  sizeof(h.proof))) {
     return protocolError(who + " was not created with this job's secret: refusing to attach "
                          "(a segment of another job, or two jobs sharing one store)");
-  }
-  if (h.commIdHash != hashCommId(id.commId)) {
-    return protocolError(who + " belongs to another communicator (comm id differs)");
   }
   if (h.rank != peer || h.size != id.size) {
     return protocolError(who + " was made by rank " + std::to_string(h.rank) + " of " +

@@ -28,8 +28,10 @@
 #include <memory>
 #include <string>
 
+#include "common/crypto.h"
 #include "common/status.h"
 #include "transports/frame.h"
+#include "transports/identity.h"
 
 namespace nanoccl::shm {
 
@@ -40,7 +42,7 @@ constexpr uint32_t kRingChunks = 8;
 constexpr uint64_t kChunkBytes = uint64_t{1} << 20;
 
 constexpr uint64_t kSegmentMagic = 0x4d48534c4343414eull;  // "NACCLSHM"
-constexpr uint32_t kSegmentVersion = 2;
+constexpr uint32_t kSegmentVersion = 3;  // 3: proofs under the communicator key
 constexpr const char* kNamePrefix = "nanoccl-";  // in /dev/shm, without the leading '/'
 
 enum class SegmentState : uint32_t {
@@ -93,7 +95,7 @@ struct SegmentHeader {
   uint64_t startTime;     // the creator's start time (/proc/<pid>/stat), against pid reuse
   uint64_t pidNamespace;  // the creator's pid namespace inode: pids mean nothing across them
   uint64_t commIdHash;
-  uint8_t proof[32];  // segmentProof(): HMAC under the job key of the fields above and the name
+  uint8_t proof[32];  // segmentProof(): a member's MAC of the fields above and the name
   alignas(64) Doorbell bell;
   alignas(64) std::atomic<uint32_t> state;  // SegmentState
   uint32_t abortLength;
@@ -113,20 +115,19 @@ enum class Liveness { kAlive, kDead, kUnknown };
 // kUnknown across pid namespaces (the creator's pid is not ours to look up).
 Liveness probe(const ProcessIdentity& who);
 
-// The creator's proof that it holds the job secret (`secret`, TransportOptions::secret): an
-// HMAC under the job key of the segment's name and of who made it (rank, size, communicator,
-// pid, start time, pid namespace), so a header copied from another segment or an earlier job
-// does not verify. The secret itself is never written into shared memory.
-std::array<uint8_t, 32> segmentProof(const std::string& secret, const std::string& name,
-                                     const SegmentHeader& h);
+// The creator's proof that it is a member of the communicator (transports/identity.h): a MAC
+// of the segment's name and of who made it (rank, size, communicator, pid, start time, pid
+// namespace), so a header copied from another segment or an earlier job does not verify. The
+// secret itself is never written into shared memory.
+crypto::Mac segmentProof(const CommIdentity& member, const std::string& name,
+                         const SegmentHeader& h);
 
 class Segment {
  public:
   struct Identity {
     int rank = 0;
     int size = 1;
-    std::string commId;
-    std::string secret;
+    CommIdentity member;  // the job secret and comm id (transports/identity.h)
   };
 
   // Creates this rank's segment (O_EXCL, 0600), reserves its memory so a full /dev/shm is an

@@ -178,7 +178,7 @@ class ShmTransport : public Transport {
 
  private:
   Segment::Identity identity() const {
-    return Segment::Identity{o_.rank, o_.size, o_.commId, o_.secret};
+    return Segment::Identity{o_.rank, o_.size, CommIdentity(o_.secret, o_.commId)};
   }
 
   // One lane per peer (its ring), which carries every message whole, chunk by chunk in order.

@@ -179,7 +179,7 @@ class MeshBuilder {
     h.size = p_.size;
     h.nsocks = p_.nsocks;
     h.flags = p_.encrypt ? kHelloEncrypt : 0;
-    h.commIdHash = p_.commIdHash;
+    h.commIdHash = p_.identity.commHash();
     h.stripeMinBytes = p_.stripeMinBytes;
     if (Status st = crypto::randomBytes(h.nonce, sizeof(h.nonce)); !st.isOk()) {
       close(fd);
@@ -326,7 +326,7 @@ class MeshBuilder {
   Status onChallenge(Pending& pc) {
     std::memcpy(&pc.challenge, pc.in, sizeof(Challenge));
     const Challenge& c = pc.challenge;
-    const crypto::Mac expected = challengeMac(p_.jobKey, pc.hello, c);
+    const crypto::Mac expected = challengeMac(p_.identity, pc.hello, c);
     if (c.magic != kMagic || c.rank != pc.peer ||
         !crypto::equalConstantTime(expected.data(), c.mac, expected.size())) {
       return protocolError(
@@ -336,7 +336,7 @@ class MeshBuilder {
     }
     Proof proof{};
     proof.magic = kMagic;
-    const crypto::Mac mac = proofMac(p_.jobKey, pc.hello, c);
+    const crypto::Mac mac = proofMac(p_.identity, pc.hello, c);
     std::memcpy(proof.mac, mac.data(), mac.size());
     sendThenRead<HelloAck>(pc, proof);
     return step(pc);
@@ -361,7 +361,7 @@ class MeshBuilder {
       return protocolError(who + " refused the connection (verdict " +
                            std::to_string(static_cast<uint32_t>(ack.verdict)) + ")");
     }
-    const SessionKeys keys = sessionKeys(p_.jobKey, pc.hello, pc.challenge);
+    const SessionKeys keys = sessionKeys(p_.identity, pc.hello, pc.challenge);
     links_[pc.peer][pc.socketIndex] = {pc.fd, keys.connectorToAcceptor, keys.acceptorToConnector};
     pc.fd = -1;
     ++outgoingDone_;
@@ -377,7 +377,7 @@ class MeshBuilder {
                    std::to_string(kHandshakeVersion) + " (a different nanoccl build)");
       return Status::ok();
     }
-    if (h.commIdHash != p_.commIdHash) {
+    if (h.commIdHash != p_.identity.commHash()) {
       drop(pc, "another communicator (comm id differs)");
       return Status::ok();
     }
@@ -385,7 +385,7 @@ class MeshBuilder {
     c.magic = kMagic;
     c.rank = p_.rank;
     NANOCCL_CHECK(crypto::randomBytes(c.nonce, sizeof(c.nonce)));
-    const crypto::Mac mac = challengeMac(p_.jobKey, h, c);
+    const crypto::Mac mac = challengeMac(p_.identity, h, c);
     std::memcpy(c.mac, mac.data(), mac.size());
     sendThenRead<Proof>(pc, c);
     return step(pc);
@@ -395,7 +395,7 @@ class MeshBuilder {
     Proof proof;
     std::memcpy(&proof, pc.in, sizeof(proof));
     const Hello& h = pc.hello;
-    const crypto::Mac expected = proofMac(p_.jobKey, h, pc.challenge);
+    const crypto::Mac expected = proofMac(p_.identity, h, pc.challenge);
     if (!crypto::equalConstantTime(expected.data(), proof.mac, expected.size())) {
       drop(pc, "no proof of the job secret (a wrong secret, or a replayed handshake)");
       return Status::ok();
@@ -439,7 +439,7 @@ class MeshBuilder {
   }
 
   void finishIncoming(Pending& pc) {
-    const SessionKeys keys = sessionKeys(p_.jobKey, pc.hello, pc.challenge);
+    const SessionKeys keys = sessionKeys(p_.identity, pc.hello, pc.challenge);
     links_[pc.peer][pc.socketIndex] = {pc.fd, keys.acceptorToConnector, keys.connectorToAcceptor};
     pc.fd = -1;
     ++incomingDone_;

@@ -16,6 +16,7 @@
 #include "common/crypto.h"
 #include "common/deadline.h"
 #include "common/status.h"
+#include "transports/identity.h"
 #include "transports/tcp/address.h"
 
 namespace nanoccl::tcp {
@@ -30,12 +31,11 @@ struct Listener {
 Result<Listener> openListener(const std::string& ifnameSpec);
 
 struct MeshParams {
+  CommIdentity identity;  // the job secret and comm id every peer must prove
   int rank = 0;
   int size = 1;
   int nsocks = 1;
   uint64_t stripeMinBytes = 0;
-  uint64_t commIdHash = 0;
-  crypto::Key jobKey{};  // common/secret.h
   bool encrypt = false;  // must agree on every rank
 };
 

@@ -140,13 +140,11 @@ class TcpTransport : public Transport {
   Status connect(const std::vector<std::string>& addresses, const Deadline& deadline) override {
     NANOCCL_ASSIGN_OR_RETURN(engine_, createEngine(o_.config.tcpEngine));
     if (o_.size > 1) {
-      MeshParams mp;
+      MeshParams mp{CommIdentity(o_.secret, o_.commId)};
       mp.rank = o_.rank;
       mp.size = o_.size;
       mp.nsocks = o_.config.nsocks;
       mp.stripeMinBytes = o_.config.stripeMinBytes;
-      mp.commIdHash = hashCommId(o_.commId);
-      mp.jobKey = jobKey(o_.secret);
       mp.encrypt = o_.config.encrypt;
       NANOCCL_ASSIGN_OR_RETURN(auto links, buildMesh(listener_, addresses, mp, deadline));
       // Setup is over: strangers now meet a closed port.

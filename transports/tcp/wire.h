@@ -8,20 +8,23 @@
 
 #include "common/crypto.h"
 #include "transports/frame.h"
+#include "transports/identity.h"
 
 namespace nanoccl::tcp {
 
 // Connection setup, four records (the secret itself never crosses the wire):
 //   connector -> acceptor  Hello      who I am, my settings, a fresh nonce
-//   acceptor  -> connector Challenge  my rank, a fresh nonce, MAC proving I hold the job key
-//   connector -> acceptor  Proof      MAC proving I hold the job key
+//   acceptor  -> connector Challenge  my rank, a fresh nonce, MAC proving I am a member
+//   connector -> acceptor  Proof      MAC proving I am a member
 //   acceptor  -> connector HelloAck   accepted, or which settings differ
 // Each MAC covers both nonces (challengeMac(), proofMac()), so a recorded handshake replayed
 // later fails against the new nonce, and one side's MAC cannot stand in for the other's. The
 // acceptor answers a stranger's Hello with a Challenge, but admits nothing without a Proof.
-// Both sides then derive one key per direction from the job key and both nonces
-// (sessionKeys()), used when the job encrypts (NANOCCL_ENCRYPT).
-constexpr uint16_t kHandshakeVersion = 2;
+// Membership is the one check every transport makes (CommIdentity, transports/identity.h:
+// the job secret and this comm id). Both sides then derive one key per direction from the
+// communicator key and both nonces (sessionKeys()), used when the job encrypts
+// (NANOCCL_ENCRYPT). Version 3: MACs under the communicator key (v2 used the job key).
+constexpr uint16_t kHandshakeVersion = 3;
 
 // Hello / HelloAck flags.
 constexpr uint32_t kHelloEncrypt = 1;  // this rank encrypts its connections (NANOCCL_ENCRYPT=1)
@@ -73,16 +76,17 @@ struct HelloAck {
 };
 static_assert(sizeof(HelloAck) == 32);
 
-inline crypto::Mac challengeMac(const crypto::Key& jobKey, const Hello& h, const Challenge& c) {
+// The acceptor's answer to a Hello, and the connector's proof: both bind the Hello (ranks,
+// comm id, settings) and the acceptor's fresh nonce, so a recorded handshake does not verify
+// again (transports/identity.h).
+inline crypto::Mac challengeMac(const CommIdentity& id, const Hello& h, const Challenge& c) {
   using crypto::bytesOf;
-  return crypto::hmac(jobKey, {"nanoccl tcp acceptor v2", bytesOf(h), bytesOf(c.rank),
-                               bytesOf(c.nonce)});
+  return id.prove("nanoccl tcp acceptor v3", {bytesOf(h), bytesOf(c.rank), bytesOf(c.nonce)});
 }
 
-inline crypto::Mac proofMac(const crypto::Key& jobKey, const Hello& h, const Challenge& c) {
+inline crypto::Mac proofMac(const CommIdentity& id, const Hello& h, const Challenge& c) {
   using crypto::bytesOf;
-  return crypto::hmac(jobKey, {"nanoccl tcp connector v2", bytesOf(h), bytesOf(c.rank),
-                               bytesOf(c.nonce)});
+  return id.prove("nanoccl tcp connector v3", {bytesOf(h), bytesOf(c.rank), bytesOf(c.nonce)});
 }
 
 struct SessionKeys {
@@ -90,12 +94,10 @@ struct SessionKeys {
   crypto::Key acceptorToConnector;
 };
 
-inline SessionKeys sessionKeys(const crypto::Key& jobKey, const Hello& h, const Challenge& c) {
+inline SessionKeys sessionKeys(const CommIdentity& id, const Hello& h, const Challenge& c) {
   using crypto::bytesOf;
-  return {crypto::derive(jobKey, "nanoccl tcp c->a v2", {bytesOf(h), bytesOf(c.rank),
-                                                        bytesOf(c.nonce)}),
-          crypto::derive(jobKey, "nanoccl tcp a->c v2", {bytesOf(h), bytesOf(c.rank),
-                                                        bytesOf(c.nonce)})};
+  return {id.derive("nanoccl tcp c->a v3", {bytesOf(h), bytesOf(c.rank), bytesOf(c.nonce)}),
+          id.derive("nanoccl tcp a->c v3", {bytesOf(h), bytesOf(c.rank), bytesOf(c.nonce)})};
 }
 
 }  // namespace nanoccl::tcp
