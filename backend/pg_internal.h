@@ -76,7 +76,9 @@ class WorkNanoccl : public c10d::Work {
     work->pending_.store(static_cast<int>(tasks.size()));
     for (const TaskPtr& task : tasks) {
       Task* raw = task.get();  // valid while it runs its own callback
-      task->onComplete([work, raw](const Status& s) { work->taskDone(s, raw->source()); });
+      task->onComplete([work, raw](const Status& s) {
+        work->taskDone(s, raw->source(), raw->buffersStillInUse());
+      });
     }
     std::lock_guard<std::mutex> lock(work->tasksMu_);
     work->tasks_ = std::move(tasks);
@@ -136,8 +138,9 @@ class WorkNanoccl : public c10d::Work {
     for (const TaskPtr& t : tasks) t->runHere();
   }
 
-  void taskDone(const Status& s, int source) {
+  void taskDone(const Status& s, int source, bool buffersInUse) {
     if (source >= 0) source_.store(source);
+    if (buffersInUse) buffersInUse_.store(true);
     if (!s.isOk()) {
       std::lock_guard<std::mutex> lock(errorMu_);
       if (firstError_.isOk()) firstError_ = s;
@@ -165,6 +168,13 @@ class WorkNanoccl : public c10d::Work {
                         " failed: " + s.toString());
     }
     finishers_.clear();
+    if (buffersInUse_.load()) {
+      // A transfer the aborted transports could not end may still target these tensors: the
+      // communicator keeps them until it is destroyed (Task::buffersStillInUse()).
+      auto keep = std::make_shared<std::vector<at::Tensor>>(std::move(held_));
+      keep->insert(keep->end(), outputs_.begin(), outputs_.end());
+      if (auto comm = comm_.lock()) comm->keepUntilDestroyed(std::move(keep));
+    }
     held_.clear();
     {
       std::lock_guard<std::mutex> lock(tasksMu_);
@@ -191,6 +201,7 @@ class WorkNanoccl : public c10d::Work {
   std::vector<std::function<void()>> finishers_;
   std::atomic<int> pending_{0};
   std::atomic<int> source_{-1};
+  std::atomic<bool> buffersInUse_{false};  // a Task said Task::buffersStillInUse()
   std::mutex errorMu_;
   Status firstError_;
   std::mutex tasksMu_;

@@ -204,6 +204,7 @@ void addStats(CommStats& into, const CommStats& from) {
   into.interNodeBytesReceived += from.interNodeBytesReceived;
   into.callsPerAlgorithm.insert(into.callsPerAlgorithm.end(), from.callsPerAlgorithm.begin(),
                                 from.callsPerAlgorithm.end());
+  into.callsWithKeptBuffers += from.callsWithKeptBuffers;
   for (const auto& [name, c] : from.perTransport) {
     auto it = std::find_if(into.perTransport.begin(), into.perTransport.end(),
                            [&](const auto& e) { return e.first == name; });
@@ -248,6 +249,7 @@ BackendStats ProcessGroupNanoccl::stats() const {
   out.intraNode = {cs.intraNodeBytesSent, cs.intraNodeBytesReceived};
   out.interNode = {cs.interNodeBytesSent, cs.interNodeBytesReceived};
   out.perAlgorithm = cs.callsPerAlgorithm;
+  out.callsWithKeptBuffers = cs.callsWithKeptBuffers;
   for (const auto& [name, c] : cs.perTransport) {
     out.perTransport.emplace_back(name, BackendStats::Bytes{c.bytesSent, c.bytesReceived});
   }

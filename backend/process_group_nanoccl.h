@@ -87,6 +87,9 @@ struct BackendStats {
   std::vector<std::pair<std::string, uint64_t>> perAlgorithm;
   // Bytes per transport that carried them ("tcp", "shm"), every transport the group holds.
   std::vector<std::pair<std::string, Bytes>> perTransport;
+  // Failed calls whose buffers are kept until the group is destroyed, because aborting the
+  // transports did not end every transfer on them (Task::buffersStillInUse()).
+  uint64_t callsWithKeptBuffers = 0;
 };
 
 class ProcessGroupNanoccl : public c10d::Backend {

@@ -9,7 +9,10 @@
 // - Temporary memory must come from Context::scratch(): when a call fails, the worker aborts
 //   the transport *before* the Context (and its scratch) is released, so a request that is
 //   still pending can never write into freed memory. The same holds for the user's buffers,
-//   which are released only when the Task completes, after that abort.
+//   which are released only when the Task completes, after that abort. Where the abort could
+//   not end a request (a stuck progress thread or provider), the communicator keeps the scratch
+//   until it is destroyed (takeUnfinished()) and the Task tells the caller to keep its
+//   buffers too (Task::buffersStillInUse()).
 // - On success an algorithm has waited for every request it posted.
 // - Hierarchical algorithms run their stages on the sub-communicators' transports (Hierarchy)
 //   through child Contexts that share the call's fingerprint, deadline, scratch and byte
@@ -156,6 +159,16 @@ class Context {
   // Uninitialised memory that lives until the call has ended (see the ownership note above).
   char* scratch(size_t bytes);
 
+  // What a failed call leaves behind once its transports were aborted: the requests they could
+  // not end (a stuck progress thread or provider still targets their buffers), and the call's
+  // scratch memory, which such a request may target. Empty `requests`: everything ended.
+  struct Leftover {
+    std::vector<std::shared_ptr<Request>> requests;
+    std::vector<std::unique_ptr<char[]>> scratch;
+  };
+  // Takes the leftover of this call (and of its stages); on the Context the call ran in.
+  Leftover takeUnfinished();
+
   uint64_t bytesSent() const { return bytesSent_.load(std::memory_order_relaxed); }
   uint64_t bytesReceived() const { return bytesReceived_.load(std::memory_order_relaxed); }
 
@@ -169,8 +182,9 @@ class Context {
   const Config& config_;
   const Hierarchy* hierarchy_ = nullptr;
   Context* parent_ = nullptr;
-  std::mutex scratchMu_;
+  std::mutex scratchMu_;  // scratch_ and issued_, kept on the call's Context (parent_ null)
   std::vector<std::unique_ptr<char[]>> scratch_;
+  std::vector<std::shared_ptr<Request>> issued_;  // every request of the call, for Leftover
   std::atomic<uint64_t> bytesSent_{0};
   std::atomic<uint64_t> bytesReceived_{0};
 };

@@ -204,6 +204,31 @@ struct Communicator::Impl {
   std::thread worker;
   std::thread watchdog;
 
+  // Memory that failed calls' unfinished transfers may still target (Context::Leftover, and
+  // callers' buffers from keepUntilDestroyed()): released in shutdown(), once the transports
+  // are destroyed.
+  std::mutex keptMu;
+  std::vector<std::shared_ptr<void>> kept;
+  std::atomic<uint64_t> callsWithKeptBuffers{0};
+
+  // After a failed call, its transports aborted: keeps what `left` holds where transfers did
+  // not end, marks `task`, and says so in `s`.
+  void keepLeftover(detail::Context::Leftover left, Task& task, Status& s) {
+    if (left.requests.empty()) return;
+    const size_t n = left.requests.size();
+    {
+      std::lock_guard<std::mutex> lock(keptMu);
+      kept.push_back(std::make_shared<detail::Context::Leftover>(std::move(left)));
+    }
+    callsWithKeptBuffers.fetch_add(1);
+    task.buffersInUse_.store(true, std::memory_order_release);
+    s = Status(s.code(), s.message() + " [" + std::to_string(n) +
+                             " transfer(s) on this call's buffers could not be stopped: its "
+                             "buffers must stay allocated until the communicator is destroyed]");
+    NANOCCL_WARN(who() << n << " transfer(s) of a failed call still target its buffers after "
+                          "the abort; they are kept until the communicator is destroyed");
+  }
+
   std::array<std::atomic<uint64_t>, kNumOpTypes> sentPerOp{};
   std::array<std::atomic<uint64_t>, kNumOpTypes> receivedPerOp{};
   std::atomic<uint64_t> calls{0};
@@ -425,6 +450,7 @@ void Communicator::Impl::runCall(QueuedCall& call) {
       // Before ctx (and its scratch memory) goes away: requests that are still pending must
       // not write into freed memory, and the peers must stop waiting for this rank.
       fail(s);
+      keepLeftover(ctx.takeUnfinished(), *call.task, s);
     }
   }
   ++calls;
@@ -586,7 +612,11 @@ void Communicator::Impl::watchdogLoop() {
                        " ms; no matching message arrived");
       NANOCCL_WARN(s.toString());
       fail(s);
-      completeTask(*call.task, s);
+      Status final = s;
+      detail::Context::Leftover left;
+      if (!call.request->test()) left.requests.push_back(call.request);
+      keepLeftover(std::move(left), *call.task, final);
+      completeTask(*call.task, final);
     }
     lock.lock();
   }
@@ -709,6 +739,11 @@ void Communicator::Impl::shutdown() {
   if (watchdog.joinable()) watchdog.join();
   hierarchy.reset();
   transport.reset();
+  {
+    // No transport is left to target what failed calls kept.
+    std::lock_guard<std::mutex> lock(keptMu);
+    kept.clear();
+  }
   std::map<uint64_t, P2pCall> left;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -730,8 +765,14 @@ void Communicator::abort(const Status& why) {
                   : why);
 }
 
+void Communicator::keepUntilDestroyed(std::shared_ptr<void> buffers) {
+  std::lock_guard<std::mutex> lock(impl_->keptMu);
+  impl_->kept.push_back(std::move(buffers));
+}
+
 CommStats Communicator::stats() const {
   CommStats s;
+  s.callsWithKeptBuffers = impl_->callsWithKeptBuffers.load();
   s.perPeer =
       impl_->transport ? impl_->transport->counters() : std::vector<PeerCounters>(impl_->size);
   s.bytesSentPerOp.resize(kNumOpTypes);

@@ -41,6 +41,7 @@
 //   communicator's sequence numbers, timeout and failure state.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -81,12 +82,19 @@ class Task {
   void onComplete(std::function<void(const Status&)> cb);
   // For receives: the rank the message came from.
   int source() const;
+  // True when the call failed and aborting the transports did not end every transfer on its
+  // buffers (a stuck progress thread or provider still targets them; the transport logged
+  // it). The communicator then keeps its own memory of the call, and the caller must not
+  // release or reuse the buffers it passed before the communicator is destroyed: hand them to
+  // Communicator::keepUntilDestroyed() (the torch backend does). Set before completion.
+  bool buffersStillInUse() const { return buffersInUse_.load(std::memory_order_acquire); }
 
   // Used by the thread that ran the call.
   void complete(const Status& status, int source = -1);
 
  private:
   Completion done_;
+  std::atomic<bool> buffersInUse_{false};
   // The communicator that queued it (collectives only), for runHere(); set before the Task is
   // handed to anyone.
   friend class Communicator;
@@ -105,6 +113,8 @@ struct CommunicatorOptions {
   std::chrono::milliseconds timeout{300000};
   // This rank's node; config.nodeId (NANOCCL_NODE_ID) overrides it. Empty: defaultNodeId().
   std::string nodeId;
+  // For tests (fault injection): wraps each transport the communicator creates, before setup.
+  std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>)> wrapTransport;
 };
 
 // Bytes moved, as the study reports them.
@@ -127,6 +137,9 @@ struct CommStats {
   // perPeer summed per transport that carried it, by table name: ("tcp", ...), ("shm", ...).
   // Every transport the communicator holds is listed, in first-use order, even without traffic.
   std::vector<std::pair<std::string, PeerCounters>> perTransport;
+  // Failed calls whose transfers the aborted transports could not end (Task::
+  // buffersStillInUse()): their memory is kept until the communicator is destroyed.
+  uint64_t callsWithKeptBuffers = 0;
 };
 
 // Compression of one allreduce's inter-node leg, asked for by the caller (see
@@ -209,6 +222,10 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
   // Fails every pending and later Task with `why` and tells the peers. Idempotent.
   void abort(const Status& why);
+
+  // Keeps `buffers` (what a caller passed to a call whose Task says buffersStillInUse()) alive
+  // until this communicator's transports are destroyed, when nothing can target them any more.
+  void keepUntilDestroyed(std::shared_ptr<void> buffers);
 
   CommStats stats() const;
 

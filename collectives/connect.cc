@@ -69,6 +69,12 @@ Status publishAndConnect(Transport& transport, const std::string& commId, int ra
   return transport.connect(addresses, deadline);
 }
 
+// `t`, or what CommunicatorOptions::wrapTransport makes of it (tests).
+std::unique_ptr<Transport> wrapped(std::unique_ptr<Transport> t,
+                                   const CommunicatorOptions& options) {
+  return options.wrapTransport ? options.wrapTransport(std::move(t)) : std::move(t);
+}
+
 // Creates a `kind` transport for the group of parent ranks `ranks` and connects it.
 Result<std::unique_ptr<Transport>> connectGroup(const std::string& kind, const std::string& commId,
                                                 int rank, const std::vector<int>& ranks,
@@ -78,7 +84,7 @@ Result<std::unique_ptr<Transport>> connectGroup(const std::string& kind, const s
   Result<std::unique_ptr<Transport>> made = createTransport(
       kind, transportOptions(commId, rank, static_cast<int>(ranks.size()), secret, options));
   if (!made.isOk()) return publishFailure(commId, rank, options, made.status());
-  std::unique_ptr<Transport> transport = std::move(made).value();
+  std::unique_ptr<Transport> transport = wrapped(std::move(made).value(), options);
   NANOCCL_CHECK(publishAndConnect(*transport, commId, rank, ranks, options, deadline));
   return transport;
 }
@@ -104,7 +110,7 @@ Result<std::unique_ptr<Transport>> connectMain(const CommunicatorOptions& option
         choice.interNode,
         transportOptions(options.commId, options.rank, options.size, secret, options));
     if (!made.isOk()) return publishFailure(options.commId, options.rank, options, made.status());
-    std::unique_ptr<Transport> t = std::move(made).value();
+    std::unique_ptr<Transport> t = wrapped(std::move(made).value(), options);
     NANOCCL_CHECK(
         publishAndConnect(*t, options.commId, options.rank, all, options, deadline, &mine));
     return t;
@@ -123,10 +129,11 @@ Result<std::unique_ptr<Transport>> connectMain(const CommunicatorOptions& option
                                                     ": collectives within this node over " +
                                                     choice.intraNode + ": "));
   }
-  std::unique_ptr<routed::RoutedTransport> t = std::move(made).value();
+  routed::RoutedTransport* routed = made.value().get();
+  std::unique_ptr<Transport> t = wrapped(std::move(made).value(), options);
   NANOCCL_CHECK(publishAndConnect(*t, options.commId, options.rank, all, options, deadline));
-  *routedOut = t.get();
-  return std::unique_ptr<Transport>(std::move(t));
+  *routedOut = routed;
+  return t;
 }
 
 // The sub-communicators of a hierarchical topology (see Hierarchy in algorithm.h). Every rank

@@ -20,19 +20,40 @@ size_t CallArgs::planBytes() const {
 }
 
 Pending Context::isend(int peer, uint32_t tag, const void* buf, size_t bytes) {
+  Context* root = this;
   for (Context* c = this; c != nullptr; c = c->parent_) {
     c->bytesSent_.fetch_add(bytes, std::memory_order_relaxed);
+    root = c;
   }
   Envelope env{fingerprint_, tag};
-  return Pending{transport_->isend(peer, env, buf, bytes), peer, true, tag};
+  Pending p{transport_->isend(peer, env, buf, bytes), peer, true, tag};
+  std::lock_guard<std::mutex> lock(root->scratchMu_);
+  root->issued_.push_back(p.req);
+  return p;
 }
 
 Pending Context::irecv(int peer, uint32_t tag, void* buf, size_t bytes) {
+  Context* root = this;
   for (Context* c = this; c != nullptr; c = c->parent_) {
     c->bytesReceived_.fetch_add(bytes, std::memory_order_relaxed);
+    root = c;
   }
   Envelope env{fingerprint_, tag};
-  return Pending{transport_->irecv(peer, env, buf, bytes), peer, false, tag};
+  Pending p{transport_->irecv(peer, env, buf, bytes), peer, false, tag};
+  std::lock_guard<std::mutex> lock(root->scratchMu_);
+  root->issued_.push_back(p.req);
+  return p;
+}
+
+Context::Leftover Context::takeUnfinished() {
+  Leftover out;
+  std::lock_guard<std::mutex> lock(scratchMu_);
+  for (auto& r : issued_) {
+    if (!r->test()) out.requests.push_back(std::move(r));
+  }
+  issued_.clear();
+  if (!out.requests.empty()) out.scratch.swap(scratch_);
+  return out;
 }
 
 Status Context::wait(const Pending& p) {

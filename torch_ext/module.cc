@@ -105,6 +105,7 @@ py::dict statsDict(const nanoccl::BackendStats& s) {
   py::dict perTransport;
   for (const auto& [name, b] : s.perTransport) perTransport[py::str(name)] = bytesDict(b);
   out["per_transport"] = perTransport;
+  out["calls_with_kept_buffers"] = s.callsWithKeptBuffers;
   return out;
 }
 

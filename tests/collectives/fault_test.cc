@@ -4,8 +4,10 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <mutex>
 
 #include "tests/collectives/test_util.h"
+#include "transports/request.h"
 
 namespace nanoccl::colltest {
 namespace {
@@ -445,6 +447,136 @@ std::map<std::string, int> nanocclThreads() {
     closedir(d);
   }
   return roles;
+}
+
+// A transport whose sends, once `hold` is set, it keeps instead of sending: like a provider or
+// a progress thread stuck with the caller's buffer. Its abort() aborts the real transport but
+// cannot end them; release() at last reads each held buffer, as the stuck operation would,
+// and completes it (under ASan a buffer freed early is then an error).
+struct HeldSends {
+  std::mutex mu;
+  bool hold = false;
+  std::vector<std::shared_ptr<BasicRequest>> held;
+
+  size_t count() {
+    std::lock_guard<std::mutex> lock(mu);
+    return held.size();
+  }
+  void release() {
+    std::vector<std::shared_ptr<BasicRequest>> out;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      out.swap(held);
+    }
+    uint64_t sum = 0;
+    for (const auto& r : out) {
+      for (size_t i = 0; i < r->bytes; ++i) sum += static_cast<unsigned char>(r->buf[i]);
+      r->complete(abortedError("released by the test"), -1);
+    }
+    EXPECT_GE(sum, 0u);
+  }
+};
+
+class HoldingTransport : public Transport {
+ public:
+  HoldingTransport(std::unique_ptr<Transport> inner, std::shared_ptr<HeldSends> held)
+      : inner_(std::move(inner)), held_(std::move(held)) {}
+  Result<std::string> listen() override { return inner_->listen(); }
+  Status connect(const std::vector<std::string>& a, const Deadline& d) override {
+    return inner_->connect(a, d);
+  }
+  std::shared_ptr<Request> isend(int peer, const Envelope& env, const void* buf,
+                                 size_t bytes) override {
+    std::lock_guard<std::mutex> lock(held_->mu);
+    if (!held_->hold) return inner_->isend(peer, env, buf, bytes);
+    auto r = std::make_shared<BasicRequest>(true, peer, env,
+                                            static_cast<char*>(const_cast<void*>(buf)), bytes);
+    held_->held.push_back(r);
+    return r;
+  }
+  std::shared_ptr<Request> irecv(int peer, const Envelope& env, void* buf,
+                                 size_t bytes) override {
+    return inner_->irecv(peer, env, buf, bytes);
+  }
+  void abort(const Status& why) override { inner_->abort(why); }  // the held sends stay
+  std::vector<PeerCounters> counters() const override { return inner_->counters(); }
+  std::string describe() const override { return "holding " + inner_->describe(); }
+
+ private:
+  std::unique_ptr<Transport> inner_;
+  std::shared_ptr<HeldSends> held_;
+};
+
+// Two nodes with int8 between them: the held sends are then the encoded data in the call's
+// scratch memory, which the communicator must keep.
+WorldOptions holdingWorld(const std::shared_ptr<HeldSends>& held) {
+  WorldOptions o = worldOf(2, 1500);
+  o.nodeIds = {"node-a", "node-b"};
+  o.compression = "int8";
+  o.wrapTransport = [held](int rank, std::unique_ptr<Transport> t) -> std::unique_ptr<Transport> {
+    if (rank != 0) return t;
+    return std::make_unique<HoldingTransport>(std::move(t), held);
+  };
+  return o;
+}
+
+// A failed call whose transfers the abort could not end: the Task says so, the communicator
+// keeps the call's memory until it is destroyed, and the caller is told to keep its buffers.
+TEST(Abort, TransfersItCannotEndKeepTheirBuffersUntilDestruction) {
+  auto held = std::make_shared<HeldSends>();
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(holdingWorld(held), comms);
+  Buffers buf(2);
+  {
+    std::lock_guard<std::mutex> lock(held->mu);
+    held->hold = true;
+  }
+  std::vector<std::shared_ptr<Task>> tasks;
+  for (int r = 0; r < 2; ++r) {
+    tasks.push_back(comms[r]->allreduce(buf[r], 16 * 1024, DataType::kFloat32, ReduceOp::kSum));
+  }
+  const auto st = waitAll(tasks, std::chrono::seconds(40));
+  EXPECT_FALSE(st[0].isOk());
+  EXPECT_FALSE(st[1].isOk());
+  ASSERT_GT(held->count(), 0u) << "rank 0 sent nothing";
+  EXPECT_TRUE(tasks[0]->buffersStillInUse());
+  EXPECT_TRUE(contains(st[0].message(), "could not be stopped")) << st[0].toString();
+  EXPECT_EQ(comms[0]->stats().callsWithKeptBuffers, 1u);
+  // Rank 1's transfers all ended with its abort: nothing is kept there.
+  EXPECT_FALSE(tasks[1]->buffersStillInUse()) << st[1].toString();
+  EXPECT_EQ(comms[1]->stats().callsWithKeptBuffers, 0u);
+
+  // A point-to-point send that times out the same way is kept as well.
+  auto p2p = comms[0]->send(buf[0], 1024, DataType::kFloat32, 1, 7);
+  const Status ps = p2p->wait(Deadline::after(std::chrono::seconds(40)));
+  EXPECT_FALSE(ps.isOk());
+  // (The communicator failed already: a later call fails at once, with nothing in flight.)
+  EXPECT_FALSE(p2p->buffersStillInUse()) << ps.toString();
+
+  // The stuck operations finally read what they hold (the call's scratch memory included),
+  // then the communicators go; the test's buffers outlive them, as the Task asked.
+  held->release();
+  comms.clear();
+}
+
+// The same for a point-to-point call that outlives its timeout.
+TEST(Abort, APointToPointSendItCannotEndKeepsItsBuffer) {
+  auto held = std::make_shared<HeldSends>();
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(holdingWorld(held), comms);
+  Buffers buf(2);
+  {
+    std::lock_guard<std::mutex> lock(held->mu);
+    held->hold = true;
+  }
+  auto p2p = comms[0]->send(buf[0], 1024, DataType::kFloat32, 1, 7);
+  const Status ps = p2p->wait(Deadline::after(std::chrono::seconds(40)));
+  EXPECT_EQ(ps.code(), StatusCode::kTimeout) << ps.toString();
+  EXPECT_TRUE(p2p->buffersStillInUse()) << ps.toString();
+  EXPECT_TRUE(contains(ps.message(), "could not be stopped")) << ps.toString();
+  EXPECT_EQ(comms[0]->stats().callsWithKeptBuffers, 1u);
+  held->release();
+  comms.clear();
 }
 
 // Destroying communicators, healthy or failed, leaves no thread behind.

@@ -37,6 +37,8 @@ struct WorldOptions {
   size_t compressionMinBytes = 0;
   int compressionBlock = 0;
   int spinUs = -1;  // NANOCCL_SPIN_US; -1: the default
+  // Fault injection: wraps each transport rank r creates (CommunicatorOptions::wrapTransport).
+  std::function<std::unique_ptr<Transport>(int rank, std::unique_ptr<Transport>)> wrapTransport;
 };
 
 inline Config worldConfig(const WorldOptions& o) {
@@ -73,6 +75,11 @@ inline Status makeWorld(const WorldOptions& o, std::vector<std::shared_ptr<Commu
       co.config = worldConfig(o);
       co.timeout = o.timeout;
       if (!o.nodeIds.empty()) co.nodeId = o.nodeIds[r];
+      if (o.wrapTransport) {
+        co.wrapTransport = [wrap = o.wrapTransport, r](std::unique_ptr<Transport> t) {
+          return wrap(r, std::move(t));
+        };
+      }
       results[r] = Communicator::create(co);
     });
   }

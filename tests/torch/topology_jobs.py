@@ -459,6 +459,8 @@ def check_stats(ck: Checks, g: Group, ops_run: tuple[str, ...] = HIERARCHICAL_OP
     ck.data.setdefault("stats", {})[g.name] = s
     ck.expect(f"{g.name}: stats node", s["node"] == g.ids[me], f"{s['node']} != {g.ids[me]}")
     ck.expect(f"{g.name}: stats size", s["size"] == g.size, str(s["size"]))
+    ck.expect(f"{g.name}: no call left buffers behind", s["calls_with_kept_buffers"] == 0,
+              str(s["calls_with_kept_buffers"]))
     algos = s["per_algorithm"]
     hier = sorted(k for k in algos if k.endswith("/hierarchical"))
     if g.hierarchical:

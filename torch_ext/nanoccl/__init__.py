@@ -247,6 +247,9 @@ class Stats(TypedDict):
     per_link: dict[str, ByteCounts]  # "intra-node", "inter-node"
     per_algorithm: dict[str, int]  # calls per algorithm the planner chose: "allreduce/ring"
     per_transport: dict[str, ByteCounts]  # "tcp", "shm": what each transport carried
+    # failed calls whose tensors are kept alive until the group is destroyed: aborting the
+    # transports did not end every transfer on them (a stuck progress thread or provider)
+    calls_with_kept_buffers: int
 
 
 def stats(group: dist.ProcessGroup | None = None) -> Stats:
