@@ -6,9 +6,8 @@
 // callbacks, bad peer ranks. Ranks are threads of this process.
 //
 // Membership (transports/identity.h): a rank with another secret, or of another communicator,
-// is refused at setup on every row. How a stranger can reach a transport differs (a socket, a
-// segment name, an endpoint), so the garbage such a stranger sends is tested per transport:
-// handshake_test.cc (tcp), shm_transport_test.cc (shm), fabric_transport_test.cc (fabric).
+// is refused at setup on every row, and strangers at a rank's address during setup (each
+// transport's own kind: tests/transports/strangers.h) get nothing in while the job goes on.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -21,6 +20,7 @@
 #include <vector>
 
 #include "tests/transports/mesh.h"
+#include "tests/transports/strangers.h"
 
 namespace nanoccl::testing {
 namespace {
@@ -497,6 +497,61 @@ TEST_P(Conformance, ARankOfAnotherCommunicatorIsRefusedAtSetup) {
   for (const Status& st : statuses) {
     EXPECT_FALSE(st.isOk()) << "a rank of another communicator was admitted";
   }
+}
+
+// Strangers at rank 0's address while it waits for rank 1 at setup, in this transport's terms
+// (strangers.h): tcp gets a wrong secret, random bytes, another communicator and a silent
+// connection; fabric gets garbage and forged frames from a bare endpoint; shm's segment cannot
+// be opened by another user. Setup completes, the real peer's bytes arrive intact and are the
+// only ones counted, and the transport goes on working.
+TEST_P(Conformance, StrangersAtARanksAddressGetNothingInAndTheJobGoesOn) {
+  const Row& row = GetParam();
+  auto t0 = createTransport(row.transport, optionsFor(0, 2, row.config)).value();
+  auto t1 = createTransport(row.transport, optionsFor(1, 2, row.config)).value();
+  const std::string a0 = t0->listen().value();
+  const std::string a1 = t1->listen().value();
+  auto setup0 = std::async(std::launch::async, [&] { return t0->connect({a0, a1}, soon(20)); });
+  std::shared_ptr<void> lingering;  // a stranger that stays connected through setup
+  bool played = true;
+  if (row.transport == "tcp") {
+    lingering = tcpStrangers(a0);
+  } else if (row.transport == "shm") {
+    played = anotherUserCannotOpenSegment(a0);
+#ifdef NANOCCL_TEST_FABRIC
+  } else if (row.transport == "fabric") {
+    auto raw = std::make_shared<RawFabricPeer>(a0);
+    ASSERT_TRUE(raw->ok());
+    for (const std::string& b : fabricStrangersBytes()) EXPECT_TRUE(raw->post(b)) << b.size();
+    lingering = raw;
+#endif
+  } else {
+    played = false;
+  }
+  const Status st1 = t1->connect({a0, a1}, soon(20));
+  ASSERT_TRUE(st1.isOk()) << st1.toString();
+  const Status st0 = setup0.get();
+  ASSERT_TRUE(st0.isOk()) << st0.toString();
+#ifdef NANOCCL_TEST_FABRIC
+  if (auto* raw = static_cast<RawFabricPeer*>(row.transport == "fabric" ? lingering.get()
+                                                                          : nullptr)) {
+    EXPECT_TRUE(raw->drain());
+  }
+#endif
+  const std::vector<uint8_t> out = pattern(1 << 20, 5), back = pattern(1000, 6);
+  std::vector<uint8_t> in(out.size()), backIn(back.size());
+  auto r1 = t1->irecv(0, collectiveEnvelope(1, 0, out.size()), in.data(), in.size());
+  auto r0 = t0->irecv(1, collectiveEnvelope(1, 1, back.size()), backIn.data(), backIn.size());
+  ASSERT_TRUE(t0->isend(1, collectiveEnvelope(1, 0, out.size()), out.data(), out.size())
+                  ->wait(soon()).isOk());
+  ASSERT_TRUE(t1->isend(0, collectiveEnvelope(1, 1, back.size()), back.data(), back.size())
+                  ->wait(soon()).isOk());
+  ASSERT_TRUE(r1->wait(soon()).isOk());
+  ASSERT_TRUE(r0->wait(soon()).isOk());
+  EXPECT_EQ(in, out);
+  EXPECT_EQ(backIn, back);
+  EXPECT_EQ(t0->counters()[1].messagesReceived, 1u);
+  EXPECT_EQ(t0->counters()[1].bytesReceived, back.size());
+  if (!played) GTEST_SKIP() << row.name << ": no stranger could be played here (shm needs root)";
 }
 
 INSTANTIATE_TEST_SUITE_P(Rows, Conformance, ::testing::ValuesIn(rows()),
