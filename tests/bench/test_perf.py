@@ -228,3 +228,22 @@ def test_perf_as_module() -> None:
                           timeout=60, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert "# Out of bounds values : 0 OK" in proc.stdout
+
+
+def test_perf_reads_the_codec_from_the_environment(tmp_path: Path) -> None:
+    """NANOCCL_COMPRESSION in the environment compresses the nanoccl side: perf labels it and
+    checks against the codec's error bound, instead of reporting lossy results as wrong."""
+    probe = subprocess.run([sys.executable, "-c", "import nanoccl"], capture_output=True,
+                           text=True, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip("the nanoccl package does not import yet")
+    out = tmp_path / "env_codec.json"
+    proc = torchrun(2, [str(PERF), "-c", "allreduce", "-b", "64K", "-e", "64K", "-w", "0",
+                        "-n", "2", "--backend", "nanoccl", "--ab", "gloo", "--json", str(out)],
+                    env={"NANOCCL_COMPRESSION": "int8"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "backend nanoccl+int8 vs gloo" in proc.stdout, proc.stdout
+    assert "NANOCCL_COMPRESSION=int8 in the environment" in proc.stdout
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["labels"] == ["nanoccl+int8", "gloo"]
+    assert all(r["wrong"] == 0 for r in doc["rows"])

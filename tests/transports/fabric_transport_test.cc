@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <future>
 #include <string>
 #include <vector>
 
@@ -63,6 +64,43 @@ std::pair<int, std::string> probe(const std::string& provider) {
   while (f != nullptr && std::fgets(buf.data(), buf.size(), f) != nullptr) out += buf.data();
   const int rc = f != nullptr ? pclose(f) : -1;
   return {rc, out};
+}
+
+// Two ranks in their own processes, each with `env` (FI_OFI_RXM_* is read at libfabric's
+// first use); their outputs, rank 0's first.
+std::pair<std::string, std::string> pairOfProbes(const std::string& env0,
+                                                 const std::string& env1) {
+  char dir[] = "/tmp/nanoccl-fabric-pair-XXXXXX";
+  EXPECT_NE(mkdtemp(dir), nullptr);
+  auto run = [&](int rank, const std::string& env) {
+    const std::string cmd = env + " " + NANOCCL_FABRIC_PROBE + " " + std::to_string(rank) + " " +
+                            dir + " 2>&1";
+    FILE* f = popen(cmd.c_str(), "r");
+    std::string out;
+    std::array<char, 512> buf{};
+    while (f != nullptr && std::fgets(buf.data(), buf.size(), f) != nullptr) out += buf.data();
+    if (f != nullptr) pclose(f);
+    return out;
+  };
+  auto r0 = std::async(std::launch::async, run, 0, env0);
+  const std::string out1 = run(1, env1);
+  const std::string out0 = r0.get();
+  std::system((std::string("rm -rf ") + dir).c_str());
+  return {out0, out1};
+}
+
+// Frames follow rxm's eager size (FI_OFI_RXM_BUFFER_SIZE): another value than the default works
+// when every rank has it, and ranks that differ fail setup naming the setting (rxm does not
+// connect them; another provider would deliver the greeting, which names it too).
+TEST(FabricTransport, FramesFollowTheEagerSizeAndRanksMustAgreeOnIt) {
+  const auto same = pairOfProbes("FI_OFI_RXM_BUFFER_SIZE=32768", "FI_OFI_RXM_BUFFER_SIZE=32768");
+  EXPECT_NE(same.first.find("delivered"), std::string::npos) << same.first;
+  EXPECT_NE(same.second.find("delivered"), std::string::npos) << same.second;
+  const auto differ = pairOfProbes("FI_OFI_RXM_BUFFER_SIZE=65536", "FI_OFI_RXM_BUFFER_SIZE=32768");
+  for (const std::string& out : {differ.first, differ.second}) {
+    EXPECT_EQ(out.find("delivered"), std::string::npos) << out;
+    EXPECT_NE(out.find("FI_OFI_RXM_BUFFER_SIZE"), std::string::npos) << out;
+  }
 }
 
 TEST(FabricTransport, AnUnknownProviderIsAClearErrorNotAFallBack) {

@@ -759,6 +759,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings: dict[str, Any] = {}
     if codec is not None:
         settings.update(compression=codec, min_bytes=0, compression_block=args.block_size)
+    env_codec = os.environ.get("NANOCCL_COMPRESSION", "").strip().lower()
+    codec_from_env = codec is None and env_codec in CODEC_UNIT and env_codec != "none"
+    if codec_from_env:
+        # The environment compresses every nanoccl group of this job (above
+        # NANOCCL_COMPRESSION_MIN_BYTES): label it, and check against the codec's error bound.
+        codec = env_codec
+        notes.append(f"NANOCCL_COMPRESSION={env_codec} in the environment: nanoccl groups "
+                     "compress their inter-node leg")
     if args.encrypt:
         settings["encrypt"] = True
     if settings:
@@ -770,11 +778,15 @@ def main(argv: Sequence[str] | None = None) -> int:
                             device_id=device if device.type == "cuda" else None)
     try:
         ctrl = dist.new_group(backend="gloo", timeout=timeout)
-        label = backend + (f"+{codec}" if codec else "") + ("+aes" if args.encrypt else "")
-        sides = [Side(label, backend, dist.group.WORLD, codec)]
+        side_codec = codec if backend == "nanoccl" or not codec_from_env else None
+        label = backend + (f"+{side_codec}" if side_codec else "") + ("+aes" if args.encrypt else "")
+        sides = [Side(label, backend, dist.group.WORLD, side_codec)]
         if args.ab:
             label_b = args.ab if args.ab != backend else f"{args.ab}(ref)"
-            sides.append(Side(label_b, args.ab, dist.new_group(backend=args.ab, timeout=timeout)))
+            ab_codec = codec if codec_from_env and args.ab == "nanoccl" else None
+            label_b += f"+{ab_codec}" if ab_codec else ""
+            sides.append(Side(label_b, args.ab, dist.new_group(backend=args.ab, timeout=timeout),
+                              ab_codec))
         labels = [s.label for s in sides]
         opts = Options(collectives, sizes, dtype, redop, args.root, args.warmup, args.iters,
                        iter_budget, args.min_iters, bool(args.check), device, args.mode)

@@ -32,11 +32,17 @@
 namespace nanoccl::fabric {
 namespace {
 
-// Payload per frame: a frame (header + payload) fits the eager size of ofi_rxm (its default
-// FI_OFI_RXM_BUFFER_SIZE, 16 KiB), so it goes out at once. Larger frames take rxm's
-// rendezvous, which halved the bandwidth of a 1 Gbit/s link here (measured: 0.060 against
-// 0.117 GB/s for 256 KiB frames).
-constexpr uint64_t kChunkBytes = 16 * 1024 - 128;
+// Frames fit ofi_rxm's eager size (FI_OFI_RXM_BUFFER_SIZE), so each goes out at once; larger
+// ones take rxm's rendezvous, which halved the bandwidth of a 1 Gbit/s link here (measured:
+// 0.060 against 0.117 GB/s for 256 KiB frames). rxm's default, 16 KiB, costs a completion, a
+// header and a matcher call per 16 KiB: at 64 KiB the loopback stream went from 1.6 to
+// 2.5-3.1 GB/s, and the 2x2 int8 allreduce at 1 Gbit/s from 4.7-4.9x to 5.4x Gloo. So unless
+// the user set them, the first fabric transport of a process sets rxm's buffer to 64 KiB and
+// its receive buffers per connection to 32 (rxm's 128 of 64 KiB each took ~200 MB more per
+// rank), before libfabric reads them (providerDefaults()). A frame's payload is the buffer
+// less kFrameSlack (our header, and rxm's).
+constexpr uint64_t kDefaultRxmBuffer = 64 * 1024;
+constexpr uint64_t kFrameSlack = 128;
 constexpr int kRecvBuffers = 64;  // bounce buffers kept posted
 constexpr int kSendWindow = 64;   // frames in flight per peer
 constexpr uint64_t kTag = 0x6e63636c66616272ull;  // every frame; matching is ours
@@ -58,7 +64,24 @@ struct WireHeader {
   FrameHeader frame;  // kData: the frame; kAbort: abortFrameHeader(text length)
 };
 static_assert(sizeof(WireHeader) == 96);
-constexpr size_t kRecvBytes = sizeof(WireHeader) + kChunkBytes;
+
+// Sets rxm's buffer size and receive buffers per connection where the user has not (once per
+// process, before libfabric first reads its environment), and returns the payload each frame
+// carries: FI_OFI_RXM_BUFFER_SIZE less kFrameSlack. A process that initialised libfabric before
+// with other values still works: frames then take rxm's slower protocols.
+uint64_t providerDefaults() {
+  static const uint64_t chunk = [] {
+    setenv("FI_OFI_RXM_BUFFER_SIZE", std::to_string(kDefaultRxmBuffer).c_str(), 0);
+    setenv("FI_OFI_RXM_MSG_RX_SIZE", "32", 0);
+    const char* v = std::getenv("FI_OFI_RXM_BUFFER_SIZE");
+    char* end = nullptr;
+    const unsigned long long n = v != nullptr ? std::strtoull(v, &end, 10) : 0;
+    const bool valid = end != nullptr && end != v && *end == '\0';
+    const uint64_t buffer = std::clamp<uint64_t>(valid ? n : kDefaultRxmBuffer, 4096, 4 << 20);
+    return buffer - kFrameSlack;
+  }();
+  return chunk;
+}
 
 std::string fiError(const char* what, ssize_t rc) {
   return std::string(what) + ": " + fi_strerror(static_cast<int>(-rc));
@@ -229,7 +252,7 @@ class FabricTransport : public Transport {
       }
       for (int i = 0; i < kRecvBuffers; ++i) {
         auto* c = new OpCtx();
-        c->buf.reset(new char[kRecvBytes]);
+        c->buf.reset(new char[recvBytes()]);
         recvs_.push_back(c);
         NANOCCL_CHECK(postRecv(c));
       }
@@ -246,7 +269,8 @@ class FabricTransport : public Transport {
     {
       std::unique_lock<std::mutex> lock(mu_);
       const auto allGreeted = [&] {
-        return std::count(hello_.begin(), hello_.end(), true) == o_.size - 1;
+        return std::count(hello_.begin(), hello_.end(), true) == o_.size - 1 ||
+               !setupFailure_.isOk();
       };
       if (!waitUntil(cv_, lock, deadline, allGreeted)) {
         for (int p = 0; p < o_.size; ++p) {
@@ -257,11 +281,17 @@ class FabricTransport : public Transport {
         }
       }
     }
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (!setupFailure_.isOk()) return setupFailure_;  // a greeting refused, or a peer's abort
+    }
     if (!missing.empty()) {
       return timeoutError(
           "rank " + std::to_string(o_.rank) + ": fabric setup timed out waiting for rank(s) " +
           missing + " to greet" +
-          (unproven.empty() ? std::string(" (did every rank reach connect()?)")
+          (unproven.empty() ? std::string(" (did every rank reach connect(), with the same "
+                                          "FI_PROVIDER and FI_OFI_RXM_BUFFER_SIZE? ranks whose "
+                                          "rxm settings differ cannot reach each other)")
                             : "; frames claiming to come from rank(s) " + unproven +
                                   " did not prove this job's secret (do all ranks use the same "
                                   "NANOCCL_SECRET_FILE or secret, and this communicator?)"));
@@ -548,15 +578,15 @@ class FabricTransport : public Transport {
       fail(closedPeer(req->peer), true);
       return req->complete(failed_, -1);
     }
-    const uint64_t frames = std::max<uint64_t>(1, (req->bytes + kChunkBytes - 1) / kChunkBytes);
+    const uint64_t frames = std::max<uint64_t>(1, (req->bytes + chunkBytes_ - 1) / chunkBytes_);
     req->framesLeft = frames;
     req->wireSeq = matcher_.wireSeq(*req);
     for (uint64_t i = 0; i < frames; ++i) {
       OutFrame f;
       f.kind = Kind::kData;
       f.req = req;
-      f.offset = i * kChunkBytes;
-      f.length = std::min<uint64_t>(kChunkBytes, req->bytes - f.offset);
+      f.offset = i * chunkBytes_;
+      f.length = std::min<uint64_t>(chunkBytes_, req->bytes - f.offset);
       peer.queue.push_back(std::move(f));
     }
     pump(req->peer);
@@ -600,6 +630,8 @@ class FabricTransport : public Transport {
                                   f.length);
         payload = r.buf + f.offset;
         length = f.length;
+      } else if (f.kind == Kind::kHello) {
+        h.frame.total = chunkBytes_;  // the largest payload this rank sends (and receives)
       } else if (f.kind == Kind::kAbort) {
         c->extra = f.text;  // a copy: an -FI_EAGAIN below leaves the frame queued
         h.frame = abortFrameHeader(c->extra.size());
@@ -642,7 +674,7 @@ class FabricTransport : public Transport {
 
   Status postRecv(OpCtx* c) {
     const ssize_t rc =
-        fi_trecv(ep(), c->buf.get(), kRecvBytes, nullptr, FI_ADDR_UNSPEC, kTag, 0, &c->ctx);
+        fi_trecv(ep(), c->buf.get(), recvBytes(), nullptr, FI_ADDR_UNSPEC, kTag, 0, &c->ctx);
     if (rc != 0) {
       return unavailableError("rank " + std::to_string(o_.rank) + ": fabric: " +
                               fiError("fi_trecv", rc));
@@ -727,7 +759,7 @@ class FabricTransport : public Transport {
       if (st.isOk() && (h.frame.kind == FrameKind::kData) != (h.kind == Kind::kData)) {
         st = protocolError("frame kind disagrees with its header");
       }
-      if (st.isOk() && (h.frame.length > kChunkBytes || len != sizeof(h) + h.frame.length)) {
+      if (st.isOk() && (h.frame.length > chunkBytes_ || len != sizeof(h) + h.frame.length)) {
         st = protocolError("frame of " + std::to_string(len) + " bytes announces " +
                            std::to_string(h.frame.length) + " payload bytes");
       }
@@ -782,6 +814,15 @@ class FabricTransport : public Transport {
       }
       case Kind::kPing: return;
       case Kind::kHello: {
+        if (h.frame.total > chunkBytes_) {  // its frames would not fit our bounce buffers
+          return fail(invalidArgument(
+                          "rank " + std::to_string(o_.rank) + ": rank " + std::to_string(p) +
+                          " sends fabric frames of up to " + std::to_string(h.frame.total) +
+                          " bytes, this rank takes " + std::to_string(chunkBytes_) +
+                          " (FI_OFI_RXM_BUFFER_SIZE differs between the ranks: set the same "
+                          "value, or none, on every rank)"),
+                      true);
+        }
         {
           std::lock_guard<std::mutex> lock(mu_);
           hello_[p] = true;
@@ -832,6 +873,11 @@ class FabricTransport : public Transport {
   void fail(const Status& why, bool notifyPeers) {
     if (!failed_.isOk()) return;
     failed_ = why;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      setupFailure_ = why;  // connect() may be waiting for greetings
+    }
+    cv_.notify_all();
     logTransportFailure(o_.rank, why, hasPending());
     std::vector<std::shared_ptr<BasicRequest>> pending = matcher_.takeAll();
     for (int p = 0; p < o_.size; ++p) {
@@ -852,6 +898,8 @@ class FabricTransport : public Transport {
 
   const TransportOptions o_;
   const std::chrono::microseconds spin_{o_.config.spinUs};  // NANOCCL_SPIN_US
+  const uint64_t chunkBytes_ = providerDefaults();  // payload per frame; set before any fi_ call
+  size_t recvBytes() const { return sizeof(WireHeader) + chunkBytes_; }  // a bounce buffer
   std::unique_ptr<fi_info, void (*)(fi_info*)> info_{nullptr, fi_freeinfo};
   std::unique_ptr<fid, FiDeleter> fabric_, domain_, cq_, av_, ep_;
   std::string provider_ = "?";
@@ -863,7 +911,8 @@ class FabricTransport : public Transport {
   std::thread thread_;
   std::atomic<bool> connected_{false};
 
-  std::mutex mu_;  // guards commands_, hello_, badTokens_
+  std::mutex mu_;  // guards commands_, hello_, badTokens_, setupFailure_
+  Status setupFailure_;  // failed_, for connect()
   std::condition_variable cv_;
   std::vector<bool> hello_;           // the peers whose greeting proved the secret
   std::vector<uint64_t> badTokens_;   // frames per claimed sender that did not
