@@ -12,21 +12,20 @@
 // before the first message: an RDM endpoint has no connection handshake.
 //
 // Who may send: every frame starts with a 16-byte token, a member's MAC (transports/identity.h:
-// the job secret and comm id) over (sender, receiver, both ranks' nonces from the store). Only
-// a holder of the job secret can make it; a frame whose token does not check out (a stranger,
-// garbage, another job) is dropped before anything in it is read, and counted (logged once per transport); it never
-// fails the job. Like the tcp transport without NANOCCL_ENCRYPT, it does not stop an on-path
-// attacker who reads the token off the wire; NANOCCL_ENCRYPT=1 is refused here.
+// the job secret and comm id) over (sender, receiver, both ranks' nonces from the store). Only a
+// holder of the job secret can make it; a frame whose token does not check out (a stranger,
+// garbage, another job) is dropped before anything in it is read, and counted (logged once per
+// transport); it never fails the job. Like the tcp transport without NANOCCL_ENCRYPT, it does not
+// stop an on-path attacker who reads the token off the wire; NANOCCL_ENCRYPT=1 is refused here.
 //
-// Messages: a message travels as frames that fit ofi_rxm's eager size, FI_OFI_RXM_BUFFER_SIZE
-// (64 KiB unless the user set it: the first fabric transport of a process sets it, and rxm's
-// receive buffers per connection, FI_OFI_RXM_MSG_RX_SIZE=32, where unset), a FrameHeader per
-// frame, the payload sent straight from the caller's buffer. Ranks greet each other with their
-// frame size, and must agree on it. The receiver keeps kRecvBuffers bounce
-// buffers posted; each arriving frame is checked, copied to the receive (or the held early
-// message, through the Matcher) and its buffer reposted at once. Frames of one sender are
-// numbered and handled in sending order (a frame that completes early waits in a copy), so a
-// peer's frames form one ordered lane, as in shm.
+// Messages: a message travels as frames that fit ofi_rxm's eager size, FI_OFI_RXM_BUFFER_SIZE (64
+// KiB unless the user set it: the first fabric transport of a process sets it, and rxm's receive
+// buffers per connection, FI_OFI_RXM_MSG_RX_SIZE=32, where unset), a FrameHeader per frame, the
+// payload sent straight from the caller's buffer. Ranks greet each other with their frame size,
+// and must agree on it. The receiver keeps kRecvBuffers bounce buffers posted; each arriving frame
+// is checked, copied to the receive (or the held early message, through the Matcher) and its
+// buffer reposted at once. Frames of one sender are numbered and handled in sending order (a frame
+// that completes early waits in a copy), so a peer's frames form one ordered lane, as in shm.
 //
 // Failure: abort() and a destroyed transport with work pending send an abort frame with the
 // reason to every peer; a transport destroyed idle sends a close frame (what it sent before
