@@ -759,12 +759,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings: dict[str, Any] = {}
     if codec is not None:
         settings.update(compression=codec, min_bytes=0, compression_block=args.block_size)
+    # NANOCCL_COMPRESSION compresses every nanoccl group made without Options (above
+    # NANOCCL_COMPRESSION_MIN_BYTES): such a side is labelled with it, and checked against the
+    # codec's error bound.
     env_codec = os.environ.get("NANOCCL_COMPRESSION", "").strip().lower()
-    codec_from_env = codec is None and env_codec in CODEC_UNIT and env_codec != "none"
-    if codec_from_env:
-        # The environment compresses every nanoccl group of this job (above
-        # NANOCCL_COMPRESSION_MIN_BYTES): label it, and check against the codec's error bound.
-        codec = env_codec
+    if env_codec not in CODEC_UNIT or env_codec == "none":
+        env_codec = ""
+    if env_codec and "nanoccl" in (backend, args.ab):
         notes.append(f"NANOCCL_COMPRESSION={env_codec} in the environment: nanoccl groups "
                      "compress their inter-node leg")
     if args.encrypt:
@@ -778,12 +779,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                             device_id=device if device.type == "cuda" else None)
     try:
         ctrl = dist.new_group(backend="gloo", timeout=timeout)
-        side_codec = codec if backend == "nanoccl" or not codec_from_env else None
+        side_codec = codec or (env_codec if backend == "nanoccl" else None)
         label = backend + (f"+{side_codec}" if side_codec else "") + ("+aes" if args.encrypt else "")
         sides = [Side(label, backend, dist.group.WORLD, side_codec)]
         if args.ab:
             label_b = args.ab if args.ab != backend else f"{args.ab}(ref)"
-            ab_codec = codec if codec_from_env and args.ab == "nanoccl" else None
+            ab_codec = env_codec if args.ab == "nanoccl" and env_codec else None
             label_b += f"+{ab_codec}" if ab_codec else ""
             sides.append(Side(label_b, args.ab, dist.new_group(backend=args.ab, timeout=timeout),
                               ab_codec))
