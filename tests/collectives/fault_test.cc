@@ -520,17 +520,23 @@ WorldOptions holdingWorld(const std::shared_ptr<HeldSends>& held) {
   return o;
 }
 
-// A failed call whose transfers the abort could not end: the Task says so, the communicator
-// keeps the call's memory until it is destroyed, and the caller is told to keep its buffers.
-TEST(Abort, TransfersItCannotEndKeepTheirBuffersUntilDestruction) {
-  auto held = std::make_shared<HeldSends>();
-  std::vector<std::shared_ptr<Communicator>> comms;
-  NANOCCL_MAKE_WORLD_OR_SKIP(holdingWorld(held), comms);
-  Buffers buf(2);
-  {
+// A world whose rank 0 holds every send from now on (HoldingTransport). The test's buffers
+// outlive the communicators, as Task::buffersStillInUse() asks.
+class Abort : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    NANOCCL_MAKE_WORLD_OR_SKIP(holdingWorld(held), comms);
     std::lock_guard<std::mutex> lock(held->mu);
     held->hold = true;
   }
+  std::shared_ptr<HeldSends> held = std::make_shared<HeldSends>();
+  Buffers buf{2};
+  std::vector<std::shared_ptr<Communicator>> comms;
+};
+
+// A failed call whose transfers the abort could not end: the Task says so, the communicator
+// keeps the call's memory until it is destroyed, and the caller is told to keep its buffers.
+TEST_F(Abort, TransfersItCannotEndKeepTheirBuffersUntilDestruction) {
   std::vector<std::shared_ptr<Task>> tasks;
   for (int r = 0; r < 2; ++r) {
     tasks.push_back(comms[r]->allreduce(buf[r], 16 * 1024, DataType::kFloat32, ReduceOp::kSum));
@@ -560,15 +566,7 @@ TEST(Abort, TransfersItCannotEndKeepTheirBuffersUntilDestruction) {
 }
 
 // The same for a point-to-point call that outlives its timeout.
-TEST(Abort, APointToPointSendItCannotEndKeepsItsBuffer) {
-  auto held = std::make_shared<HeldSends>();
-  std::vector<std::shared_ptr<Communicator>> comms;
-  NANOCCL_MAKE_WORLD_OR_SKIP(holdingWorld(held), comms);
-  Buffers buf(2);
-  {
-    std::lock_guard<std::mutex> lock(held->mu);
-    held->hold = true;
-  }
+TEST_F(Abort, APointToPointSendItCannotEndKeepsItsBuffer) {
   auto p2p = comms[0]->send(buf[0], 1024, DataType::kFloat32, 1, 7);
   const Status ps = p2p->wait(Deadline::after(std::chrono::seconds(40)));
   EXPECT_EQ(ps.code(), StatusCode::kTimeout) << ps.toString();

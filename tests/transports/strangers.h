@@ -132,23 +132,6 @@ class RawFabricPeer {
 
 // Bytes a stranger might send: nothing, short junk, a full-size frame of random bytes, a
 // header claiming to be rank 1 with a made-up token, and more than a bounce buffer holds.
-std::vector<std::string> strangersBytes() {
-  std::vector<std::string> out = {std::string(), std::string(7, 'x')};
-  std::mt19937_64 rng(7);
-  std::string random(96 + 64, '\0');
-  for (char& c : random) c = static_cast<char>(rng());
-  out.push_back(random);
-  std::string forged(96, '\0');
-  const uint32_t from = 1, kind = 1;
-  std::memcpy(&forged[16], &from, 4);
-  std::memcpy(&forged[20], &kind, 4);
-  out.push_back(forged);
-  out.push_back(std::string(3 << 20, 'z'));
-  return out;
-}
-
-// Bytes a stranger might send: nothing, short junk, a full-size frame of random bytes, a
-// header claiming to be rank 1 with a made-up token, and more than a bounce buffer holds.
 inline std::vector<std::string> fabricStrangersBytes() {
   std::vector<std::string> out = {std::string(), std::string(7, 'x')};
   std::mt19937_64 rng(7);
