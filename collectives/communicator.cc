@@ -204,6 +204,8 @@ struct Communicator::Impl {
   std::thread worker;
   std::thread watchdog;
 
+  // Scratch memory from one call to the next (calls run one at a time).
+  detail::ScratchPool scratchPool;
   // Memory that failed calls' unfinished transfers may still target (Context::Leftover, and
   // callers' buffers from keepUntilDestroyed()): released in shutdown(), once the transports
   // are destroyed.
@@ -436,7 +438,7 @@ void Communicator::Impl::runCall(QueuedCall& call) {
     // The deadline counts from the issue, not from now: time spent queued behind earlier
     // calls counts.
     detail::Context ctx(transport.get(), rank, size, call.fingerprint, call.deadline, timeout,
-                        config, hierarchy.get());
+                        config, hierarchy.get(), &scratchPool);
     NANOCCL_TRACE(what << "running " << (size == 1 ? "local" : call.algorithm->name));
     s = size == 1 ? detail::runLocal(call.args) : call.algorithm->run(ctx, call.args);
     // Stages on the sub-communicators count here too (child Contexts add to ctx).

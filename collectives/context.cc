@@ -73,11 +73,58 @@ Status Context::waitAll(const std::vector<Pending>& ps) {
   return Status::ok();
 }
 
+ScratchPool::Block ScratchPool::take(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 1);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto best = free_.end();
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->bytes >= bytes && (best == free_.end() || it->bytes < best->bytes)) best = it;
+    }
+    if (best != free_.end()) {
+      Block b = std::move(*best);
+      free_.erase(best);
+      pooled_ -= b.bytes;
+      return b;
+    }
+  }
+  return Block{std::unique_ptr<char[]>(new char[bytes]), bytes};
+}
+
+void ScratchPool::give(std::vector<Block> blocks) {
+  std::lock_guard<std::mutex> lock(mu_);
+  for (Block& b : blocks) {
+    pooled_ += b.bytes;
+    free_.push_back(std::move(b));
+  }
+  std::sort(free_.begin(), free_.end(),
+            [](const Block& a, const Block& b) { return a.bytes > b.bytes; });
+  // Over the cap: drop the largest first (one huge call's memory is not kept for good).
+  while (pooled_ > kMaxBytes && !free_.empty()) {
+    pooled_ -= free_.front().bytes;
+    free_.erase(free_.begin());
+  }
+}
+
+size_t ScratchPool::pooledBytes() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return pooled_;
+}
+
+Context::~Context() {
+  if (pool_ != nullptr && !scratch_.empty()) pool_->give(std::move(scratch_));
+}
+
 char* Context::scratch(size_t bytes) {
   if (parent_ != nullptr) return parent_->scratch(bytes);
+  ScratchPool::Block b = pool_ != nullptr
+                             ? pool_->take(bytes)
+                             : ScratchPool::Block{std::unique_ptr<char[]>(
+                                                      new char[std::max<size_t>(bytes, 1)]),
+                                                  std::max<size_t>(bytes, 1)};
   std::lock_guard<std::mutex> lock(scratchMu_);
-  scratch_.emplace_back(new char[std::max<size_t>(bytes, 1)]);
-  return scratch_.back().get();
+  scratch_.push_back(std::move(b));
+  return scratch_.back().mem.get();
 }
 
 const char kAckByte[1] = {0};
