@@ -145,7 +145,7 @@ Status CudaJob::waitEnqueued(const Deadline& deadline) const {
   if (!impl_->enqueued.wait(deadline)) {
     return timeoutError("the call's host stages were not over before the caller's deadline");
   }
-  return impl_->enqueued.status();
+  return impl_->status();  // a failure since then included
 }
 
 Status CudaJob::blockStream(void* stream) const {

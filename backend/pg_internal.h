@@ -77,7 +77,7 @@ class WorkNanoccl : public c10d::Work {
     for (const TaskPtr& task : tasks) {
       Task* raw = task.get();  // valid while it runs its own callback
       task->onComplete([work, raw](const Status& s) {
-        work->taskDone(s, raw->source(), raw->buffersStillInUse());
+        work->taskDone(s, raw->source(), raw->buffersStillInUse() ? raw : nullptr);
       });
     }
     std::lock_guard<std::mutex> lock(work->tasksMu_);
@@ -138,9 +138,13 @@ class WorkNanoccl : public c10d::Work {
     for (const TaskPtr& t : tasks) t->runHere();
   }
 
-  void taskDone(const Status& s, int source, bool buffersInUse) {
+  // `keeper`: the Task, where it says buffersStillInUse().
+  void taskDone(const Status& s, int source, Task* keeper) {
     if (source >= 0) source_.store(source);
-    if (buffersInUse) buffersInUse_.store(true);
+    if (keeper != nullptr) {
+      std::lock_guard<std::mutex> lock(errorMu_);
+      keepers_.push_back(keeper);
+    }
     if (!s.isOk()) {
       std::lock_guard<std::mutex> lock(errorMu_);
       if (firstError_.isOk()) firstError_ = s;
@@ -168,12 +172,17 @@ class WorkNanoccl : public c10d::Work {
                         " failed: " + s.toString());
     }
     finishers_.clear();
-    if (buffersInUse_.load()) {
+    std::vector<Task*> keepers;
+    {
+      std::lock_guard<std::mutex> lock(errorMu_);
+      keepers.swap(keepers_);
+    }
+    if (!keepers.empty()) {
       // A transfer the aborted transports could not end may still target these tensors: the
-      // communicator keeps them until it is destroyed (Task::buffersStillInUse()).
+      // communicator keeps them until its transports are gone (Task::buffersStillInUse()).
       auto keep = std::make_shared<std::vector<at::Tensor>>(std::move(held_));
       keep->insert(keep->end(), outputs_.begin(), outputs_.end());
-      if (auto comm = comm_.lock()) comm->keepUntilDestroyed(std::move(keep));
+      for (Task* t : keepers) t->keepBuffers(keep);
     }
     held_.clear();
     {
@@ -201,8 +210,8 @@ class WorkNanoccl : public c10d::Work {
   std::vector<std::function<void()>> finishers_;
   std::atomic<int> pending_{0};
   std::atomic<int> source_{-1};
-  std::atomic<bool> buffersInUse_{false};  // a Task said Task::buffersStillInUse()
-  std::mutex errorMu_;
+  std::mutex errorMu_;  // firstError_, keepers_
+  std::vector<Task*> keepers_;  // Tasks that said buffersStillInUse(); alive in tasks_
   Status firstError_;
   std::mutex tasksMu_;
   std::vector<TaskPtr> tasks_;  // for runHere(); cleared once they are all done

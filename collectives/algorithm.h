@@ -113,10 +113,12 @@ struct Hierarchy {
 // Scratch memory handed from one call of a communicator to the next (its calls run one at a
 // time). Fresh memory costs a page fault and a zeroed page per 4 KiB on first touch: in a 2x2
 // int8 allreduce of 256 MB that was ~5% of the CPU (perf: clear_page_erms), on a machine where
-// the CPU sets the pace. Keeps at most kMaxBytes between calls. Thread-safe.
+// the CPU sets the pace. Keeps at most kMaxBytes between calls (a 2x2 int8 allreduce of
+// 256 MB uses ~70 MB), so an idle communicator holds what its recent calls used, up to that.
+// Thread-safe.
 class ScratchPool {
  public:
-  static constexpr size_t kMaxBytes = size_t{512} << 20;
+  static constexpr size_t kMaxBytes = size_t{256} << 20;
   struct Block {
     std::unique_ptr<char[]> mem;
     size_t bytes = 0;

@@ -209,8 +209,9 @@ struct Communicator::Impl {
   // Memory that failed calls' unfinished transfers may still target (Context::Leftover, and
   // callers' buffers from keepUntilDestroyed()): released in shutdown(), once the transports
   // are destroyed.
-  std::mutex keptMu;
-  std::vector<std::shared_ptr<void>> kept;
+  // Tasks that say buffersStillInUse() hold it too, so a caller can hand over its buffers
+  // while the communicator is being destroyed.
+  std::shared_ptr<KeptBuffers> kept = std::make_shared<KeptBuffers>();
   std::atomic<uint64_t> callsWithKeptBuffers{0};
 
   // After a failed call, its transports aborted: keeps what `left` holds where transfers did
@@ -218,11 +219,9 @@ struct Communicator::Impl {
   void keepLeftover(detail::Context::Leftover left, Task& task, Status& s) {
     if (left.requests.empty()) return;
     const size_t n = left.requests.size();
-    {
-      std::lock_guard<std::mutex> lock(keptMu);
-      kept.push_back(std::make_shared<detail::Context::Leftover>(std::move(left)));
-    }
+    kept->keep(std::make_shared<detail::Context::Leftover>(std::move(left)));
     callsWithKeptBuffers.fetch_add(1);
+    task.keeper_ = kept;
     task.buffersInUse_.store(true, std::memory_order_release);
     s = Status(s.code(), s.message() + " [" + std::to_string(n) +
                              " transfer(s) on this call's buffers could not be stopped: its "
@@ -616,7 +615,7 @@ void Communicator::Impl::watchdogLoop() {
       fail(s);
       Status final = s;
       detail::Context::Leftover left;
-      if (!call.request->test()) left.requests.push_back(call.request);
+      if (call.request && !call.request->test()) left.requests.push_back(call.request);
       keepLeftover(std::move(left), *call.task, final);
       completeTask(*call.task, final);
     }
@@ -741,11 +740,7 @@ void Communicator::Impl::shutdown() {
   if (watchdog.joinable()) watchdog.join();
   hierarchy.reset();
   transport.reset();
-  {
-    // No transport is left to target what failed calls kept.
-    std::lock_guard<std::mutex> lock(keptMu);
-    kept.clear();
-  }
+  kept->release();  // no transport is left to target what failed calls kept
   std::map<uint64_t, P2pCall> left;
   {
     std::lock_guard<std::mutex> lock(mu);
@@ -765,11 +760,6 @@ void Communicator::abort(const Status& why) {
   impl_->fail(why.isOk()
                   ? abortedError("rank " + std::to_string(impl_->rank) + ": communicator aborted")
                   : why);
-}
-
-void Communicator::keepUntilDestroyed(std::shared_ptr<void> buffers) {
-  std::lock_guard<std::mutex> lock(impl_->keptMu);
-  impl_->kept.push_back(std::move(buffers));
 }
 
 CommStats Communicator::stats() const {

@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -62,6 +63,27 @@
 namespace nanoccl {
 
 class Communicator;
+
+// Memory that must outlive a communicator's transports: what a failed call's unfinished
+// transfers may still target (Task::buffersStillInUse()). The communicator releases it once
+// its transports are destroyed; what is handed over after that is safe to free at any time.
+// Thread-safe.
+class KeptBuffers {
+ public:
+  void keep(std::shared_ptr<void> what) {
+    std::lock_guard<std::mutex> lock(mu_);
+    kept_.push_back(std::move(what));
+  }
+  void release() {
+    std::vector<std::shared_ptr<void>> out;
+    std::lock_guard<std::mutex> lock(mu_);
+    out.swap(kept_);
+  }
+
+ private:
+  std::mutex mu_;
+  std::vector<std::shared_ptr<void>> kept_;
+};
 
 // One queued call. Thread-safe.
 class Task {
@@ -86,14 +108,20 @@ class Task {
   // buffers (a stuck progress thread or provider still targets them; the transport logged
   // it). The communicator then keeps its own memory of the call, and the caller must not
   // release or reuse the buffers it passed before the communicator is destroyed: hand them to
-  // Communicator::keepUntilDestroyed() (the torch backend does). Set before completion.
+  // keepBuffers() (the torch backend does). Set before completion.
   bool buffersStillInUse() const { return buffersInUse_.load(std::memory_order_acquire); }
+  // Where buffersStillInUse(): keeps `buffers` alive until the communicator's transports are
+  // destroyed, even if the communicator is being destroyed right now. Otherwise does nothing.
+  void keepBuffers(std::shared_ptr<void> buffers) const {
+    if (buffersStillInUse()) keeper_->keep(std::move(buffers));
+  }
 
   // Used by the thread that ran the call.
   void complete(const Status& status, int source = -1);
 
  private:
   Completion done_;
+  std::shared_ptr<KeptBuffers> keeper_;  // set before buffersInUse_
   std::atomic<bool> buffersInUse_{false};
   // The communicator that queued it (collectives only), for runHere(); set before the Task is
   // handed to anyone.
@@ -222,10 +250,6 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
 
   // Fails every pending and later Task with `why` and tells the peers. Idempotent.
   void abort(const Status& why);
-
-  // Keeps `buffers` (what a caller passed to a call whose Task says buffersStillInUse()) alive
-  // until this communicator's transports are destroyed, when nothing can target them any more.
-  void keepUntilDestroyed(std::shared_ptr<void> buffers);
 
   CommStats stats() const;
 

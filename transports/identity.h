@@ -34,26 +34,28 @@ class CommIdentity {
   uint64_t commHash() const { return commHash_; }
 
   // A proof that a member made `context` for `label` (a transport's own, e.g. "tcp acceptor").
+  // Proofs and keys live in separate label spaces: no proof ever equals a derived key.
   crypto::Mac prove(std::string_view label, std::initializer_list<std::string_view> context) const {
-    const crypto::Key k = crypto::derive(key_, label, context);
+    const crypto::Key k = crypto::derive(key_, "proof: " + std::string(label), context);
     crypto::Mac mac;
     static_assert(sizeof(mac) == sizeof(k));
     std::memcpy(mac.data(), k.data(), mac.size());
     return mac;
   }
 
-  // Whether `proof` (its first `bytes`, at most a whole MAC: tokens may be cut short) is
-  // prove(label, context); in time independent of where it differs.
+  // Whether `proof` (its first `bytes`, from kMinProofBytes to a whole MAC: tokens may be
+  // cut short) is prove(label, context); in time independent of where it differs.
+  static constexpr size_t kMinProofBytes = 16;
   bool verify(std::string_view label, std::initializer_list<std::string_view> context,
               const void* proof, size_t bytes) const {
     const crypto::Mac expected = prove(label, context);
-    return bytes > 0 && bytes <= expected.size() &&
+    return bytes >= kMinProofBytes && bytes <= expected.size() &&
            crypto::equalConstantTime(expected.data(), proof, bytes);
   }
 
   // A key for one purpose (`label`) bound to `context`: session keys.
   crypto::Key derive(std::string_view label, std::initializer_list<std::string_view> context) const {
-    return crypto::derive(key_, label, context);
+    return crypto::derive(key_, "key: " + std::string(label), context);
   }
 
  private:

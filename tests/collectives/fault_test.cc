@@ -547,6 +547,11 @@ TEST_F(Abort, TransfersItCannotEndKeepTheirBuffersUntilDestruction) {
   ASSERT_GT(held->count(), 0u) << "rank 0 sent nothing";
   EXPECT_TRUE(tasks[0]->buffersStillInUse());
   EXPECT_TRUE(contains(st[0].message(), "could not be stopped")) << st[0].toString();
+  // What the caller hands over stays alive until the communicator's transports are gone.
+  auto mine = std::make_shared<int>(7);
+  const std::weak_ptr<int> watch = mine;
+  tasks[0]->keepBuffers(std::move(mine));
+  EXPECT_FALSE(watch.expired());
   EXPECT_EQ(comms[0]->stats().callsWithKeptBuffers, 1u);
   // Rank 1's transfers all ended with its abort: nothing is kept there.
   EXPECT_FALSE(tasks[1]->buffersStillInUse()) << st[1].toString();
@@ -562,7 +567,9 @@ TEST_F(Abort, TransfersItCannotEndKeepTheirBuffersUntilDestruction) {
   // The stuck operations finally read what they hold (the call's scratch memory included),
   // then the communicators go; the test's buffers outlive them, as the Task asked.
   held->release();
+  EXPECT_FALSE(watch.expired());
   comms.clear();
+  EXPECT_TRUE(watch.expired());  // released once the transports were destroyed
 }
 
 // The same for a point-to-point call that outlives its timeout.

@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstring>
 #include <string>
 
 namespace nanoccl {
@@ -32,9 +33,17 @@ TEST(CommIdentity, TokensMayBeCutShortButNotEmptyOrLonger) {
   flipped[15] ^= 1;
   EXPECT_FALSE(a.verify("token", {"x"}, flipped.data(), 16));
   EXPECT_FALSE(a.verify("token", {"x"}, proof.data(), 0));
+  EXPECT_FALSE(a.verify("token", {"x"}, proof.data(), 8));  // too short to mean anything
   uint8_t longer[40] = {};
   std::memcpy(longer, proof.data(), proof.size());
   EXPECT_FALSE(a.verify("token", {"x"}, longer, sizeof(longer)));
+}
+
+TEST(CommIdentity, NoProofEqualsAKey) {
+  const CommIdentity a("0123456789abcdef-secret", "comm-a");
+  const crypto::Mac proof = a.prove("label", {"x"});
+  const crypto::Key key = a.derive("label", {"x"});
+  EXPECT_NE(std::memcmp(proof.data(), key.data(), key.size()), 0);
 }
 
 TEST(CommIdentity, KeysDifferPerPurposeAndCommunicator) {

@@ -767,7 +767,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         env_codec = ""
     if env_codec and "nanoccl" in (backend, args.ab):
         notes.append(f"NANOCCL_COMPRESSION={env_codec} in the environment: nanoccl groups "
-                     "compress their inter-node leg")
+                     "compress their inter-node leg, where there is one, from "
+                     "NANOCCL_COMPRESSION_MIN_BYTES; their results are checked against "
+                     f"{env_codec}'s error bound")
     if args.encrypt:
         settings["encrypt"] = True
     if settings:
