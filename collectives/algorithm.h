@@ -114,7 +114,8 @@ struct Hierarchy {
 // time). Fresh memory costs a page fault and a zeroed page per 4 KiB on first touch: in a 2x2
 // int8 allreduce of 256 MB that was ~5% of the CPU (perf: clear_page_erms), on a machine where
 // the CPU sets the pace. Keeps at most kMaxBytes between calls (a 2x2 int8 allreduce of
-// 256 MB uses ~70 MB), so an idle communicator holds what its recent calls used, up to that.
+// 256 MB takes ~68 MB of encoded slots), so an idle communicator holds what its recent calls
+// used, up to that.
 // Thread-safe.
 class ScratchPool {
  public:
