@@ -77,6 +77,11 @@ uint64_t providerDefaults() {
     char* end = nullptr;
     const unsigned long long n = v != nullptr ? std::strtoull(v, &end, 10) : 0;
     const bool valid = end != nullptr && end != v && *end == '\0';
+    if (!valid) {
+      NANOCCL_WARN("fabric: FI_OFI_RXM_BUFFER_SIZE='" << (v != nullptr ? v : "")
+                   << "' is not a number; frames of " << kDefaultRxmBuffer - kFrameSlack
+                   << " bytes (slower if rxm's eager size is smaller)");
+    }
     const uint64_t buffer = std::clamp<uint64_t>(valid ? n : kDefaultRxmBuffer, 4096, 4 << 20);
     return buffer - kFrameSlack;
   }();
