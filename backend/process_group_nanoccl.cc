@@ -215,6 +215,11 @@ void addStats(CommStats& into, const CommStats& from) {
 
 }  // namespace
 
+std::shared_ptr<const LinkProfile> ProcessGroupNanoccl::linkProfile() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return comm_ ? comm_->linkProfile() : nullptr;
+}
+
 BackendStats ProcessGroupNanoccl::stats() const {
   BackendStats out;
   out.rank = rank_;

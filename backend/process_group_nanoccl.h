@@ -57,6 +57,7 @@ namespace nanoccl {
 
 class Communicator;
 class CudaCollectives;
+struct LinkProfile;
 class Store;
 
 // Bytes moved by one group, as nanoccl.stats() reports them.
@@ -196,6 +197,9 @@ class ProcessGroupNanoccl : public c10d::Backend {
   void shutdown() override;
 
   BackendStats stats() const;
+  // The link profile the group's communicator agreed on at creation (collectives/tuning.h);
+  // null under NANOCCL_TUNING=off, on one rank, and once shut down.
+  std::shared_ptr<const LinkProfile> linkProfile() const;
   // The communicator's id in the store (distinct per group and per creation).
   const std::string& commId() const { return commId_; }
 

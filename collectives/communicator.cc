@@ -174,6 +174,9 @@ struct Communicator::Impl {
   routed::RoutedTransport* routed = nullptr;
   std::string transportKind;
   std::string localKind;  // the hierarchy's local group's transport, where it has one
+  // The links as measured or loaded at creation (collectives/tuning.h); null under tuning=off
+  // and on one rank.
+  std::shared_ptr<const LinkProfile> profile;
   Topology topology;
   // The sub-communicators, only where the topology is hierarchical. Set up before the threads
   // start and torn down after they are joined; in between only the thread running the current
@@ -682,6 +685,19 @@ Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOpt
       if (!h.isOk()) return h.status().withContext(where);
       impl->hierarchy = std::move(h).value();
     }
+
+    TuningTarget target;
+    target.rank = options.rank;
+    target.size = options.size;
+    target.topology = &impl->topology;
+    target.config = &impl->config;
+    target.main = impl->transport.get();
+    target.hierarchy = impl->hierarchy.get();
+    target.transport = impl->transportKind;
+    target.timeout = options.timeout;
+    Result<std::shared_ptr<const LinkProfile>> profile = agreeOnProfile(*store, target, deadline);
+    if (!profile.isOk()) return profile.status().withContext(where);
+    impl->profile = std::move(profile).value();
   }
 
   impl->config.logOnce();
@@ -755,6 +771,7 @@ int Communicator::rank() const { return impl_->rank; }
 int Communicator::size() const { return impl_->size; }
 const Config& Communicator::config() const { return impl_->config; }
 const Topology& Communicator::topology() const { return impl_->topology; }
+std::shared_ptr<const LinkProfile> Communicator::linkProfile() const { return impl_->profile; }
 
 void Communicator::abort(const Status& why) {
   impl_->fail(why.isOk()

@@ -53,6 +53,7 @@
 
 #include "collectives/store.h"
 #include "collectives/topology.h"
+#include "collectives/tuning.h"
 #include "common/completion.h"
 #include "common/config.h"
 #include "common/dtype.h"
@@ -192,6 +193,9 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   const Config& config() const;
   // Which ranks share a node; the same on every rank.
   const Topology& topology() const;
+  // What the links and the CPU can do (collectives/tuning.h), agreed by every rank at
+  // creation; null under NANOCCL_TUNING=off and on a one-rank communicator.
+  std::shared_ptr<const LinkProfile> linkProfile() const;
 
   // In place on `buf` (count elements). kPremulSum multiplies this rank's input by
   // `premulFactor` first. kAvg divides the sum by size() (integer division for integers).

@@ -163,6 +163,19 @@ const std::vector<Field>& fields() {
        },
        [](const Config& c) { return std::string(c.secret.empty() ? "" : "(set)"); }},
       boolField("encrypt", &Config::encrypt),
+      {"tuning",
+       [](Config& c, const std::string& v) {
+         NANOCCL_CHECK(oneOf("tuning", v, {"off", "cached", "measure"}));
+         c.tuning = v;
+         return Status::ok();
+       },
+       [](const Config& c) { return c.tuning; }},
+      {"tuning_file",
+       [](Config& c, const std::string& v) {
+         c.tuningFile = v;  // read (or written) by rank 0 at communicator creation
+         return Status::ok();
+       },
+       [](const Config& c) { return c.tuningFile; }},
   };
   return table;
 }

@@ -63,6 +63,11 @@ struct Config {
   // value itself. Unset: rank 0 draws one and shares it through the store. Never printed.
   std::string secretFile;
   std::string secret;
+  // Where the planner's link profile comes from (collectives/tuning.h): "off", "cached" (the
+  // file when it fits this job, else measured and saved) or "measure". Every rank must agree.
+  std::string tuning = "off";
+  // The link profile's file; empty: $XDG_CACHE_HOME or ~/.cache, /nanoccl/link_profile.txt.
+  std::string tuningFile;
   // Authenticated encryption (AES-256-GCM) of every byte on TCP connections, with keys
   // derived per connection from the handshake. Every rank must agree.
   bool encrypt = false;

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "backend/process_group_nanoccl.h"
+#include "collectives/tuning.h"
 #include "common/config.h"
 #include "transports/transport.h"
 
@@ -109,6 +110,38 @@ py::dict statsDict(const nanoccl::BackendStats& s) {
   return out;
 }
 
+py::dict linkClassDict(const nanoccl::LinkClassProfile& c) {
+  py::dict d;
+  d["alpha_us"] = c.alphaUs;
+  d["pair_MBps"] = c.pairMBps;
+  d["node_MBps"] = c.nodeMBps;
+  return d;
+}
+
+// nanoccl.link_profile()'s dict: the file's records, and the file's text itself.
+py::object profileDict(const std::shared_ptr<const nanoccl::LinkProfile>& p) {
+  if (!p) return py::none();
+  py::dict d;
+  d["shape"] = p->shape;
+  d["transport"] = p->transport;
+  d["nsocks"] = p->nsocks;
+  d["measured"] = p->measured;
+  d["inter"] = p->inter.present ? py::object(linkClassDict(p->inter)) : py::none();
+  d["intra"] = p->intra.present ? py::object(linkClassDict(p->intra)) : py::none();
+  d["reduce_MBps"] = p->reduceMBps;
+  py::dict codecs;
+  for (const nanoccl::CodecRates& c : p->codecs) {
+    py::dict r;
+    r["encode_MBps"] = c.encodeMBps;
+    r["decode_MBps"] = c.decodeMBps;
+    r["accumulate_MBps"] = c.accumulateMBps;
+    codecs[py::str(c.name)] = r;
+  }
+  d["codecs"] = codecs;
+  d["text"] = p->toText();
+  return std::move(d);
+}
+
 NoGilDestructor<ProcessGroupNanoccl> createBackend(
     const c10::intrusive_ptr<c10d::Store>& store, int rank, int size, int64_t timeoutMs,
     const std::string& groupName, const std::vector<int64_t>& globalRanks,
@@ -130,6 +163,8 @@ PYBIND11_MODULE(_C, m) {
   py::class_<ProcessGroupNanoccl, c10d::Backend, NoGilDestructor<ProcessGroupNanoccl>>(
       m, "ProcessGroupNanoccl")
       .def("stats", [](const ProcessGroupNanoccl& pg) { return statsDict(pg.stats()); })
+      .def("link_profile",
+           [](const ProcessGroupNanoccl& pg) { return profileDict(pg.linkProfile()); })
       .def(
           "allreduce_compressed",
           [](ProcessGroupNanoccl& pg, at::Tensor tensor, std::optional<at::Tensor> residual,
@@ -158,6 +193,31 @@ PYBIND11_MODULE(_C, m) {
         if (!s.isOk()) throw py::value_error(s.message());
       },
       py::arg("name"), py::arg("value"));
+
+  // A saved link profile (nanoccl-tune --show): its dict, None when the file does not exist;
+  // ValueError naming the file and the line when it is not a valid profile.
+  m.def(
+      "load_link_profile",
+      [](const std::string& path) -> py::object {
+        nanoccl::Result<std::optional<nanoccl::LinkProfile>> p = nanoccl::loadProfile(path);
+        if (!p.isOk()) throw py::value_error(p.status().message());
+        if (!p.value()) return py::none();
+        return profileDict(std::make_shared<nanoccl::LinkProfile>(*p.value()));
+      },
+      py::arg("path"));
+  // Where a group with these settings reads and saves its link profile.
+  m.def(
+      "link_profile_path",
+      [](const std::map<std::string, std::string>& settings) {
+        nanoccl::Result<nanoccl::Config> config = nanoccl::Config::fromEnv();
+        if (!config.isOk()) throw py::value_error(config.status().message());
+        for (const auto& [k, v] : settings) {
+          nanoccl::Status s = config.value().set(k, v);
+          if (!s.isOk()) throw py::value_error(s.message());
+        }
+        return nanoccl::profilePath(config.value());
+      },
+      py::arg("settings"));
 
   // Every setting and its default, in the table's order.
   m.def("default_settings", [] { return nanoccl::Config().items(); });

@@ -39,6 +39,8 @@ struct WorldOptions {
   int spinUs = -1;  // NANOCCL_SPIN_US; -1: the default
   // Fault injection: wraps each transport rank r creates (CommunicatorOptions::wrapTransport).
   std::function<std::unique_ptr<Transport>(int rank, std::unique_ptr<Transport>)> wrapTransport;
+  // Last changes to rank r's Config (settings that differ per rank, or that no field above has).
+  std::function<void(int rank, Config&)> configure;
 };
 
 inline Config worldConfig(const WorldOptions& o) {
@@ -56,9 +58,9 @@ inline Config worldConfig(const WorldOptions& o) {
 }
 
 // Creates one communicator per rank, each from its own thread (create() blocks until every
-// rank has joined). On failure returns the first failed rank's Status.
-inline Status makeWorld(const WorldOptions& o, std::vector<std::shared_ptr<Communicator>>* out,
-                        std::shared_ptr<Store> store = nullptr) {
+// rank has joined): what each rank's create() returned.
+inline std::vector<Result<std::shared_ptr<Communicator>>> createEach(
+    const WorldOptions& o, std::shared_ptr<Store> store = nullptr) {
   static std::atomic<int> worldCounter{0};
   if (!store) store = std::make_shared<InMemoryStore>();
   const std::string commId = "world" + std::to_string(worldCounter.fetch_add(1));
@@ -73,6 +75,7 @@ inline Status makeWorld(const WorldOptions& o, std::vector<std::shared_ptr<Commu
       co.store = store;
       co.commId = commId;
       co.config = worldConfig(o);
+      if (o.configure) o.configure(r, co.config);
       co.timeout = o.timeout;
       if (!o.nodeIds.empty()) co.nodeId = o.nodeIds[r];
       if (o.wrapTransport) {
@@ -84,6 +87,13 @@ inline Status makeWorld(const WorldOptions& o, std::vector<std::shared_ptr<Commu
     });
   }
   for (auto& t : threads) t.join();
+  return results;
+}
+
+// createEach(); on failure returns the first failed rank's Status.
+inline Status makeWorld(const WorldOptions& o, std::vector<std::shared_ptr<Communicator>>* out,
+                        std::shared_ptr<Store> store = nullptr) {
+  std::vector<Result<std::shared_ptr<Communicator>>> results = createEach(o, std::move(store));
   out->clear();
   for (int r = 0; r < o.size; ++r) {
     if (!results[r].isOk()) {

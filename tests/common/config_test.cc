@@ -52,7 +52,8 @@ const char* kNames[] = {"socket_ifname",       "tcp_engine", "nsocks",
                         "small_message_bytes", "spin_us", "timeout_ms", "connect_timeout_ms",
                         "node_id",             "transport",  "intra_transport", "compression",
                         "compression_min_bytes", "compression_block", "secret_file",
-                        "secret",              "encrypt"};
+                        "secret",              "encrypt",    "tuning",
+                        "tuning_file"};
 
 std::string envName(const std::string& field) {
   std::string s = "NANOCCL_";

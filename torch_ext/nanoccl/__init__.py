@@ -39,6 +39,7 @@ __all__ = [
     "ProcessGroupNanoccl",
     "Stats",
     "get_backend",
+    "link_profile",
     "stats",
 ]
 
@@ -263,6 +264,21 @@ def stats(group: dist.ProcessGroup | None = None) -> Stats:
     network namespace; ranks with the same node id are one node. Local: no communication.
     """
     result: Stats = get_backend(group).stats()
+    return result
+
+
+def link_profile(group: dist.ProcessGroup | None = None) -> dict[str, Any] | None:
+    """The link profile `group` agreed on when it was created (README "Tuning").
+
+    None under NANOCCL_TUNING=off (the default) and on a one-rank group. Otherwise a dict:
+    shape ("2x2": nodes x ranks per node), transport, nsocks, measured (UTC time), "inter" and
+    "intra" (alpha_us: one-way latency of a small message; pair_MBps: one rank pair;
+    node_MBps: every local rank of a node at once; None where the topology has no such link),
+    reduce_MBps (float32 sum, one core), codecs ({name: encode/decode/accumulate_MBps}, per
+    byte of float32 input) and text (the profile file's text). Rates are in 10^6 bytes/s.
+    Every rank of the group holds rank 0's profile. Local: no communication.
+    """
+    result: dict[str, Any] | None = get_backend(group).link_profile()
     return result
 
 

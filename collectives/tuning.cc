@@ -1,0 +1,658 @@
+#include "collectives/tuning.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <fstream>
+#include <iterator>
+#include <sstream>
+
+#include "collectives/algorithm.h"
+#include "collectives/codec/codec.h"
+#include "common/logging.h"
+#include "common/reduce.h"
+
+namespace nanoccl {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point t0) {
+  return std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+// Four significant digits, never in exponent form (rates reach 10^5 MB/s).
+std::string number(double x) {
+  char buf[48];
+  if (x >= 1000) {
+    std::snprintf(buf, sizeof buf, "%.0f", x);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.4g", x);
+  }
+  return buf;
+}
+
+// ---- the text format ------------------------------------------------------------------------
+
+std::string classLine(const char* name, const LinkClassProfile& c) {
+  if (!c.present) return std::string(name) + " none\n";
+  return std::string(name) + " alpha_us " + number(c.alphaUs) + " pair_MBps " +
+         number(c.pairMBps) + " node_MBps " + number(c.nodeMBps) + "\n";
+}
+
+// A token from a file for an error message: at most 40 characters, non-printable ones as '?'.
+std::string printable(const std::string& s) {
+  std::string out = s.substr(0, 40);
+  for (char& ch : out) {
+    if (ch < 0x20 || ch > 0x7e) ch = '?';
+  }
+  return out;
+}
+
+// Reads "key value key value ..." pairs after the record name; every key of `want` exactly
+// once, nothing else, each value a finite number > 0.
+Status readRates(const std::vector<std::string>& tok, size_t from,
+                 const std::vector<std::pair<const char*, double*>>& want, const std::string& at) {
+  if ((tok.size() - from) != 2 * want.size()) {
+    std::string keys;
+    for (const auto& [k, v] : want) keys += std::string(keys.empty() ? "" : ", ") + k;
+    return invalidArgument(at + "'" + tok[0] + "' takes " + keys + ", each with a value");
+  }
+  std::vector<bool> seen(want.size(), false);
+  for (size_t i = from; i < tok.size(); i += 2) {
+    size_t k = 0;
+    while (k < want.size() && tok[i] != want[k].first) ++k;
+    if (k == want.size() || seen[k]) {
+      return invalidArgument(at + "unexpected or repeated key '" + printable(tok[i]) + "' in '" +
+                             tok[0] + "'");
+    }
+    seen[k] = true;
+    char* end = nullptr;
+    errno = 0;
+    const double x = std::strtod(tok[i + 1].c_str(), &end);
+    if (errno != 0 || *end != '\0' || !std::isfinite(x) || x <= 0) {
+      return invalidArgument(at + tok[i] + " " + printable(tok[i + 1]) +
+                             ": expected a number > 0");
+    }
+    *want[k].second = x;
+  }
+  return Status::ok();
+}
+
+std::vector<std::string> tokens(const std::string& line) {
+  std::vector<std::string> out;
+  std::istringstream in(line.substr(0, line.find('#')));
+  for (std::string t; in >> t;) out.push_back(t);
+  return out;
+}
+
+std::string utcNow() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%dT%H:%M:%SZ", &tm);
+  return buf;
+}
+
+// ---- CPU rates ------------------------------------------------------------------------------
+
+// MB/s of `bytes` for the faster of two runs of f() (the first also touches fresh pages).
+template <typename F>
+double rate(size_t bytes, F&& f) {
+  double best = 1e30;
+  for (int i = 0; i < 2; ++i) {
+    const Clock::time_point t0 = Clock::now();
+    f();
+    best = std::min(best, secondsSince(t0));
+  }
+  return static_cast<double>(bytes) / std::max(best, 1e-9) / 1e6;
+}
+
+// ---- link probes ----------------------------------------------------------------------------
+//
+// Every probe runs as call #0 of the transports it uses (real calls start at #1), with tags
+// unique per transport, so its messages can never meet a real call's.
+
+constexpr int kPings = 16;
+constexpr uint32_t kPingTag = 0;       // [0, kPings)
+constexpr uint32_t kPairBulkTag = 100;  // [100, 100 + kBulks)
+constexpr uint32_t kNodeBulkTag = 200;
+constexpr uint32_t kBarrierTag = 1000;  // + 32 x barrier + round
+constexpr int kBulks = 2;
+constexpr size_t kInterBulkBytes = size_t{4} << 20;
+constexpr size_t kIntraBulkBytes = size_t{16} << 20;
+
+struct Probe {
+  double alphaUs = 0;   // half the median round trip of 8 bytes (0 when not pinged)
+  double seconds = 0;   // the fastest bulk transfer, less one round trip
+};
+
+// Ranks `a` (who times) and `b` of `ctx`: `pings` round trips, then kBulks transfers of
+// `bytes` from a to b, each answered by an empty message. Other ranks do nothing.
+Result<Probe> probePair(detail::Context& ctx, int a, int b, int pings, size_t bytes,
+                        uint32_t bulkTag) {
+  const int me = ctx.rank();
+  if (me != a && me != b) return Probe{};
+  const int peer = me == a ? b : a;
+  char* buf = ctx.scratch(std::max<size_t>(bytes, 8));
+  std::fill(buf, buf + std::max<size_t>(bytes, 8), 0);
+  std::vector<double> rtts;
+  for (int i = 0; i < pings; ++i) {
+    const uint32_t tag = kPingTag + static_cast<uint32_t>(i);
+    const Clock::time_point t0 = Clock::now();
+    if (me == a) {
+      detail::Pending rx = ctx.irecv(peer, tag, buf, 8);
+      NANOCCL_CHECK(ctx.wait(ctx.isend(peer, tag, buf, 8)));
+      NANOCCL_CHECK(ctx.wait(rx));
+      rtts.push_back(secondsSince(t0));
+    } else {
+      NANOCCL_CHECK(ctx.wait(ctx.irecv(peer, tag, buf, 8)));
+      NANOCCL_CHECK(ctx.wait(ctx.isend(peer, tag, buf, 8)));
+    }
+  }
+  Probe out;
+  double rtt = 0;
+  if (!rtts.empty()) {
+    std::sort(rtts.begin(), rtts.end());
+    rtt = rtts[rtts.size() / 2];
+    out.alphaUs = rtt / 2 * 1e6;
+  }
+  out.seconds = 1e30;
+  for (int k = 0; k < kBulks; ++k) {
+    const uint32_t tag = bulkTag + static_cast<uint32_t>(k);
+    if (me == a) {
+      const Clock::time_point t0 = Clock::now();
+      detail::Pending ack = ctx.irecv(peer, tag, detail::ackSink(), 0);
+      NANOCCL_CHECK(ctx.wait(ctx.isend(peer, tag, buf, bytes)));
+      NANOCCL_CHECK(ctx.wait(ack));
+      const double t = secondsSince(t0);
+      out.seconds = std::min(out.seconds, std::max(t - rtt, t / 2));
+    } else {
+      NANOCCL_CHECK(ctx.wait(ctx.irecv(peer, tag, buf, bytes)));
+      NANOCCL_CHECK(ctx.wait(ctx.isend(peer, tag, detail::kAckByte, 0)));
+    }
+  }
+  return out;
+}
+
+// Every rank of `ctx` (dissemination); `which` numbers the barriers of the probe.
+Status barrier(detail::Context& ctx, uint32_t which) {
+  const int n = ctx.size();
+  const int r = ctx.rank();
+  char* in = ctx.scratch(32);
+  static const char kToken = 1;
+  uint32_t round = 0;
+  for (int dist = 1; dist < n; dist <<= 1, ++round) {
+    const uint32_t tag = kBarrierTag + 32 * which + round;
+    detail::Pending rx = ctx.irecv((r - dist + n) % n, tag, in + round, 1);
+    NANOCCL_CHECK(ctx.wait(ctx.isend((r + dist) % n, tag, &kToken, 1)));
+    NANOCCL_CHECK(ctx.wait(rx));
+  }
+  return Status::ok();
+}
+
+Status publish(Store& store, const std::string& key, double value) {
+  char buf[40];
+  std::snprintf(buf, sizeof buf, "%.17g", value);
+  return store.set("tune/" + key, buf);
+}
+
+Result<double> fetch(Store& store, const std::string& key, const Deadline& deadline) {
+  NANOCCL_ASSIGN_OR_RETURN(std::string v, store.get("tune/" + key, deadline));
+  char* end = nullptr;
+  const double x = std::strtod(v.c_str(), &end);
+  if (*end != '\0' || !std::isfinite(x)) return protocolError("tune/" + key + ": not a number");
+  return x;
+}
+
+// The probes' transports, one Context each (call #0; real calls start at #1).
+struct ProbeContexts {
+  std::unique_ptr<detail::Context> main;
+  std::unique_ptr<detail::Context> cross;  // this rank's shard across nodes, where it has one
+  std::unique_ptr<detail::Context> local;  // this rank's node, where it has a local group
+
+  // After a failed probe: ends what is still in flight before the scratch memory goes, and
+  // keeps (leaks) the memory a stuck transfer may still target.
+  void abandon(const TuningTarget& t, const Status& why) {
+    if (t.main != nullptr) t.main->abort(why);
+    if (const detail::Hierarchy* h = t.hierarchy) {
+      if (h->cross.transport) h->cross.transport->abort(why);
+      if (h->local.transport) h->local.transport->abort(why);
+    }
+    for (auto* ctx : {main.get(), cross.get(), local.get()}) {
+      if (ctx == nullptr) continue;
+      detail::Context::Leftover left = ctx->takeUnfinished();
+      if (left.requests.empty()) {
+        continue;
+      }
+      for (detail::ScratchPool::Block& b : left.scratch) (void)b.mem.release();
+    }
+  }
+};
+
+// The probes, on every rank; rank 0 returns the link classes (others: empty classes).
+Result<LinkProfile> probeLinks(Store& store, const TuningTarget& t, ProbeContexts& ctxs,
+                               const Deadline& deadline) {
+  const Topology& topo = *t.topology;
+  const detail::Hierarchy* h = t.hierarchy;
+  detail::Context& main = *ctxs.main;
+  uint32_t barriers = 0;
+  const auto sync = [&] { return barrier(main, barriers++); };
+
+  LinkProfile out;
+  if (topo.numNodes() >= 2) {
+    // Inter-node: node 0 and node 1. On a hierarchical topology local rank s of each node
+    // talks over its cross group (node index = cross rank); first shard 0 alone (latency and
+    // one pair), then every shard at once (what a node's link carries in a hierarchical call).
+    // On a flat one (one rank a node), global ranks 0 and 1.
+    const int shard = h != nullptr ? topo.localRankOf[t.rank] : 0;
+    const int shards = h != nullptr ? h->shards : 1;
+    detail::Context* inter = h != nullptr ? ctxs.cross.get() : &main;
+    NANOCCL_CHECK(sync());
+    if (inter != nullptr && shard == 0) {
+      NANOCCL_ASSIGN_OR_RETURN(Probe p,
+                               probePair(*inter, 0, 1, kPings, kInterBulkBytes, kPairBulkTag));
+      if (inter->rank() == 0) {
+        NANOCCL_CHECK(publish(store, "inter/alpha_us", p.alphaUs));
+        NANOCCL_CHECK(publish(store, "inter/pair_s", p.seconds));
+      }
+    }
+    NANOCCL_CHECK(sync());
+    if (shards > 1 && inter != nullptr) {
+      NANOCCL_ASSIGN_OR_RETURN(Probe p,
+                               probePair(*inter, 0, 1, 0, kInterBulkBytes, kNodeBulkTag));
+      if (inter->rank() == 0) {
+        NANOCCL_CHECK(publish(store, "inter/node_s/" + std::to_string(shard), p.seconds));
+      }
+    }
+    NANOCCL_CHECK(sync());
+    if (t.rank == 0) {
+      out.inter.present = true;
+      NANOCCL_ASSIGN_OR_RETURN(out.inter.alphaUs, fetch(store, "inter/alpha_us", deadline));
+      NANOCCL_ASSIGN_OR_RETURN(const double pair, fetch(store, "inter/pair_s", deadline));
+      out.inter.pairMBps = static_cast<double>(kInterBulkBytes) / pair / 1e6;
+      out.inter.nodeMBps = out.inter.pairMBps;
+      if (shards > 1) {
+        double slowest = 0;
+        for (int s = 0; s < shards; ++s) {
+          NANOCCL_ASSIGN_OR_RETURN(const double x,
+                                   fetch(store, "inter/node_s/" + std::to_string(s), deadline));
+          slowest = std::max(slowest, x);
+        }
+        out.inter.nodeMBps = static_cast<double>(kInterBulkBytes) * shards / slowest / 1e6;
+      }
+    }
+  }
+  // Intra-node: local ranks 0 and 1 of the first node with two ranks, over the transport the
+  // collectives of a node use (the hierarchy's local group; the main one on a single node).
+  int firstPair = -1;
+  for (int n = 0; n < topo.numNodes() && firstPair < 0; ++n) {
+    if (topo.localSize(n) >= 2) firstPair = n;
+  }
+  if (firstPair >= 0) {
+    NANOCCL_CHECK(sync());
+    if (topo.nodeOf[t.rank] == firstPair) {
+      detail::Context* intra = h != nullptr ? ctxs.local.get() : &main;
+      const int a = h != nullptr ? 0 : topo.nodeRanks[firstPair][0];
+      const int b = h != nullptr ? 1 : topo.nodeRanks[firstPair][1];
+      NANOCCL_ASSIGN_OR_RETURN(Probe p,
+                               probePair(*intra, a, b, kPings, kIntraBulkBytes, kPairBulkTag + 50));
+      if (intra->rank() == a) {
+        NANOCCL_CHECK(publish(store, "intra/alpha_us", p.alphaUs));
+        NANOCCL_CHECK(publish(store, "intra/pair_s", p.seconds));
+      }
+    }
+    NANOCCL_CHECK(sync());
+    if (t.rank == 0) {
+      out.intra.present = true;
+      NANOCCL_ASSIGN_OR_RETURN(out.intra.alphaUs, fetch(store, "intra/alpha_us", deadline));
+      NANOCCL_ASSIGN_OR_RETURN(const double pair, fetch(store, "intra/pair_s", deadline));
+      out.intra.pairMBps = static_cast<double>(kIntraBulkBytes) / pair / 1e6;
+      out.intra.nodeMBps = out.intra.pairMBps;
+    }
+  }
+  return out;
+}
+
+Result<LinkProfile> probeLinks(Store& store, const TuningTarget& t, const Deadline& deadline) {
+  OpFingerprint fp;
+  fp.op = OpType::kBarrier;
+  fp.seq = 0;
+  const Config& config = *t.config;
+  ProbeContexts ctxs;
+  ctxs.main = std::make_unique<detail::Context>(t.main, t.rank, t.size, fp, deadline, t.timeout,
+                                                config);
+  if (const detail::Hierarchy* h = t.hierarchy) {
+    if (h->cross.transport) {
+      ctxs.cross = std::make_unique<detail::Context>(h->cross.transport.get(), h->cross.rank,
+                                                     h->cross.size, fp, deadline, t.timeout,
+                                                     config);
+    }
+    if (h->local.transport) {
+      ctxs.local = std::make_unique<detail::Context>(h->local.transport.get(), h->local.rank,
+                                                     h->local.size, fp, deadline, t.timeout,
+                                                     config);
+    }
+  }
+  Result<LinkProfile> out = probeLinks(store, t, ctxs, deadline);
+  if (!out.isOk()) ctxs.abandon(t, out.status());
+  return out;
+}
+
+// Rank 0's decision, handed to the others under "tune/plan".
+constexpr const char* kPlanOff = "off";
+constexpr const char* kPlanUse = "use";
+constexpr const char* kPlanMeasure = "measure";
+constexpr const char* kPlanError = "error: ";
+
+}  // namespace
+
+std::string LinkProfile::toText() const {
+  std::string s =
+      "# nanoccl link profile (README \"Tuning\"): latencies in us, rates in MB/s (10^6 B/s)\n";
+  s += "version " + std::to_string(kVersion) + "\n";
+  s += "shape " + shape + "\n";
+  s += "transport " + transport + "\n";
+  s += "nsocks " + std::to_string(nsocks) + "\n";
+  s += "measured " + measured + "\n";
+  s += classLine("inter", inter);
+  s += classLine("intra", intra);
+  s += "reduce_MBps " + number(reduceMBps) + "\n";
+  for (const CodecRates& c : codecs) {
+    s += "codec " + c.name + " encode_MBps " + number(c.encodeMBps) + " decode_MBps " +
+         number(c.decodeMBps) + " accumulate_MBps " + number(c.accumulateMBps) + "\n";
+  }
+  return s;
+}
+
+Result<LinkProfile> LinkProfile::parse(const std::string& text, const std::string& where) {
+  LinkProfile p;
+  std::istringstream in(text);
+  std::string line;
+  int lineNo = 0;
+  std::vector<std::string> seen;
+  const auto once = [&](const std::string& key, const std::string& at) -> Status {
+    if (std::find(seen.begin(), seen.end(), key) != seen.end()) {
+      return invalidArgument(at + "'" + key + "' given twice");
+    }
+    seen.push_back(key);
+    return Status::ok();
+  };
+  while (std::getline(in, line)) {
+    ++lineNo;
+    const std::string at = where + ":" + std::to_string(lineNo) + ": ";
+    const std::vector<std::string> tok = tokens(line);
+    if (tok.empty()) continue;
+    const std::string& key = tok[0];
+    if (key == "codec") {
+      if (tok.size() < 2) return invalidArgument(at + "'codec' needs a codec name");
+      Result<const codec::Codec*> c = codec::findCodec(tok[1]);
+      if (!c.isOk() || c.value()->id == codec::CodecId::kNone) {
+        return invalidArgument(at + "unknown codec '" + printable(tok[1]) + "'");
+      }
+      NANOCCL_CHECK(once("codec " + tok[1], at));
+      CodecRates r;
+      r.name = tok[1];
+      NANOCCL_CHECK(readRates(tok, 2,
+                              {{"encode_MBps", &r.encodeMBps},
+                               {"decode_MBps", &r.decodeMBps},
+                               {"accumulate_MBps", &r.accumulateMBps}},
+                              at));
+      p.codecs.push_back(r);
+      continue;
+    }
+    NANOCCL_CHECK(once(key, at));
+    if (key == "inter" || key == "intra") {
+      LinkClassProfile& c = key == "inter" ? p.inter : p.intra;
+      if (tok.size() == 2 && tok[1] == "none") continue;
+      c.present = true;
+      NANOCCL_CHECK(readRates(tok, 1,
+                              {{"alpha_us", &c.alphaUs},
+                               {"pair_MBps", &c.pairMBps},
+                               {"node_MBps", &c.nodeMBps}},
+                              at));
+      continue;
+    }
+    if (key == "reduce_MBps") {
+      NANOCCL_CHECK(readRates(tok, 0, {{"reduce_MBps", &p.reduceMBps}}, at));
+      continue;
+    }
+    static const char* const kSingle[] = {"version", "shape", "transport", "nsocks", "measured"};
+    if (std::find_if(std::begin(kSingle), std::end(kSingle),
+                     [&](const char* k) { return key == k; }) == std::end(kSingle)) {
+      return invalidArgument(at + "unknown record '" + printable(key) + "'");
+    }
+    if (tok.size() != 2) return invalidArgument(at + "'" + key + "' takes one value");
+    const std::string& v = tok[1];
+    if (key == "version") {
+      if (v != std::to_string(kVersion)) {
+        return invalidArgument(at + "version " + printable(v) + ": this nanoccl reads version " +
+                               std::to_string(kVersion) + " (run nanoccl-tune again)");
+      }
+    } else if (key == "shape") {
+      p.shape = v;
+    } else if (key == "transport") {
+      p.transport = v;
+    } else if (key == "nsocks") {
+      char* end = nullptr;
+      const long n = std::strtol(v.c_str(), &end, 10);
+      if (*end != '\0' || n < 1 || n > 64) {
+        return invalidArgument(at + "nsocks " + printable(v) + ": expected an integer in [1, 64]");
+      }
+      p.nsocks = static_cast<int>(n);
+    } else {
+      p.measured = v;
+    }
+  }
+  for (const char* required : {"version", "shape", "transport", "nsocks", "measured", "inter",
+                               "intra", "reduce_MBps"}) {
+    if (std::find(seen.begin(), seen.end(), required) == seen.end()) {
+      return invalidArgument(where + ": no '" + required + "' record (not a link profile?)");
+    }
+  }
+  return p;
+}
+
+bool LinkProfile::fits(const std::string& s, const std::string& t, int n) const {
+  return shape == s && transport == t && nsocks == n;
+}
+
+std::string LinkProfile::summary() const {
+  std::string s = shape + " over " + transport + " x" + std::to_string(nsocks) + ":";
+  const auto cls = [&](const char* name, const LinkClassProfile& c) {
+    if (!c.present) return;
+    s += std::string(" ") + name + " " + number(c.alphaUs) + " us, " + number(c.pairMBps) +
+         " MB/s a pair, " + number(c.nodeMBps) + " MB/s a node;";
+  };
+  cls("inter", inter);
+  cls("intra", intra);
+  s += " reduce " + number(reduceMBps) + " MB/s";
+  for (const CodecRates& c : codecs) {
+    s += "; " + c.name + " " + number(c.encodeMBps) + "/" + number(c.decodeMBps) + " MB/s";
+  }
+  return s;
+}
+
+std::string shapeOf(const Topology& topology) {
+  const int n = topology.numNodes();
+  if (topology.minLocalSize() == topology.maxLocalSize()) {
+    return std::to_string(n) + "x" + std::to_string(topology.minLocalSize());
+  }
+  std::string s;
+  for (int i = 0; i < n; ++i) {
+    if (i > 0) s += '+';
+    s += std::to_string(topology.localSize(i));
+  }
+  return s;
+}
+
+std::string profilePath(const Config& config) {
+  if (!config.tuningFile.empty()) return config.tuningFile;
+  if (const char* xdg = std::getenv("XDG_CACHE_HOME"); xdg != nullptr && *xdg == '/') {
+    return std::string(xdg) + "/nanoccl/link_profile.txt";
+  }
+  const char* home = std::getenv("HOME");
+  return std::string(home != nullptr && *home != '\0' ? home : "/tmp") +
+         "/.cache/nanoccl/link_profile.txt";
+}
+
+Result<std::optional<LinkProfile>> loadProfile(const std::string& path) {
+  std::ifstream f(path);
+  if (!f) {
+    if (errno == ENOENT) return std::optional<LinkProfile>();
+    return systemError(("reading the link profile " + path).c_str(), errno);
+  }
+  std::ostringstream text;
+  text << f.rdbuf();
+  NANOCCL_ASSIGN_OR_RETURN(LinkProfile p, LinkProfile::parse(text.str(), path));
+  return std::optional<LinkProfile>(std::move(p));
+}
+
+Status saveProfile(const LinkProfile& profile, const std::string& path) {
+  const size_t slash = path.rfind('/');
+  if (slash != std::string::npos && slash > 0) {
+    const std::string dir = path.substr(0, slash);
+    // One level, like ~/.cache/nanoccl (the parent is the user's own).
+    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+      return systemError(("creating " + dir).c_str(), errno);
+    }
+  }
+  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
+  {
+    std::ofstream f(tmp, std::ios::trunc);
+    f << profile.toText();
+    f.close();
+    if (!f) return systemError(("writing " + tmp).c_str(), errno);
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    const int err = errno;
+    std::remove(tmp.c_str());
+    return systemError(("renaming " + tmp + " to " + path).c_str(), err);
+  }
+  return Status::ok();
+}
+
+void measureCpuRates(LinkProfile& profile) {
+  // 16 MB of float32 a buffer: larger than the caches of most machines' cores, as the tensors
+  // that go through a codec are (rates from cache-hot buffers were 2-3x too high here).
+  constexpr size_t kCount = size_t{1} << 22;
+  constexpr size_t kBytes = kCount * sizeof(float);
+  std::vector<float> a(kCount), b(kCount);
+  for (size_t i = 0; i < kCount; ++i) {
+    a[i] = std::sin(static_cast<float>(i) * 0.01f) * 3.0f;
+    b[i] = static_cast<float>(i % 97) * 0.125f;
+  }
+  profile.reduceMBps = rate(kBytes, [&] {
+    (void)reduceInto(b.data(), a.data(), kCount, DataType::kFloat32, ReduceOp::kSum);
+  });
+  profile.codecs.clear();
+  const codec::Codec* table = codec::codecTable();
+  for (int i = 0; i < static_cast<int>(codec::CodecId::kNumCodecs); ++i) {
+    const codec::Codec& c = table[i];
+    if (c.id == codec::CodecId::kNone) continue;
+    codec::CodecParams params;
+    const size_t bytes = c.encodedBytes(kCount, params);
+    std::vector<char> enc(bytes);
+    CodecRates r;
+    r.name = c.name;
+    r.encodeMBps = rate(kBytes, [&] {
+      (void)c.encode(a.data(), DataType::kFloat32, kCount, params, enc.data(), bytes);
+    });
+    r.decodeMBps = rate(kBytes, [&] { (void)c.decode(enc.data(), bytes, b.data(), kCount); });
+    r.accumulateMBps =
+        rate(kBytes, [&] { (void)c.decodeAccumulate(enc.data(), bytes, b.data(), kCount); });
+    profile.codecs.push_back(r);
+  }
+}
+
+Result<std::shared_ptr<const LinkProfile>> agreeOnProfile(Store& store, const TuningTarget& t,
+                                                          const Deadline& deadline) {
+  const Config& config = *t.config;
+  const std::string who = "rank " + std::to_string(t.rank) + ": tuning: ";
+  NANOCCL_CHECK(store.set("tune/mode/" + std::to_string(t.rank), config.tuning));
+  const std::string shape = shapeOf(*t.topology);
+  const std::string path = profilePath(config);
+  std::string plan;
+  std::string text;
+  if (t.rank == 0) {
+    for (int r = 1; r < t.size && plan.empty(); ++r) {
+      NANOCCL_ASSIGN_OR_RETURN(std::string theirs,
+                               store.get("tune/mode/" + std::to_string(r), deadline));
+      if (theirs != config.tuning) {
+        plan = kPlanError + std::string("rank ") + std::to_string(r) + " has NANOCCL_TUNING=" +
+               theirs + ", rank 0 has " + config.tuning + ": set the same on every rank";
+      }
+    }
+    if (!plan.empty()) {
+    } else if (config.tuning == "off") {
+      plan = kPlanOff;
+    } else if (config.tuning == "cached") {
+      Result<std::optional<LinkProfile>> cached = loadProfile(path);
+      if (!cached.isOk()) {
+        plan = kPlanError + cached.status().message() + " (fix or delete it, or set "
+               "NANOCCL_TUNING=measure to measure again)";
+      } else if (cached.value() && cached.value()->fits(shape, t.transport, config.nsocks)) {
+        plan = kPlanUse;
+        text = cached.value()->toText();
+      } else {
+        if (cached.value()) {
+          NANOCCL_INFO(who << "the profile in " << path << " is for " << cached.value()->shape
+                           << " over " << cached.value()->transport << " x"
+                           << cached.value()->nsocks << "; measuring " << shape << " over "
+                           << t.transport << " x" << config.nsocks);
+        }
+        plan = kPlanMeasure;
+      }
+    } else {
+      plan = kPlanMeasure;
+    }
+    NANOCCL_CHECK(store.set("tune/plan", plan));
+  } else {
+    NANOCCL_ASSIGN_OR_RETURN(plan, store.get("tune/plan", deadline));
+  }
+  if (plan.rfind(kPlanError, 0) == 0) {
+    return invalidArgument(who + plan.substr(std::string(kPlanError).size()) +
+                           (t.rank == 0 ? "" : " (found by rank 0)"));
+  }
+  if (plan == kPlanOff) return std::shared_ptr<const LinkProfile>();
+  if (plan == kPlanMeasure) {
+    const Clock::time_point t0 = Clock::now();
+    Result<LinkProfile> probed = probeLinks(store, t, deadline);
+    if (!probed.isOk()) return probed.status().withContext(who + "measuring the links: ");
+    if (t.rank == 0) {
+      LinkProfile p = std::move(probed).value();
+      p.shape = shape;
+      p.transport = t.transport;
+      p.nsocks = config.nsocks;
+      p.measured = utcNow();
+      measureCpuRates(p);
+      text = p.toText();
+      const Status saved = saveProfile(p, path);
+      if (!saved.isOk()) {
+        NANOCCL_WARN(who << "could not save the link profile: " << saved.message());
+      }
+      NANOCCL_INFO(who << "measured in " << static_cast<int>(secondsSince(t0) * 1000)
+                       << " ms, saved to " << path);
+      NANOCCL_CHECK(store.set("tune/profile", text));
+    }
+  } else if (t.rank == 0) {
+    NANOCCL_CHECK(store.set("tune/profile", text));
+  }
+  if (t.rank != 0) {
+    NANOCCL_ASSIGN_OR_RETURN(text, store.get("tune/profile", deadline));
+  }
+  NANOCCL_ASSIGN_OR_RETURN(LinkProfile p, LinkProfile::parse(text, "rank 0's link profile"));
+  NANOCCL_INFO(who << p.summary());
+  return std::shared_ptr<const LinkProfile>(std::make_shared<LinkProfile>(std::move(p)));
+}
+
+}  // namespace nanoccl
