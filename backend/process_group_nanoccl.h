@@ -91,6 +91,15 @@ struct BackendStats {
   // Failed calls whose buffers are kept until the group is destroyed, because aborting the
   // transports did not end every transfer on them (Task::buffersStillInUse()).
   uint64_t callsWithKeptBuffers = 0;
+  // Calls the cost model predicted (under a link profile): "allreduce/hierarchical/int8" ->
+  // calls, predicted and measured seconds summed (CommStats::modelled).
+  struct Modelled {
+    std::string what;
+    uint64_t calls = 0;
+    double predictedSeconds = 0;
+    double measuredSeconds = 0;
+  };
+  std::vector<Modelled> modelled;
 };
 
 class ProcessGroupNanoccl : public c10d::Backend {

@@ -66,6 +66,9 @@ struct CallArgs {
   // through runInFloat32): null for a lossless call. Set by the communicator only where a lossy row of the table runs the call.
   const codec::Codec* codec = nullptr;
   codec::CodecParams codecParams;
+  // NANOCCL_COMPRESSION=auto on a call that could be compressed: the planner picks the codec
+  // (or none) from compression_allow by the cost model and sets `codec`.
+  bool codecAuto = false;
   // Error feedback (allreduce only, may be null): `count` floats owned by the caller; what this
   // rank's encodings lose is kept here and added to what it encodes next time.
   float* residual = nullptr;

@@ -11,6 +11,7 @@
 
 #include "collectives/algorithm.h"
 #include "collectives/connect.h"
+#include "collectives/cost_model.h"
 #include "collectives/planner.h"
 #include "common/crypto.h"
 #include "common/logging.h"
@@ -117,6 +118,7 @@ struct QueuedCall {
   OpFingerprint fingerprint;
   CallArgs args;
   const AlgorithmRow* algorithm = nullptr;
+  double predictedSeconds = detail::kNoPrediction;  // the cost model's, where it has one
 };
 
 struct P2pCall {
@@ -185,6 +187,9 @@ struct Communicator::Impl {
   std::unique_ptr<detail::Hierarchy> hierarchy;
   // Calls run per row of the algorithm table (index = row - table.data()).
   std::unique_ptr<std::atomic<uint64_t>[]> callsPerRow;
+  // Calls the cost model predicted, per (row index, codec id): predicted and measured seconds.
+  std::mutex timingMu;
+  std::map<std::pair<size_t, uint8_t>, CommStats::Timing> timings;
   // The Communicator that owns this Impl, for the Tasks' runHere().
   std::weak_ptr<Communicator> self;
 
@@ -267,6 +272,20 @@ struct Communicator::Impl {
   }
 
   std::shared_ptr<Task> submit(OpFingerprint fingerprint, CallArgs args, const Status& invalid);
+  // Adds a finished call's measured time beside the cost model's prediction.
+  void recordTiming(const QueuedCall& call, double seconds) {
+    const size_t row = static_cast<size_t>(call.algorithm - detail::algorithmTable().data());
+    const uint8_t codecId = call.fingerprint.codec;
+    std::lock_guard<std::mutex> lock(timingMu);
+    CommStats::Timing& t = timings[{row, codecId}];
+    if (t.what.empty()) {
+      t.what = std::string(opTypeName(call.algorithm->op)) + "/" + call.algorithm->name +
+               (codecId != 0 ? std::string("/") + kCodecNames[codecId] : "");
+    }
+    ++t.calls;
+    t.predictedSeconds += call.predictedSeconds;
+    t.measuredSeconds += seconds;
+  }
   // Sets args.codec where the call is to be compressed: `request` from allreduceCompressed, else
   // the config's codec for calls of at least compressionMinBytes. An explicit request the call
   // cannot honour (dtype, reduction) is an argument error.
@@ -305,12 +324,15 @@ std::shared_ptr<Task> Communicator::Impl::submit(OpFingerprint fingerprint, Call
     task->complete(invalidArgument(call + invalid.message()));
     return task;
   }
-  Result<const AlgorithmRow*> algorithm = detail::planAlgorithm(args, topology, config);
-  if (!algorithm.isOk()) {
-    task->complete(Status(algorithm.status().code(), call + algorithm.status().message()));
+  Result<detail::Plan> plan = detail::plan(args, topology, config, profile.get());
+  if (!plan.isOk()) {
+    task->complete(Status(plan.status().code(), call + plan.status().message()));
     return task;
   }
-  if (!algorithm.value()->lossy) {  // e.g. NANOCCL_ALGO=ring: lossless, the residual untouched
+  args.codec = plan.value().codec;
+  args.codecParams = plan.value().codecParams;
+  if (!plan.value().row->lossy || args.codec == nullptr) {
+    // e.g. NANOCCL_ALGO=ring: lossless, the residual untouched
     args.codec = nullptr;
     args.residual = nullptr;
   }
@@ -329,7 +351,7 @@ std::shared_ptr<Task> Communicator::Impl::submit(OpFingerprint fingerprint, Call
     }
     task->owner_ = self;
     queue.push_back(QueuedCall{task, issued, deadline, fingerprint, std::move(args),
-                               algorithm.value()});
+                               plan.value().row, plan.value().predictedSeconds});
     lastIssue = issued;
     // Whoever runs the current call hands this one on (workerLoop, finishTurn). A lone call
     // on an idle communicator is probably waited on next, and then run by its caller
@@ -442,7 +464,12 @@ void Communicator::Impl::runCall(QueuedCall& call) {
     detail::Context ctx(transport.get(), rank, size, call.fingerprint, call.deadline, timeout,
                         config, hierarchy.get(), &scratchPool);
     NANOCCL_TRACE(what << "running " << (size == 1 ? "local" : call.algorithm->name));
+    const Clock::time_point started = Clock::now();
     s = size == 1 ? detail::runLocal(call.args) : call.algorithm->run(ctx, call.args);
+    if (s.isOk() && size > 1 && call.predictedSeconds != detail::kNoPrediction) {
+      const double took = std::chrono::duration<double>(Clock::now() - started).count();
+      recordTiming(call, took);
+    }
     // Stages on the sub-communicators count here too (child Contexts add to ctx).
     const auto op = static_cast<size_t>(call.fingerprint.op);
     sentPerOp[op] += ctx.bytesSent();
@@ -478,6 +505,10 @@ Status Communicator::Impl::chooseCodec(CallArgs& args, const CompressionRequest*
     return invalidArgument(std::string("compressed allreduce takes float32, float16 or bfloat16 "
                                        "with sum, avg or premul_sum, got ") +
                            dataTypeName(args.dtype) + " with " + reduceOpName(args.redop));
+  }
+  if (name == "auto" && request == nullptr) {  // the planner picks from compression_allow
+    args.codecAuto = topology.numNodes() >= 2 && size >= 2;
+    return Status::ok();
   }
   NANOCCL_ASSIGN_OR_RETURN(const codec::Codec* c, codec::findCodec(name));
   codec::CodecParams params;
@@ -644,6 +675,9 @@ Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOpt
   impl->size = options.size;
   impl->commId = options.commId;
   impl->config = options.config;
+  if (impl->config.compression == "auto" && impl->config.tuning == "off") {
+    impl->config.tuning = "cached";  // the codec is chosen from the link profile
+  }
   impl->timeout = options.timeout;
   impl->handOverGrace = std::chrono::microseconds(options.config.spinUs);
   impl->callsPerRow = std::make_unique<std::atomic<uint64_t>[]>(detail::algorithmTable().size());
@@ -828,6 +862,10 @@ CommStats Communicator::stats() const {
       s.callsPerAlgorithm.emplace_back(std::string(opTypeName(table[i].op)) + "/" + table[i].name,
                                        n);
     }
+  }
+  {
+    std::lock_guard<std::mutex> lock(impl_->timingMu);
+    for (const auto& [key, t] : impl_->timings) s.modelled.push_back(t);
   }
   return s;
 }

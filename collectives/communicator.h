@@ -166,6 +166,16 @@ struct CommStats {
   // perPeer summed per transport that carried it, by table name: ("tcp", ...), ("shm", ...).
   // Every transport the communicator holds is listed, in first-use order, even without traffic.
   std::vector<std::pair<std::string, PeerCounters>> perTransport;
+  // Calls the cost model predicted (a link profile is in force, collectives/tuning.h), per
+  // "op/row" or "op/row/codec": how many, and the predicted and the measured seconds summed
+  // (measured on this rank, from the start of the call's run to its end).
+  struct Timing {
+    std::string what;
+    uint64_t calls = 0;
+    double predictedSeconds = 0;
+    double measuredSeconds = 0;
+  };
+  std::vector<Timing> modelled;
   // Failed calls whose transfers the aborted transports could not end (Task::
   // buffersStillInUse()): their memory is kept until the communicator is destroyed.
   uint64_t callsWithKeptBuffers = 0;

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <string>
 
+#include "collectives/cost_model.h"
+
 namespace nanoccl::detail {
 namespace {
 
@@ -158,6 +160,69 @@ Result<const AlgorithmRow*> planAlgorithm(const CallArgs& args, const Topology& 
     }
   }
   return internalError(std::string("no algorithm for ") + opTypeName(args.op));
+}
+
+namespace {
+
+// The codecs compression "auto" may take for this call (null: lossless), with their params.
+std::vector<std::pair<const codec::Codec*, codec::CodecParams>> codecChoices(
+    const CallArgs& args, const Config& config) {
+  std::vector<std::pair<const codec::Codec*, codec::CodecParams>> out;
+  if (!args.codecAuto) {
+    out.emplace_back(args.codec, args.codecParams);
+    return out;
+  }
+  Result<std::vector<std::string>> names = splitCodecList(config.compressionAllow);
+  if (!names.isOk()) return {{nullptr, {}}};  // checked when the setting was read
+  for (const std::string& name : names.value()) {
+    if (name == "none") {
+      out.emplace_back(nullptr, codec::CodecParams{});
+      continue;
+    }
+    Result<const codec::Codec*> c = codec::findCodec(name);
+    if (!c.isOk()) continue;
+    codec::CodecParams params;
+    params.blockSize = static_cast<uint32_t>(config.compressionBlock);
+    if (!codec::resolveBlockSize(*c.value(), params).isOk()) continue;
+    out.emplace_back(c.value(), params);
+  }
+  return out;
+}
+
+}  // namespace
+
+Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& config,
+                  const LinkProfile* profile) {
+  NANOCCL_ASSIGN_OR_RETURN(const AlgorithmRow* ruled, planAlgorithm(args, topology, config));
+  Plan out;
+  out.row = ruled;
+  out.codec = args.codecAuto ? nullptr : args.codec;
+  out.codecParams = args.codecParams;
+  out.predictedSeconds = kNoPrediction;
+  if (profile == nullptr) return out;
+  const bool forced = !(config.algo.empty() || config.algo == "auto") &&
+                      std::string(ruled->name) == config.algo;
+  // A fixed codec keeps the row the rules gave it (the one lossy row that can run it).
+  const bool fixedCodec = !args.codecAuto && args.codec != nullptr;
+  CallArgs trial = args;
+  for (const auto& [codec, params] : codecChoices(args, config)) {
+    trial.codec = codec;
+    trial.codecParams = params;
+    for (const AlgorithmRow& row : algorithmTable()) {
+      if (row.op != args.op) continue;
+      if ((forced || fixedCodec) && &row != ruled) continue;
+      if (codec != nullptr && !row.lossy) continue;
+      if (!row.supports(trial, topology).isOk()) continue;
+      const double t = predictSeconds(row, trial, topology, *profile, config.chunkBytes);
+      if (t < out.predictedSeconds) {
+        out.row = &row;
+        out.codec = codec;
+        out.codecParams = params;
+        out.predictedSeconds = t;
+      }
+    }
+  }
+  return out;
 }
 
 }  // namespace nanoccl::detail

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "collectives/algorithm.h"
+#include "collectives/tuning.h"
 #include "common/config.h"
 #include "common/status.h"
 
@@ -30,5 +31,25 @@ const std::vector<AlgorithmRow>& algorithmTable();
 // "compressed" on one-rank nodes); a forced lossless row runs it lossless.
 Result<const AlgorithmRow*> planAlgorithm(const CallArgs& args, const Topology& topology,
                                           const Config& config);
+
+// What the planner chose for one call.
+struct Plan {
+  const AlgorithmRow* row = nullptr;
+  // The codec of the inter-node leg: args.codec, or what compression "auto" chose (null:
+  // lossless), with its params.
+  const codec::Codec* codec = nullptr;
+  codec::CodecParams codecParams;
+  // The cost model's time for the chosen row (collectives/cost_model.h); infinity without a
+  // profile or where the model does not cover the op.
+  double predictedSeconds = 0;
+};
+
+// planAlgorithm(), and with a link profile (null: none) the cost model: under algo "auto" the
+// row with the smallest predicted time among those that support the call, and under
+// args.codecAuto the codec (of config.compressionAllow) with it; ops and rows the model does
+// not cover keep the rules above. A forced algorithm still wins; with args.codecAuto it gets
+// the codec predicted fastest on it. Without a profile, args.codecAuto runs lossless.
+Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& config,
+                  const LinkProfile* profile);
 
 }  // namespace nanoccl::detail

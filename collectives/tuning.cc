@@ -1,6 +1,7 @@
 #include "collectives/tuning.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -133,7 +134,7 @@ constexpr size_t kIntraBulkBytes = size_t{16} << 20;
 
 struct Probe {
   double alphaUs = 0;   // half the median round trip of 8 bytes (0 when not pinged)
-  double seconds = 0;   // the fastest bulk transfer, less one round trip
+  double seconds = 0;   // the last bulk transfer, less one round trip
 };
 
 // Ranks `a` (who times) and `b` of `ctx`: `pings` round trips, then kBulks transfers of
@@ -166,7 +167,6 @@ Result<Probe> probePair(detail::Context& ctx, int a, int b, int pings, size_t by
     rtt = rtts[rtts.size() / 2];
     out.alphaUs = rtt / 2 * 1e6;
   }
-  out.seconds = 1e30;
   for (int k = 0; k < kBulks; ++k) {
     const uint32_t tag = bulkTag + static_cast<uint32_t>(k);
     if (me == a) {
@@ -175,7 +175,10 @@ Result<Probe> probePair(detail::Context& ctx, int a, int b, int pings, size_t by
       NANOCCL_CHECK(ctx.wait(ctx.isend(peer, tag, buf, bytes)));
       NANOCCL_CHECK(ctx.wait(ack));
       const double t = secondsSince(t0);
-      out.seconds = std::min(out.seconds, std::max(t - rtt, t / 2));
+      // The last transfer counts: the first one pays TCP's slow start, and a token-bucket
+      // shaper's burst (an idle link's credit) would make the first look faster than the
+      // link is.
+      out.seconds = std::max(t - rtt, t / 2);
     } else {
       NANOCCL_CHECK(ctx.wait(ctx.irecv(peer, tag, buf, bytes)));
       NANOCCL_CHECK(ctx.wait(ctx.isend(peer, tag, detail::kAckByte, 0)));
@@ -348,6 +351,26 @@ Result<LinkProfile> probeLinks(Store& store, const TuningTarget& t, const Deadli
   return out;
 }
 
+std::string hostName() {
+  char name[256] = {};
+  if (::gethostname(name, sizeof name - 1) != 0) return "?";
+  return name;
+}
+
+// Cores this process may run on over the ranks that published rank 0's host name, at most 1.
+Result<double> cpuShareOfRankZero(Store& store, int size, const Deadline& deadline) {
+  const std::string mine = hostName();
+  int ranks = 0;
+  for (int r = 0; r < size; ++r) {
+    NANOCCL_ASSIGN_OR_RETURN(std::string host, store.get("tune/host/" + std::to_string(r), deadline));
+    ranks += host == mine ? 1 : 0;
+  }
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  const int cores = ::sched_getaffinity(0, sizeof set, &set) == 0 ? CPU_COUNT(&set) : 1;
+  return std::min(1.0, static_cast<double>(cores) / std::max(ranks, 1));
+}
+
 // Rank 0's decision, handed to the others under "tune/plan".
 constexpr const char* kPlanOff = "off";
 constexpr const char* kPlanUse = "use";
@@ -367,6 +390,7 @@ std::string LinkProfile::toText() const {
   s += classLine("inter", inter);
   s += classLine("intra", intra);
   s += "reduce_MBps " + number(reduceMBps) + "\n";
+  s += "cpu_share " + number(cpuShare) + "\n";
   for (const CodecRates& c : codecs) {
     s += "codec " + c.name + " encode_MBps " + number(c.encodeMBps) + " decode_MBps " +
          number(c.decodeMBps) + " accumulate_MBps " + number(c.accumulateMBps) + "\n";
@@ -426,6 +450,11 @@ Result<LinkProfile> LinkProfile::parse(const std::string& text, const std::strin
       NANOCCL_CHECK(readRates(tok, 0, {{"reduce_MBps", &p.reduceMBps}}, at));
       continue;
     }
+    if (key == "cpu_share") {
+      NANOCCL_CHECK(readRates(tok, 0, {{"cpu_share", &p.cpuShare}}, at));
+      if (p.cpuShare > 1) return invalidArgument(at + "cpu_share " + tok[1] + ": at most 1");
+      continue;
+    }
     static const char* const kSingle[] = {"version", "shape", "transport", "nsocks", "measured"};
     if (std::find_if(std::begin(kSingle), std::end(kSingle),
                      [&](const char* k) { return key == k; }) == std::end(kSingle)) {
@@ -454,7 +483,7 @@ Result<LinkProfile> LinkProfile::parse(const std::string& text, const std::strin
     }
   }
   for (const char* required : {"version", "shape", "transport", "nsocks", "measured", "inter",
-                               "intra", "reduce_MBps"}) {
+                               "intra", "reduce_MBps", "cpu_share"}) {
     if (std::find(seen.begin(), seen.end(), required) == seen.end()) {
       return invalidArgument(where + ": no '" + required + "' record (not a link profile?)");
     }
@@ -475,7 +504,7 @@ std::string LinkProfile::summary() const {
   };
   cls("inter", inter);
   cls("intra", intra);
-  s += " reduce " + number(reduceMBps) + " MB/s";
+  s += " reduce " + number(reduceMBps) + " MB/s, " + number(cpuShare) + " core a rank";
   for (const CodecRates& c : codecs) {
     s += "; " + c.name + " " + number(c.encodeMBps) + "/" + number(c.decodeMBps) + " MB/s";
   }
@@ -626,6 +655,7 @@ Result<std::shared_ptr<const LinkProfile>> agreeOnProfile(Store& store, const Tu
   if (plan == kPlanOff) return std::shared_ptr<const LinkProfile>();
   if (plan == kPlanMeasure) {
     const Clock::time_point t0 = Clock::now();
+    NANOCCL_CHECK(store.set("tune/host/" + std::to_string(t.rank), hostName()));
     Result<LinkProfile> probed = probeLinks(store, t, deadline);
     if (!probed.isOk()) return probed.status().withContext(who + "measuring the links: ");
     if (t.rank == 0) {
@@ -635,6 +665,7 @@ Result<std::shared_ptr<const LinkProfile>> agreeOnProfile(Store& store, const Tu
       p.nsocks = config.nsocks;
       p.measured = utcNow();
       measureCpuRates(p);
+      NANOCCL_ASSIGN_OR_RETURN(p.cpuShare, cpuShareOfRankZero(store, t.size, deadline));
       text = p.toText();
       const Status saved = saveProfile(p, path);
       if (!saved.isOk()) {

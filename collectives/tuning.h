@@ -24,6 +24,7 @@
 //   inter alpha_us 61.2 pair_MBps 117.5 node_MBps 118.1     (or: inter none)
 //   intra alpha_us 9.1 pair_MBps 3100 node_MBps 3100        (or: intra none)
 //   reduce_MBps 5200                float32 sum, one core, per byte of input
+//   cpu_share 0.5                   cores of rank 0's host / ranks of the job on it, at most 1
 //   codec int8 encode_MBps 2100 decode_MBps 3500 accumulate_MBps 3000   (one line per codec)
 // Codec rates are per byte of float32 input (the uncompressed side).
 #pragma once
@@ -65,6 +66,9 @@ struct LinkProfile {
   LinkClassProfile inter;
   LinkClassProfile intra;
   double reduceMBps = 0;
+  // The share of a core each rank can count on: rank 0's host's cores over the job's ranks on
+  // that host (by host name), at most 1. An emulated 2x2 cluster on 2 cores: 0.5.
+  double cpuShare = 1;
   std::vector<CodecRates> codecs;
 
   // The file format above; parse(toText()) gives the profile back.

@@ -1,5 +1,6 @@
 #include "common/config.h"
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <cstdlib>
@@ -36,6 +37,30 @@ Status oneOf(const std::string& name, const std::string& v, std::initializer_lis
   for (const char* o : ok) all += std::string(all.empty() ? "" : "|") + o;
   return invalidArgument(name + "=" + v + ": expected one of " + all);
 }
+
+}  // namespace
+
+Result<std::vector<std::string>> splitCodecList(const std::string& v) {
+  std::vector<std::string> out;
+  std::string all;
+  for (const char* name : kCodecNames) all += std::string(all.empty() ? "" : ", ") + name;
+  size_t start = 0;
+  while (start <= v.size()) {
+    const size_t comma = std::min(v.find(',', start), v.size());
+    const std::string name = v.substr(start, comma - start);
+    bool known = false;
+    for (const char* n : kCodecNames) known = known || name == n;
+    if (!known) {
+      return invalidArgument("compression_allow=" + v + ": '" + name +
+                             "' is not a codec (a comma-separated list of " + all + ")");
+    }
+    if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+    start = comma + 1;
+  }
+  return out;
+}
+
+namespace {
 
 // One row per setting (shared/STYLE.md 3): its name, how to set it, how to print it.
 struct Field {
@@ -127,17 +152,24 @@ const std::vector<Field>& fields() {
        [](const Config& c) { return c.intraTransport; }},
       {"compression",
        [](Config& c, const std::string& v) {
-         bool known = false;
+         bool known = v == "auto";
          std::string all;
          for (const char* name : kCodecNames) {
            known = known || v == name;
            all += std::string(all.empty() ? "" : "|") + name;
          }
-         if (!known) return invalidArgument("compression=" + v + ": expected one of " + all);
+         if (!known) return invalidArgument("compression=" + v + ": expected one of " + all + "|auto");
          c.compression = v;
          return Status::ok();
        },
        [](const Config& c) { return c.compression; }},
+      {"compression_allow",
+       [](Config& c, const std::string& v) {
+         NANOCCL_CHECK(splitCodecList(v).status());
+         c.compressionAllow = v;
+         return Status::ok();
+       },
+       [](const Config& c) { return c.compressionAllow; }},
       intField("compression_min_bytes", &Config::compressionMinBytes, 0),
       {"compression_block",
        [](Config& c, const std::string& v) {

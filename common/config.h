@@ -52,8 +52,12 @@ struct Config {
   std::string intraTransport = "auto";
   // Lossy compression of the inter-node leg of allreduce and reduce_scatter (float32 sum/avg
   // only; intra-node stages stay lossless): "none", "fp16", "bf16", "int8" or "int4"
-  // (collectives/codec/codec.h). Every rank of a group must agree.
+  // (collectives/codec/codec.h), or "auto": per call, whichever of compressionAllow the cost
+  // model predicts fastest (it needs a link profile: "auto" turns tuning "off" into "cached").
+  // Every rank of a group must agree.
   std::string compression = "none";
+  // The codecs compression "auto" may choose from, comma-separated ("none" = lossless).
+  std::string compressionAllow = "none,bf16,int8";
   // Messages below this many bytes stay lossless even with a codec set.
   size_t compressionMinBytes = 1 << 20;
   // Elements per scale of int8/int4; 0 takes the codec's default (256 for int8, 64 for int4).
@@ -81,5 +85,9 @@ struct Config {
   // Logs the effective configuration once per process at NANOCCL_DEBUG=INFO.
   void logOnce() const;
 };
+
+// The codec names of a compression_allow value, in order, each once; kInvalidArgument naming
+// the first unknown one (an empty name too).
+Result<std::vector<std::string>> splitCodecList(const std::string& value);
 
 }  // namespace nanoccl

@@ -107,6 +107,15 @@ py::dict statsDict(const nanoccl::BackendStats& s) {
   for (const auto& [name, b] : s.perTransport) perTransport[py::str(name)] = bytesDict(b);
   out["per_transport"] = perTransport;
   out["calls_with_kept_buffers"] = s.callsWithKeptBuffers;
+  py::dict modelled;
+  for (const auto& t : s.modelled) {
+    py::dict d;
+    d["calls"] = t.calls;
+    d["predicted_s"] = t.predictedSeconds;
+    d["measured_s"] = t.measuredSeconds;
+    modelled[py::str(t.what)] = d;
+  }
+  out["modelled"] = modelled;
   return out;
 }
 

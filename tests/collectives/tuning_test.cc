@@ -28,6 +28,7 @@ LinkProfile sampleProfile() {
   p.inter = {true, 61.25, 117.5, 118.0};
   p.intra = {true, 9.5, 3100, 3000};
   p.reduceMBps = 5200;
+  p.cpuShare = 0.5;
   p.codecs = {{"int8", 2100, 3500, 3000}, {"bf16", 4000, 5000, 4500}};
   return p;
 }
@@ -115,6 +116,7 @@ TEST(LinkProfileText, MalformedProfilesNameTheLineAndTheReason) {
       {replaced("codec bf16", "codec int8"), "'codec int8' given twice"},
       {replaced("reduce_MBps", "reduce_GBps"), "unknown record 'reduce_GBps'"},
       {good + "shape 3x3\n", "'shape' given twice"},
+      {replaced("cpu_share 0.5", "cpu_share 2"), "cpu_share 2: at most 1"},
       {replaced("intra alpha_us", "intra  # alpha_us"), "'intra' takes alpha_us"},
       {replaced("measured 2026-11-24T15:02:11Z\n", ""), "no 'measured' record"},
       {"", "no 'version' record (not a link profile?)"},
@@ -128,6 +130,7 @@ TEST(LinkProfileText, MalformedProfilesNameTheLineAndTheReason) {
     EXPECT_EQ(p.status().message().rfind("/x/profile.txt", 0), 0u) << p.status().toString();
   }
   // The line number: "version 7" is on line 2 (after the comment line).
+  // (A missing record is named without one.)
   Result<LinkProfile> p = LinkProfile::parse(replaced("version 1", "version 7"), "f");
   EXPECT_EQ(p.status().message().rfind("f:2: ", 0), 0u) << p.status().toString();
 }
@@ -226,6 +229,8 @@ TEST_P(MeasuredProfile, EveryRankHoldsRankZerosMeasurement) {
     EXPECT_GT(cls->nodeMBps, 0);
   }
   EXPECT_EQ(p.codecs.size(), 4u);
+  EXPECT_GT(p.cpuShare, 0);
+  EXPECT_LE(p.cpuShare, 1);
   EXPECT_EQ(readFile(file), p.toText());
 
   std::vector<float> data(4096, 1.0f);
@@ -297,7 +302,7 @@ TEST(TunedWorld, ABrokenFileFailsEveryRankNamingIt) {
        createEach(tunedWorld({"a", "a", "b"}, "cached", file))) {
     ASSERT_FALSE(r.isOk());
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-    EXPECT_NE(r.status().message().find(file + ":12: unknown record 'bogus'"), std::string::npos)
+    EXPECT_NE(r.status().message().find(file + ":13: unknown record 'bogus'"), std::string::npos)
         << r.status().toString();
     EXPECT_NE(r.status().message().find("NANOCCL_TUNING=measure"), std::string::npos);
   }

@@ -51,6 +51,7 @@ const char* kNames[] = {"socket_ifname",       "tcp_engine", "nsocks",
                         "stripe_min_bytes",    "algo",       "chunk_bytes",
                         "small_message_bytes", "spin_us", "timeout_ms", "connect_timeout_ms",
                         "node_id",             "transport",  "intra_transport", "compression",
+                        "compression_allow",
                         "compression_min_bytes", "compression_block", "secret_file",
                         "secret",              "encrypt",    "tuning",
                         "tuning_file"};

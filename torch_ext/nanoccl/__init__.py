@@ -236,6 +236,12 @@ class PeerStats(TypedDict):
     messages_received: int
 
 
+class ModelledCalls(TypedDict):
+    calls: int
+    predicted_s: float
+    measured_s: float
+
+
 class Stats(TypedDict):
     rank: int
     size: int
@@ -251,6 +257,9 @@ class Stats(TypedDict):
     # failed calls whose tensors are kept alive until the group is destroyed: aborting the
     # transports did not end every transfer on them (a stuck progress thread or provider)
     calls_with_kept_buffers: int
+    # calls the cost model predicted (a link profile is in force, README "Tuning"), per
+    # "op/algorithm" or "op/algorithm/codec": calls, predicted_s and measured_s (summed)
+    modelled: dict[str, ModelledCalls]
 
 
 def stats(group: dist.ProcessGroup | None = None) -> Stats:

@@ -202,6 +202,16 @@ def count_wrong(flat: torch.Tensor, row: torch.Tensor, rtol: float, atol: float 
 
 # Half the codec's resolution at magnitude 1 (collectives/codec/codec.h's error table).
 CODEC_UNIT = {"none": 0.0, "fp16": 2.0**-11, "bf16": 2.0**-8, "int8": 1 / 254, "int4": 1 / 14}
+# compression "auto" picks per call from NANOCCL_COMPRESSION_ALLOW (this default, when unset).
+DEFAULT_ALLOW = "none,bf16,int8"
+
+
+def codec_unit(codec: str) -> float:
+    """CODEC_UNIT, and for "auto" the coarsest of the codecs it may choose."""
+    if codec == "auto":
+        allowed = os.environ.get("NANOCCL_COMPRESSION_ALLOW", DEFAULT_ALLOW).split(",")
+        return max(CODEC_UNIT.get(c.strip().lower(), 0.0) for c in allowed)
+    return CODEC_UNIT[codec]
 
 
 def checked_dtype(dtype: DType, side: Any, world: int) -> DType:
@@ -215,7 +225,7 @@ def checked_dtype(dtype: DType, side: Any, world: int) -> DType:
         return dtype
     half = dtype.torch_dtype in (torch.float16, torch.bfloat16)
     return replace(dtype, rtol=dtype.rtol if half else 0.0,
-                   atol=2 * world * 13 * CODEC_UNIT[side.codec] * 1.05)
+                   atol=2 * world * 13 * codec_unit(side.codec) * 1.05)
 
 
 # ----------------------------------------------------------------- collectives
@@ -544,6 +554,7 @@ def measure(name: str, sides: list[Side], ctrl: Any, opts: Options, rank: int, w
             _sync(opts.device)
             times[k].append((time.perf_counter_ns() - start) / 1000.0)
 
+        before = [_modelled(side) for side in sides]
         if opts.mode == "back-to-back":
             done = 0
             while done < iters:
@@ -575,8 +586,39 @@ def measure(name: str, sides: list[Side], ctrl: Any, opts: Options, rank: int, w
             results.wrong += wrong
         results.rows.extend(rows)
         on_rows(rows)
+        if rank == 0:
+            for side, old in zip(sides, before):
+                for line in _model_lines(side, old, _modelled(side), bufs.size):
+                    print(line, flush=True)
         del bufs, pristine
     return results
+
+
+def _modelled(side: Side) -> dict[str, Any]:
+    """The nanoccl side's stats()["modelled"] (empty for other backends): local, no traffic."""
+    if side.backend != "nanoccl":
+        return {}
+    try:
+        import nanoccl
+        return dict(nanoccl.stats(side.group).get("modelled", {}))
+    except Exception:  # noqa: BLE001 - an older build without it: nothing to show
+        return {}
+
+
+def _model_lines(side: Side, old: dict[str, Any], new: dict[str, Any], size: int) -> list[str]:
+    """"#   model: ..." lines: the cost model's prediction beside the measured time, per call,
+    for the calls of one size (rank 0's view; README "Tuning")."""
+    lines = []
+    for what, cur in new.items():
+        prev = old.get(what, {"calls": 0, "predicted_s": 0.0, "measured_s": 0.0})
+        calls = cur["calls"] - prev["calls"]
+        if calls <= 0:
+            continue
+        pred = (cur["predicted_s"] - prev["predicted_s"]) / calls * 1e6
+        meas = (cur["measured_s"] - prev["measured_s"]) / calls * 1e6
+        lines.append(f"#   model: {side.label} {size} B: {what} predicted {pred:.1f} us, "
+                     f"measured {meas:.1f} us (x{meas / pred if pred > 0 else float('nan'):.2f})")
+    return lines
 
 
 # ------------------------------------------------------------------- output
@@ -672,9 +714,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ab", default=None, metavar="BACKEND",
                    help="reference backend measured in the same launch, e.g. gloo or nccl")
     p.add_argument("--compression", default=None, metavar="CODEC",
-                   help="nanoccl only: compress the inter-node leg with fp16, bf16, int8 or int4 "
-                        "(Options(compression=CODEC, min_bytes=0)); results are checked "
-                        "against the codec's error bound")
+                   help="nanoccl only: compress the inter-node leg with fp16, bf16, int8 or int4, "
+                        "or auto (the codec the cost model predicts fastest per call, "
+                        "README \"Tuning\") (Options(compression=CODEC, min_bytes=0)); results "
+                        "are checked against the codec's error bound")
     p.add_argument("--block-size", type=int, default=0,
                    help="with --compression int8/int4: elements per scale (0: the codec's)")
     p.add_argument("--encrypt", action="store_true",
@@ -763,7 +806,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # NANOCCL_COMPRESSION_MIN_BYTES): such a side is labelled with it, and checked against the
     # codec's error bound.
     env_codec = os.environ.get("NANOCCL_COMPRESSION", "").strip().lower()
-    if env_codec not in CODEC_UNIT or env_codec == "none":
+    if (env_codec not in CODEC_UNIT and env_codec != "auto") or env_codec == "none":
         env_codec = ""
     if env_codec and "nanoccl" in (backend, args.ab):
         notes.append(f"NANOCCL_COMPRESSION={env_codec} in the environment: nanoccl groups "

@@ -1,0 +1,228 @@
+#include "collectives/cost_model.h"
+
+#include <algorithm>
+#include <cmath>
+
+namespace nanoccl::detail {
+namespace {
+
+// The hierarchical allreduce's pipeline blocks (hierarchical.cc's constants).
+constexpr double kBlockBytes = 4.0 * (1 << 20);
+constexpr int kMaxBlocks = 16;
+constexpr double kCompressedBlockBytes = 1.0 * (1 << 20);
+constexpr int kMaxCompressedBlocks = 64;
+
+struct Link {
+  double alpha = 0;  // seconds
+  double bw = 1;     // bytes per second
+};
+
+// What the profile says of the node links when `crossing` ranks of a node cross at once.
+Link interLink(const LinkProfile& p, int crossing) {
+  const double node = p.inter.nodeMBps * 1e6 / std::max(crossing, 1);
+  return {p.inter.alphaUs * 1e-6, std::min(p.inter.pairMBps * 1e6, node)};
+}
+
+Link intraLink(const LinkProfile& p) { return {p.intra.alphaUs * 1e-6, p.intra.pairMBps * 1e6}; }
+
+// One CPU's seconds for `bytes` at `mbps` (MB/s of one core), given the share of a core.
+double cpu(const LinkProfile& p, double bytes, double mbps) {
+  return bytes / (std::max(mbps, 1.0) * 1e6 * std::max(p.cpuShare, 0.01));
+}
+
+// One pipelined ring pass over `ranks` ranks, each forwarding a segment of `segment` bytes in
+// chunks: the chunks follow each other, so (ranks - 2 + chunks) chunk times.
+double ringPass(int ranks, double segment, double chunkBytes, Link l) {
+  if (ranks < 2 || segment <= 0) return 0;
+  const double chunks = std::max(1.0, std::ceil(segment / chunkBytes));
+  return (ranks - 2 + chunks) * (l.alpha + segment / chunks / l.bw);
+}
+
+// Stages that overlap over `blocks` blocks (each stage time for the whole call): the slowest
+// stage sets the pace, the others add their time for one block (fill and drain).
+double pipelined(std::initializer_list<double> stages, int blocks) {
+  double sum = 0;
+  double slowest = 0;
+  for (double s : stages) {
+    sum += s;
+    slowest = std::max(slowest, s);
+  }
+  return slowest + (sum - slowest) / blocks;
+}
+
+int blocksOf(double bytes, double blockBytes, int maxBlocks) {
+  return static_cast<int>(std::clamp(std::floor(bytes / blockBytes), 1.0,
+                                     static_cast<double>(maxBlocks)));
+}
+
+const CodecRates* ratesOf(const LinkProfile& p, const codec::Codec& c) {
+  for (const CodecRates& r : p.codecs) {
+    if (r.name == c.name) return &r;
+  }
+  return nullptr;
+}
+
+// A compressed exchange of `x` float32 bytes per rank over `nodes` ranks on `link` (compressed.cc:
+// encode, send every segment to its owner, accumulate, encode the sum once, send it to all,
+// decode): its wire and codec times overlap over chunks. `allgather`: the allreduce (the sums
+// go back to everyone); else the reduce-scatter.
+double compressedExchange(const LinkProfile& p, const CallArgs& args, double x, int nodes,
+                          Link link, bool allgather, int blocks) {
+  const codec::Codec& c = *args.codec;
+  const CodecRates* r = ratesOf(p, c);
+  if (r == nullptr || nodes < 2 || x <= 0) return r == nullptr ? kNoPrediction : 0;
+  const size_t count = std::max<size_t>(1, static_cast<size_t>(x / 4));
+  const double ratio =
+      static_cast<double>(c.encodedBytes(count, args.codecParams)) / (4.0 * static_cast<double>(count));
+  const double share = static_cast<double>(nodes - 1) / nodes;
+  const double passes = allgather ? 2 : 1;
+  const double wire = passes * (link.alpha * (nodes - 1) + share * x * ratio / link.bw);
+  double codecTime = cpu(p, x, r->encodeMBps) + cpu(p, share * x, r->accumulateMBps);
+  if (allgather) codecTime += cpu(p, x / nodes, r->encodeMBps) + cpu(p, x, r->decodeMBps);
+  return pipelined({wire, codecTime}, blocks);
+}
+
+// ---- allreduce ----------------------------------------------------------------------------
+
+double ringAllreduce(const CallArgs& args, const Topology& t, const LinkProfile& p, double chunk) {
+  const int n = t.size();
+  const double s = static_cast<double>(args.count) * args.elemSize();
+  const Link l = t.numNodes() > 1 ? interLink(p, 1) : intraLink(p);
+  const double seg = s / n;
+  return 2 * ringPass(n, seg, chunk, l) + cpu(p, (n - 1) * seg, p.reduceMBps);
+}
+
+// The link between rank 0 and rank `d` (the partner of round d), and how many ranks of a node
+// cross nodes in that round.
+Link partnerLink(const Topology& t, const LinkProfile& p, int d) {
+  if (t.sameNode(0, d)) return intraLink(p);
+  return interLink(p, t.maxLocalSize());
+}
+
+double recursiveDoubling(const CallArgs& args, const Topology& t, const LinkProfile& p) {
+  const int n = t.size();
+  const double s = static_cast<double>(args.count) * args.elemSize();
+  int pow2 = 1;
+  while (pow2 * 2 <= n) pow2 *= 2;
+  double total = 0;
+  for (int d = 1; d < pow2; d *= 2) {
+    const Link l = partnerLink(t, p, d);
+    total += l.alpha + s / l.bw + cpu(p, s, p.reduceMBps);
+  }
+  if (pow2 != n) {  // the extra ranks fold in and get the result back
+    const Link l = t.numNodes() > 1 ? interLink(p, 1) : intraLink(p);
+    total += 2 * (l.alpha + s / l.bw) + cpu(p, s, p.reduceMBps);
+  }
+  return total;
+}
+
+double treeAllreduce(const CallArgs& args, const Topology& t, const LinkProfile& p) {
+  const double s = static_cast<double>(args.count) * args.elemSize();
+  const double depth = std::ceil(std::log2(std::max(t.size(), 2)));
+  const Link l = t.numNodes() > 1 ? interLink(p, 1) : intraLink(p);
+  return 2 * depth * (l.alpha + s / l.bw) + depth * cpu(p, s, p.reduceMBps);
+}
+
+double hierarchicalAllreduce(const CallArgs& args, const Topology& t, const LinkProfile& p,
+                             double chunk) {
+  const double s = static_cast<double>(args.count) * args.elemSize();
+  const int shards = t.minLocalSize();
+  const int local = t.maxLocalSize();
+  const int nodes = t.numNodes();
+  const Link in = intraLink(p);
+  const Link across = interLink(p, shards);
+  const double shard = s / shards;
+  const double intraRs = ringPass(local, shard, chunk, in) + cpu(p, (local - 1) * shard, p.reduceMBps);
+  const double intraAg = ringPass(local, shard, chunk, in);
+  if (args.codec == nullptr) {
+    const int blocks = blocksOf(s, kBlockBytes, kMaxBlocks);
+    const double seg = shard / nodes;
+    const double inter = 2 * ringPass(nodes, seg, chunk, across) +
+                         cpu(p, (nodes - 1) * seg, p.reduceMBps);
+    return pipelined({intraRs, inter, intraAg}, blocks);
+  }
+  const int blocks = blocksOf(s, kCompressedBlockBytes, kMaxCompressedBlocks);
+  const double wide = static_cast<double>(args.count) * 4 / shards;  // float32 across nodes
+  double inter = compressedExchange(p, args, wide, nodes, across, true, blocks);
+  if (args.dtype != DataType::kFloat32) inter += cpu(p, 2 * wide, p.reduceMBps);  // widen, narrow
+  return pipelined({intraRs, inter, intraAg}, blocks);
+}
+
+double compressedAllreduce(const CallArgs& args, const Topology& t, const LinkProfile& p) {
+  const double x = static_cast<double>(args.count) * 4;
+  const int blocks = blocksOf(x, kCompressedBlockBytes, kMaxCompressedBlocks);
+  double total = compressedExchange(p, args, x, t.size(), interLink(p, 1), true, blocks);
+  if (args.dtype != DataType::kFloat32) total += cpu(p, 2 * x, p.reduceMBps);
+  return total;
+}
+
+// ---- reduce_scatter -----------------------------------------------------------------------
+
+double totalBytes(const CallArgs& args) {
+  double n = 0;
+  for (size_t c : args.counts) n += static_cast<double>(c);
+  return n * args.elemSize();
+}
+
+double ringReduceScatter(const CallArgs& args, const Topology& t, const LinkProfile& p,
+                         double chunk) {
+  const int n = t.size();
+  const double seg = totalBytes(args) / n;
+  const Link l = t.numNodes() > 1 ? interLink(p, 1) : intraLink(p);
+  return ringPass(n, seg, chunk, l) + cpu(p, (n - 1) * seg, p.reduceMBps);
+}
+
+double hierarchicalReduceScatter(const CallArgs& args, const Topology& t, const LinkProfile& p,
+                                 double chunk) {
+  const double s = totalBytes(args);
+  const int shards = t.minLocalSize();
+  const int local = t.maxLocalSize();
+  const int nodes = t.numNodes();
+  const Link in = intraLink(p);
+  const double shard = s / shards;
+  const double intraRs = ringPass(local, shard, chunk, in) + cpu(p, (local - 1) * shard, p.reduceMBps);
+  const double out = in.alpha + s / t.size() / in.bw;
+  double inter;
+  if (args.codec == nullptr) {
+    const double seg = shard / nodes;
+    inter = ringPass(nodes, seg, chunk, interLink(p, shards)) +
+            cpu(p, (nodes - 1) * seg, p.reduceMBps);
+  } else {
+    const double wide = s / args.elemSize() * 4 / shards;
+    inter = compressedExchange(p, args, wide, nodes, interLink(p, shards), false,
+                               blocksOf(wide, kCompressedBlockBytes, kMaxCompressedBlocks));
+  }
+  return intraRs + inter + out;
+}
+
+double compressedReduceScatter(const CallArgs& args, const Topology& t, const LinkProfile& p) {
+  const double x = totalBytes(args) / args.elemSize() * 4;
+  return compressedExchange(p, args, x, t.size(), interLink(p, 1), false,
+                            blocksOf(x, kCompressedBlockBytes, kMaxCompressedBlocks));
+}
+
+}  // namespace
+
+double predictSeconds(const AlgorithmRow& row, const CallArgs& args, const Topology& t,
+                      const LinkProfile& p, size_t chunkBytes) {
+  if (t.size() < 2) return 0;
+  if (t.numNodes() > 1 && !p.inter.present) return kNoPrediction;
+  if (t.maxLocalSize() > 1 && !p.intra.present) return kNoPrediction;
+  const std::string name = row.name;
+  const double chunk = static_cast<double>(std::max<size_t>(chunkBytes, 1));
+  if (args.codec != nullptr && !row.lossy) return kNoPrediction;
+  if (row.op == OpType::kAllreduce) {
+    if (name == "ring") return ringAllreduce(args, t, p, chunk);
+    if (name == "recursive_doubling") return recursiveDoubling(args, t, p);
+    if (name == "tree") return treeAllreduce(args, t, p);
+    if (name == "hierarchical") return hierarchicalAllreduce(args, t, p, chunk);
+    if (name == "compressed" && args.codec != nullptr) return compressedAllreduce(args, t, p);
+  } else if (row.op == OpType::kReduceScatter) {
+    if (name == "ring") return ringReduceScatter(args, t, p, chunk);
+    if (name == "hierarchical") return hierarchicalReduceScatter(args, t, p, chunk);
+    if (name == "compressed" && args.codec != nullptr) return compressedReduceScatter(args, t, p);
+  }
+  return kNoPrediction;
+}
+
+}  // namespace nanoccl::detail

@@ -1,0 +1,263 @@
+// The cost model (collectives/cost_model.h) and the planner's use of it: which row and codec a
+// link profile leads to, and a whole world choosing the codec under compression "auto".
+#include "collectives/cost_model.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+
+#include "collectives/codec/codec.h"
+#include "collectives/planner.h"
+#include "tests/collectives/test_util.h"
+
+namespace nanoccl {
+namespace {
+
+using detail::CallArgs;
+using detail::Plan;
+
+// 1 Gbit/s between nodes, shared memory within: compression pays for large messages.
+LinkProfile slowLinks() {
+  LinkProfile p;
+  p.shape = "2x2";
+  p.transport = "tcp";
+  p.nsocks = Config().nsocks;
+  p.measured = "2026-11-24T00:00:00Z";
+  p.inter = {true, 60, 117, 118};
+  p.intra = {true, 8, 4000, 4000};
+  p.reduceMBps = 8000;
+  p.cpuShare = 1;
+  p.codecs = {{"fp16", 6000, 6000, 5000},
+              {"bf16", 6000, 6000, 5000},
+              {"int8", 3000, 4000, 3500},
+              {"int4", 2000, 3000, 2500}};
+  return p;
+}
+
+// Links far faster than the codecs: compression costs more than it saves.
+LinkProfile fastLinks() {
+  LinkProfile p = slowLinks();
+  p.inter = {true, 20, 20000, 20000};
+  p.intra = {true, 5, 20000, 20000};
+  for (CodecRates& c : p.codecs) c = {c.name, 400, 400, 400};
+  return p;
+}
+
+CallArgs allreduce(size_t bytes, DataType dtype = DataType::kFloat32) {
+  CallArgs a;
+  a.op = OpType::kAllreduce;
+  a.dtype = dtype;
+  a.redop = ReduceOp::kSum;
+  a.count = bytes / dataTypeSize(dtype);
+  return a;
+}
+
+const Topology k2x2 = Topology::fromNodeIds({"a", "a", "b", "b"});
+
+Plan planned(CallArgs args, const LinkProfile* p, Config c = Config()) {
+  Result<Plan> plan = detail::plan(args, k2x2, c, p);
+  EXPECT_TRUE(plan.isOk()) << plan.status().toString();
+  return plan.isOk() ? plan.value() : Plan{};
+}
+
+std::string codecName(const Plan& p) { return p.codec == nullptr ? "none" : p.codec->name; }
+
+TEST(CostModel, SlowLinksTakeTheCodecForLargeMessagesAndLosslessForSmallOnes) {
+  const LinkProfile p = slowLinks();
+  CallArgs large = allreduce(256 << 20);
+  large.codecAuto = true;
+  const Plan big = planned(large, &p);
+  EXPECT_STREQ(big.row->name, "hierarchical");
+  EXPECT_EQ(codecName(big), "int8");
+  EXPECT_TRUE(std::isfinite(big.predictedSeconds));
+  // 2 x 256 MB x (1/2) across a 117 MB/s link, a quarter of it under int8: about 0.6 s.
+  EXPECT_GT(big.predictedSeconds, 0.3);
+  EXPECT_LT(big.predictedSeconds, 1.5);
+
+  CallArgs tiny = allreduce(4);
+  tiny.codecAuto = true;
+  const Plan small = planned(tiny, &p);
+  EXPECT_STREQ(small.row->name, "recursive_doubling");
+  EXPECT_EQ(codecName(small), "none");
+}
+
+TEST(CostModel, CodecsSlowerThanTheLinkAreLeftOut) {
+  const LinkProfile p = fastLinks();
+  CallArgs large = allreduce(256 << 20);
+  large.codecAuto = true;
+  const Plan plan = planned(large, &p);
+  EXPECT_EQ(codecName(plan), "none");
+  EXPECT_STREQ(plan.row->name, "hierarchical");
+}
+
+TEST(CostModel, OnlyAllowedCodecsAreChosen) {
+  const LinkProfile p = slowLinks();
+  CallArgs large = allreduce(256 << 20);
+  large.codecAuto = true;
+  Config c;
+  c.compressionAllow = "none,bf16";
+  EXPECT_EQ(codecName(planned(large, &p, c)), "bf16");
+  c.compressionAllow = "none,bf16,int8,int4";
+  EXPECT_EQ(codecName(planned(large, &p, c)), "int4");
+  c.compressionAllow = "none";
+  EXPECT_EQ(codecName(planned(large, &p, c)), "none");
+}
+
+TEST(CostModel, PredictionsGrowWithSizeAndShrinkWithBandwidth) {
+  const LinkProfile slow = slowLinks();
+  const LinkProfile fast = fastLinks();
+  for (const detail::AlgorithmRow& row : detail::algorithmTable()) {
+    if (row.op != OpType::kAllreduce || row.supports(allreduce(4), k2x2).code() != StatusCode::kOk) {
+      continue;
+    }
+    double last = 0;
+    for (size_t bytes = 4; bytes <= (size_t{256} << 20); bytes *= 16) {
+      const double t = detail::predictSeconds(row, allreduce(bytes), k2x2, slow, 1 << 20);
+      ASSERT_TRUE(std::isfinite(t)) << row.name;
+      EXPECT_GE(t, last) << row.name << " at " << bytes;
+      EXPECT_LT(detail::predictSeconds(row, allreduce(bytes), k2x2, fast, 1 << 20), t) << row.name;
+      last = t;
+    }
+  }
+}
+
+TEST(CostModel, ForcedSettingsWin) {
+  const LinkProfile p = slowLinks();
+  CallArgs large = allreduce(256 << 20);
+  large.codecAuto = true;
+  Config c;
+  c.algo = "ring";  // lossless: auto compression has nothing to compress with
+  Plan plan = planned(large, &p, c);
+  EXPECT_STREQ(plan.row->name, "ring");
+  EXPECT_EQ(codecName(plan), "none");
+
+  // A fixed codec keeps its lossy row whatever the profile says.
+  const LinkProfile fast = fastLinks();
+  CallArgs fixed = allreduce(256 << 20);
+  Result<const codec::Codec*> int8 = codec::findCodec("int8");
+  ASSERT_TRUE(int8.isOk());
+  fixed.codec = int8.value();
+  plan = planned(fixed, &fast);
+  EXPECT_STREQ(plan.row->name, "hierarchical");
+  EXPECT_EQ(codecName(plan), "int8");
+}
+
+TEST(CostModel, WithoutAProfileTheRulesStandAndAutoIsLossless) {
+  CallArgs large = allreduce(256 << 20);
+  large.codecAuto = true;
+  const Plan plan = planned(large, nullptr);
+  EXPECT_STREQ(plan.row->name, "hierarchical");
+  EXPECT_EQ(codecName(plan), "none");
+  EXPECT_FALSE(std::isfinite(plan.predictedSeconds));
+}
+
+TEST(CostModel, OpsTheModelDoesNotCoverKeepTheRules) {
+  const LinkProfile p = slowLinks();
+  CallArgs b;
+  b.op = OpType::kBroadcast;
+  b.dtype = DataType::kFloat32;
+  b.count = 1 << 20;
+  b.root = 0;
+  Result<const detail::AlgorithmRow*> ruled = detail::planAlgorithm(b, k2x2, Config());
+  ASSERT_TRUE(ruled.isOk());
+  const Plan plan = planned(b, &p);
+  EXPECT_EQ(plan.row, ruled.value());
+  EXPECT_FALSE(std::isfinite(plan.predictedSeconds));
+}
+
+// ---- a world under compression "auto" ----------------------------------------------------------
+
+class AutoWorld : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    char tmpl[] = "/tmp/nanoccl_cost_XXXXXX";
+    dir_ = ::mkdtemp(tmpl);
+  }
+  void TearDown() override { (void)std::system(("rm -rf '" + dir_ + "'").c_str()); }
+
+  // A 2x2 world whose link profile is `p` (from the file), compression "auto".
+  void makeWorld(const LinkProfile& p, std::vector<std::shared_ptr<Communicator>>& comms) {
+    const std::string file = dir_ + "/p.txt";
+    ASSERT_TRUE(saveProfile(p, file).isOk());
+    colltest::WorldOptions o;
+    o.size = 4;
+    o.nodeIds = {"a", "a", "b", "b"};
+    o.configure = [file](int, Config& c) {
+      c.compression = "auto";  // turns tuning "off" into "cached": the file above
+      c.tuningFile = file;
+    };
+    NANOCCL_MAKE_WORLD_OR_SKIP(o, comms);
+  }
+
+  // An allreduce of `count` floats: the values every rank got, and its stats afterwards.
+  std::vector<std::vector<float>> run(std::vector<std::shared_ptr<Communicator>>& comms,
+                                      size_t count) {
+    std::vector<std::vector<float>> bufs(comms.size(), std::vector<float>(count));
+    for (size_t r = 0; r < comms.size(); ++r) {
+      for (size_t i = 0; i < count; ++i) {
+        bufs[r][i] = std::sin(static_cast<float>(i) * 0.001f) * static_cast<float>(r + 1);
+      }
+    }
+    std::vector<std::shared_ptr<Task>> tasks;
+    for (size_t r = 0; r < comms.size(); ++r) {
+      tasks.push_back(comms[r]->allreduce(bufs[r].data(), count, DataType::kFloat32,
+                                          ReduceOp::kSum));
+    }
+    colltest::expectAllOk(tasks);
+    return bufs;
+  }
+
+  std::string dir_;
+};
+
+TEST_F(AutoWorld, SlowLinksCompressAndStatsShowPredictedAndMeasured) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  makeWorld(slowLinks(), comms);
+  if (comms.empty()) return;
+  const size_t count = size_t{4} << 20;  // 16 MB
+  const auto bufs = run(comms, count);
+  double worst = 0;
+  for (size_t i = 0; i < count; ++i) {
+    const float want = std::sin(static_cast<float>(i) * 0.001f) * 10.0f;
+    worst = std::max(worst, static_cast<double>(std::fabs(bufs[0][i] - want)));
+    for (size_t r = 1; r < bufs.size(); ++r) ASSERT_EQ(bufs[r][i], bufs[0][i]) << r << " " << i;
+  }
+  EXPECT_GT(worst, 0);     // lossy: int8 across nodes
+  EXPECT_LT(worst, 0.05);  // within int8's bound for |x| <= 10 (two nodes' sums of blocks)
+  for (const auto& comm : comms) {
+    const CommStats s = comm->stats();
+    ASSERT_EQ(s.modelled.size(), 1u);
+    EXPECT_EQ(s.modelled[0].what, "allreduce/hierarchical/int8");
+    EXPECT_EQ(s.modelled[0].calls, 1u);
+    EXPECT_GT(s.modelled[0].predictedSeconds, 0);
+    EXPECT_GT(s.modelled[0].measuredSeconds, 0);
+  }
+}
+
+TEST_F(AutoWorld, FastLinksStayLossless) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  makeWorld(fastLinks(), comms);
+  if (comms.empty()) return;
+  const size_t count = size_t{4} << 20;
+  const auto bufs = run(comms, count);
+  for (size_t r = 1; r < bufs.size(); ++r) EXPECT_EQ(bufs[r], bufs[0]);
+  EXPECT_NEAR(bufs[0][1234], std::sin(1.234f) * 10.0f, 1e-5);
+  const CommStats s = comms[0]->stats();
+  ASSERT_EQ(s.modelled.size(), 1u);
+  EXPECT_EQ(s.modelled[0].what, "allreduce/hierarchical");
+}
+
+TEST(CostModelSettings, CompressionAllowIsChecked) {
+  Config c;
+  EXPECT_TRUE(c.set("compression", "auto").isOk());
+  EXPECT_TRUE(c.set("compression_allow", "none,int4").isOk());
+  const Status bad = c.set("compression_allow", "none,int3");
+  EXPECT_EQ(bad.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.message().find("'int3' is not a codec"), std::string::npos) << bad.toString();
+  EXPECT_FALSE(c.set("compression_allow", "").isOk());
+  EXPECT_FALSE(c.set("compression_allow", "int8,").isOk());
+}
+
+}  // namespace
+}  // namespace nanoccl
