@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""The tuner against a grid of static settings, in one launch (issue 12's check).
+
+Every rank creates one nanoccl process group per static setting (algorithm x codec x chunk
+size x sockets per peer, only the combinations that change what runs), one with the tuner
+(`compression=auto`, the link profile from NANOCCL_TUNING_FILE or measured), and a Gloo group;
+then, size by size, it times one float32 allreduce per group in turn, `-n` times. Rank 0
+prints, per size, every setting's mean time, the best static one, the tuner's time and
+choice (nanoccl.stats()["modelled"]: what it ran and what it predicted), and Gloo's.
+
+    python bench/emucluster.py --nodes 2 --procs-per-node 2 --rate 1gbit -- \\
+        bench/tune_grid.py -b 1M -e 256M -f 4 -n 3 --json results/tuning/grid_2x2_1gbit.json
+
+Run it under torchrun or the emulated cluster (bench/emucluster.py); a group per setting
+means a few hundred MB of scratch memory per rank at 256 MB.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+import torch.distributed as dist
+
+UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
+def parse_size(text: str) -> int:
+    text = text.strip().upper().rstrip("B")
+    if text and text[-1] in UNITS:
+        return int(float(text[:-1]) * UNITS[text[-1]])
+    return int(text)
+
+
+@dataclass
+class Setting:
+    label: str
+    backend: str
+    options: dict[str, Any] = field(default_factory=dict)
+    group: Any = None
+    times: dict[int, list[float]] = field(default_factory=dict)
+
+
+def static_grid(nodes: int, per_node: int, allow: list[str], chunks: list[int],
+                socks: list[int]) -> list[Setting]:
+    """The static settings whose combination changes what an allreduce runs."""
+    hierarchical = nodes > 1 and per_node > 1
+    out = []
+    for nsocks in socks:
+        for algo in ("ring", "recursive_doubling", "tree", "hierarchical", "compressed"):
+            if algo == "hierarchical" and not hierarchical:
+                continue
+            if algo == "compressed" and (hierarchical or nodes < 2):
+                continue
+            lossy = algo in ("hierarchical", "compressed")
+            for codec in allow if lossy else ["none"]:
+                if algo == "compressed" and codec == "none":
+                    continue
+                chunked = algo in ("ring", "hierarchical")
+                for chunk in chunks if chunked else [chunks[len(chunks) // 2]]:
+                    opts: dict[str, Any] = {"algo": algo, "compression": codec,
+                                            "compression_min_bytes": 0, "chunk_bytes": chunk,
+                                            "nsocks": nsocks}
+                    label = f"{algo}/{codec}/c{chunk >> 10}K/s{nsocks}"
+                    out.append(Setting(label, "nanoccl", opts))
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="tune_grid", description=__doc__.split("\n\n")[0])
+    p.add_argument("-b", "--minbytes", default="1M")
+    p.add_argument("-e", "--maxbytes", default="256M")
+    p.add_argument("-f", "--stepfactor", type=int, default=4)
+    p.add_argument("-n", "--iters", type=int, default=3)
+    p.add_argument("-w", "--warmup", type=int, default=1)
+    p.add_argument("--chunks", default="256K,1M,4M", help="chunk sizes of the grid")
+    p.add_argument("--socks", default="1,2", help="sockets per peer of the grid")
+    p.add_argument("--allow", default=os.environ.get("NANOCCL_COMPRESSION_ALLOW",
+                                                     "none,bf16,int8"),
+                   help="codecs of the grid and of the tuner (NANOCCL_COMPRESSION_ALLOW)")
+    p.add_argument("--json", default=None)
+    args = p.parse_args(argv)
+
+    import nanoccl
+
+    sizes = []
+    size = parse_size(args.minbytes)
+    while size <= parse_size(args.maxbytes):
+        sizes.append(size)
+        size *= args.stepfactor
+    timeout = datetime.timedelta(seconds=600)
+    dist.init_process_group("gloo", timeout=timeout)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    per_node = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    nodes = max(1, world // per_node)
+    allow = [c.strip() for c in args.allow.split(",") if c.strip()]
+    chunks = [parse_size(c) for c in args.chunks.split(",")]
+    socks = [int(s) for s in args.socks.split(",")]
+
+    settings = static_grid(nodes, per_node, allow, chunks, socks)
+    # Measured now: a saved profile may be of another link (the emulator's rate changes).
+    tuned = Setting("auto", "nanoccl", {"compression": "auto", "compression_allow": ",".join(allow),
+                                        "compression_min_bytes": 0, "tuning": "measure"})
+    gloo = Setting("gloo", "gloo")
+    everyone = settings + [tuned, gloo]
+    for s in everyone:
+        opts = nanoccl.Options(**s.options) if s.backend == "nanoccl" else None
+        s.group = dist.new_group(backend=s.backend, pg_options=opts, timeout=timeout)
+    profile = nanoccl.link_profile(tuned.group)
+    if rank == 0:
+        print(f"# tune_grid: {world} ranks ({nodes} nodes x {per_node}), {len(settings)} static "
+              f"settings, allow {','.join(allow)}, torch {torch.__version__}", flush=True)
+        if profile is not None:
+            print("# link profile: " + " | ".join(
+                ln for ln in profile["text"].splitlines() if not ln.startswith("#")), flush=True)
+
+    doc: dict[str, Any] = {"meta": {"world": world, "nodes": nodes, "per_node": per_node,
+                                    "allow": allow, "chunks": chunks, "socks": socks,
+                                    "profile": profile["text"] if profile else None},
+                           "sizes": []}
+    worst = float("inf")
+    for size in sizes:
+        count = size // 4
+        buf = torch.ones(count, dtype=torch.float32)
+        for s in everyone:  # warm-up (and the first call's connection set-up)
+            for _ in range(args.warmup):
+                dist.all_reduce(buf, group=s.group)
+        before = dict(nanoccl.stats(tuned.group)["modelled"])
+        for s in everyone:
+            s.times[size] = []
+        for _ in range(args.iters):
+            for s in everyone:
+                buf.fill_(1.0)
+                start = time.perf_counter()
+                dist.all_reduce(buf, group=s.group)
+                s.times[size].append(time.perf_counter() - start)
+        after = nanoccl.stats(tuned.group)["modelled"]
+        chose = []
+        for what, cur in after.items():
+            prev = before.get(what, {"calls": 0, "predicted_s": 0.0, "measured_s": 0.0})
+            n = cur["calls"] - prev["calls"]
+            if n > 0:
+                chose.append({"what": what, "calls": n,
+                              "predicted_s": (cur["predicted_s"] - prev["predicted_s"]) / n,
+                              "measured_s": (cur["measured_s"] - prev["measured_s"]) / n})
+        # Every rank's mean per setting, then the slowest rank's (a collective ends there).
+        means = [statistics.fmean(s.times[size]) for s in everyone]
+        gathered: list[Any] = [None] * world
+        dist.all_gather_object(gathered, means)
+        mean = [max(g[i] for g in gathered) for i in range(len(everyone))]
+        if rank == 0:
+            static = mean[:len(settings)]
+            best = min(range(len(settings)), key=lambda i: static[i])
+            t_auto, t_gloo = mean[len(settings)], mean[len(settings) + 1]
+            ratio = static[best] / t_auto
+            worst = min(worst, ratio)
+            print(f"\n# {size} B: best static {settings[best].label} {static[best] * 1e3:.2f} ms; "
+                  f"auto {t_auto * 1e3:.2f} ms = {ratio:.3f} of the best's speed; "
+                  f"gloo {t_gloo * 1e3:.2f} ms (auto {t_gloo / t_auto:.2f}x gloo)", flush=True)
+            for c in chose:
+                print(f"#   auto ran {c['what']} x{c['calls']}: predicted "
+                      f"{c['predicted_s'] * 1e3:.2f} ms, measured {c['measured_s'] * 1e3:.2f} ms",
+                      flush=True)
+            for s, t in sorted(zip(settings, static), key=lambda x: x[1])[:8]:
+                print(f"#   {s.label:<40} {t * 1e3:10.2f} ms", flush=True)
+            doc["sizes"].append({"bytes": size, "auto_s": t_auto, "gloo_s": t_gloo,
+                                 "best": settings[best].label, "best_s": static[best],
+                                 "auto_vs_best": ratio, "auto_ran": chose,
+                                 "static": {s.label: t for s, t in zip(settings, static)}})
+    if rank == 0:
+        print(f"\n# worst auto / best static over the sizes: {worst:.3f}", flush=True)
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(doc, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
