@@ -285,7 +285,21 @@ struct Communicator::Impl {
     ++t.calls;
     t.predictedSeconds += call.predictedSeconds;
     t.measuredSeconds += seconds;
+    // A profile of other links (the network changed, or a copied file) shows as drift.
+    if (t.calls == kDriftCalls && !driftWarned) {
+      const double ratio = t.measuredSeconds / std::max(t.predictedSeconds, 1e-9);
+      if (ratio > kDriftRatio || ratio < 1 / kDriftRatio) {
+        driftWarned = true;
+        NANOCCL_WARN(who() << t.what << " took " << ratio << "x the cost model's prediction over "
+                           << t.calls << " calls: the link profile (measured "
+                           << profile->measured << ") may not be of these links; run "
+                           << "nanoccl-tune again or set NANOCCL_TUNING=measure");
+      }
+    }
   }
+  static constexpr uint64_t kDriftCalls = 32;
+  static constexpr double kDriftRatio = 3;
+  bool driftWarned = false;  // under timingMu
   // Sets args.codec where the call is to be compressed: `request` from allreduceCompressed, else
   // the config's codec for calls of at least compressionMinBytes. An explicit request the call
   // cannot honour (dtype, reduction) is an argument error.

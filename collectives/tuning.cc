@@ -126,7 +126,7 @@ double rate(size_t bytes, F&& f) {
 constexpr int kPings = 16;
 constexpr uint32_t kPingTag = 0;       // [0, kPings)
 constexpr uint32_t kPairBulkTag = 100;  // [100, 100 + kBulks)
-constexpr uint32_t kNodeBulkTag = 200;
+constexpr uint32_t kNodeBulkTag = 200;  // [200, 202)
 constexpr uint32_t kBarrierTag = 1000;  // + 32 x barrier + round
 constexpr int kBulks = 2;
 constexpr size_t kInterBulkBytes = size_t{4} << 20;
@@ -137,10 +137,10 @@ struct Probe {
   double seconds = 0;   // the last bulk transfer, less one round trip
 };
 
-// Ranks `a` (who times) and `b` of `ctx`: `pings` round trips, then kBulks transfers of
+// Ranks `a` (who times) and `b` of `ctx`: `pings` round trips, then `bulks` transfers of
 // `bytes` from a to b, each answered by an empty message. Other ranks do nothing.
 Result<Probe> probePair(detail::Context& ctx, int a, int b, int pings, size_t bytes,
-                        uint32_t bulkTag) {
+                        uint32_t bulkTag, int bulks = kBulks) {
   const int me = ctx.rank();
   if (me != a && me != b) return Probe{};
   const int peer = me == a ? b : a;
@@ -167,7 +167,7 @@ Result<Probe> probePair(detail::Context& ctx, int a, int b, int pings, size_t by
     rtt = rtts[rtts.size() / 2];
     out.alphaUs = rtt / 2 * 1e6;
   }
-  for (int k = 0; k < kBulks; ++k) {
+  for (int k = 0; k < bulks; ++k) {
     const uint32_t tag = bulkTag + static_cast<uint32_t>(k);
     if (me == a) {
       const Clock::time_point t0 = Clock::now();
@@ -269,13 +269,25 @@ Result<LinkProfile> probeLinks(Store& store, const TuningTarget& t, ProbeContext
         NANOCCL_CHECK(publish(store, "inter/pair_s", p.seconds));
       }
     }
-    NANOCCL_CHECK(sync());
-    if (shards > 1 && inter != nullptr) {
-      NANOCCL_ASSIGN_OR_RETURN(Probe p,
-                               probePair(*inter, 0, 1, 0, kInterBulkBytes, kNodeBulkTag));
-      if (inter->rank() == 0) {
-        NANOCCL_CHECK(publish(store, "inter/node_s/" + std::to_string(shard), p.seconds));
+    // Every shard at once, timed by rank 0 from one barrier to the next (less what an empty
+    // pair of barriers takes): each shard's own timer would also count the time it ran alone.
+    // A first, untimed transfer warms every shard's connections.
+    double nodeSeconds = 0;
+    if (shards > 1) {
+      NANOCCL_CHECK(sync());
+      if (inter != nullptr) {
+        NANOCCL_CHECK(probePair(*inter, 0, 1, 0, kInterBulkBytes, kNodeBulkTag, 1).status());
       }
+      NANOCCL_CHECK(sync());
+      Clock::time_point t0 = Clock::now();
+      NANOCCL_CHECK(sync());
+      const double empty = secondsSince(t0);
+      t0 = Clock::now();
+      if (inter != nullptr) {
+        NANOCCL_CHECK(probePair(*inter, 0, 1, 0, kInterBulkBytes, kNodeBulkTag + 1, 1).status());
+      }
+      NANOCCL_CHECK(sync());
+      nodeSeconds = std::max(secondsSince(t0) - empty, 1e-6);
     }
     NANOCCL_CHECK(sync());
     if (t.rank == 0) {
@@ -285,13 +297,7 @@ Result<LinkProfile> probeLinks(Store& store, const TuningTarget& t, ProbeContext
       out.inter.pairMBps = static_cast<double>(kInterBulkBytes) / pair / 1e6;
       out.inter.nodeMBps = out.inter.pairMBps;
       if (shards > 1) {
-        double slowest = 0;
-        for (int s = 0; s < shards; ++s) {
-          NANOCCL_ASSIGN_OR_RETURN(const double x,
-                                   fetch(store, "inter/node_s/" + std::to_string(s), deadline));
-          slowest = std::max(slowest, x);
-        }
-        out.inter.nodeMBps = static_cast<double>(kInterBulkBytes) * shards / slowest / 1e6;
+        out.inter.nodeMBps = static_cast<double>(kInterBulkBytes) * shards / nodeSeconds / 1e6;
       }
     }
   }
