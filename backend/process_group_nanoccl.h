@@ -46,6 +46,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <tuple>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
@@ -209,6 +210,10 @@ class ProcessGroupNanoccl : public c10d::Backend {
   // The link profile the group's communicator agreed on at creation (collectives/tuning.h);
   // null under NANOCCL_TUNING=off, on one rank, and once shut down.
   std::shared_ptr<const LinkProfile> linkProfile() const;
+  // Communicator::predictAllreduce for `count` elements of a torch dtype: (algorithm, codec,
+  // seconds). Throws ValueError-style c10::Error for a dtype nanoccl does not reduce.
+  std::tuple<std::string, std::string, double> predictAllreduce(int64_t count,
+                                                               at::ScalarType dtype) const;
   // The communicator's id in the store (distinct per group and per creation).
   const std::string& commId() const { return commId_; }
 

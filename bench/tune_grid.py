@@ -4,8 +4,8 @@
 Every rank creates one nanoccl process group per static setting (algorithm x codec x chunk
 size x sockets per peer, only the combinations that change what runs), one with the tuner
 (`compression=auto`, the link profile from NANOCCL_TUNING_FILE or measured), and a Gloo group;
-then, size by size, it times one float32 allreduce per group in turn, `-n` times. Rank 0
-prints, per size, every setting's mean time, the best static one, the tuner's time and
+then, size by size, it times one float32 allreduce per group in turn, `-n` times or more
+(--budget). Rank 0 prints, per size, every setting's median time (of the slowest rank's), the best static one, the tuner's time and
 choice (nanoccl.stats()["modelled"]: what it ran and what it predicted), and Gloo's.
 
     python bench/emucluster.py --nodes 2 --procs-per-node 2 --rate 1gbit -- \\
@@ -21,6 +21,7 @@ import argparse
 import datetime
 import json
 import os
+import random
 import statistics
 import sys
 import time
@@ -81,6 +82,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("-f", "--stepfactor", type=int, default=4)
     p.add_argument("-n", "--iters", type=int, default=3)
     p.add_argument("-w", "--warmup", type=int, default=1)
+    p.add_argument("--budget", default="64M",
+                   help="more calls for small sizes: up to 50, as many as make this many bytes")
     p.add_argument("--chunks", default="256K,1M,4M", help="chunk sizes of the grid")
     p.add_argument("--socks", default="1,2", help="sockets per peer of the grid")
     p.add_argument("--allow", default=os.environ.get("NANOCCL_COMPRESSION_ALLOW",
@@ -136,8 +139,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         before = dict(nanoccl.stats(tuned.group)["modelled"])
         for s in everyone:
             s.times[size] = []
-        for _ in range(args.iters):
-            for s in everyone:
+        iters = max(args.iters, min(50, parse_size(args.budget) // size))
+        for it in range(iters):
+            # A new order each round, the same on every rank (each group's calls must meet):
+            # no setting always runs right after the same other one.
+            order = list(everyone)
+            random.Random(size * 1000 + it).shuffle(order)
+            for s in order:
                 buf.fill_(1.0)
                 start = time.perf_counter()
                 dist.all_reduce(buf, group=s.group)
@@ -151,11 +159,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                 chose.append({"what": what, "calls": n,
                               "predicted_s": (cur["predicted_s"] - prev["predicted_s"]) / n,
                               "measured_s": (cur["measured_s"] - prev["measured_s"]) / n})
-        # Every rank's mean per setting, then the slowest rank's (a collective ends there).
-        means = [statistics.fmean(s.times[size]) for s in everyone]
+        # Per call the slowest rank's time (a collective ends there), then the median over the
+        # calls: a 2-core machine's scheduling hiccups would sway a mean of few calls.
         gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, means)
-        mean = [max(g[i] for g in gathered) for i in range(len(everyone))]
+        dist.all_gather_object(gathered, [s.times[size] for s in everyone])
+        mean = [statistics.median(max(g[i][k] for g in gathered) for k in range(iters))
+                for i in range(len(everyone))]
         if rank == 0:
             static = mean[:len(settings)]
             best = min(range(len(settings)), key=lambda i: static[i])

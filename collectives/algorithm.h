@@ -118,11 +118,18 @@ struct Hierarchy {
 // int8 allreduce of 256 MB that was ~5% of the CPU (perf: clear_page_erms), on a machine where
 // the CPU sets the pace. Keeps at most kMaxBytes between calls (a 2x2 int8 allreduce of
 // 256 MB takes ~68 MB of encoded slots), so an idle communicator holds what its recent calls
-// used, up to that.
+// used, up to that. All the pools of a process together keep at most kMaxProcessBytes: a job
+// with many process groups (tools that make one per setting, a group per pipeline stage) would
+// otherwise keep kMaxBytes in each (28 groups of a grid run were killed for memory).
 // Thread-safe.
 class ScratchPool {
  public:
   static constexpr size_t kMaxBytes = size_t{256} << 20;
+  static constexpr size_t kMaxProcessBytes = size_t{512} << 20;
+  ScratchPool() = default;
+  ScratchPool(const ScratchPool&) = delete;
+  ScratchPool& operator=(const ScratchPool&) = delete;
+  ~ScratchPool();
   struct Block {
     std::unique_ptr<char[]> mem;
     size_t bytes = 0;
@@ -132,8 +139,11 @@ class ScratchPool {
   // Pools `blocks` (what a call used), the largest first, up to kMaxBytes in all.
   void give(std::vector<Block> blocks);
   size_t pooledBytes() const;
+  // What every pool of this process keeps.
+  static size_t processPooledBytes() { return processPooled().load(); }
 
  private:
+  static std::atomic<size_t>& processPooled();
   mutable std::mutex mu_;
   std::vector<Block> free_;
   size_t pooled_ = 0;

@@ -967,6 +967,24 @@ std::shared_ptr<Task> Communicator::allreduceWith(void* buf, size_t count, DataT
                        invalid);
 }
 
+Result<Communicator::Prediction> Communicator::predictAllreduce(size_t count,
+                                                                DataType dtype) const {
+  CallArgs a;
+  a.op = OpType::kAllreduce;
+  a.dtype = dtype;
+  a.redop = ReduceOp::kSum;
+  a.count = count;
+  NANOCCL_CHECK(checkDataType(dtype));
+  NANOCCL_CHECK(impl_->chooseCodec(a, nullptr));
+  NANOCCL_ASSIGN_OR_RETURN(detail::Plan plan,
+                           detail::plan(a, impl_->topology, impl_->config, impl_->profile.get()));
+  Prediction p;
+  p.algorithm = plan.row->name;
+  p.codec = plan.codec != nullptr && plan.row->lossy ? plan.codec->name : "none";
+  p.seconds = impl_->size < 2 ? 0 : plan.predictedSeconds;
+  return p;
+}
+
 std::shared_ptr<Task> Communicator::reduce(void* buf, size_t count, DataType dtype, ReduceOp op,
                                            int root, double premulFactor) {
   CallArgs a;

@@ -206,6 +206,16 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // What the links and the CPU can do (collectives/tuning.h), agreed by every rank at
   // creation; null under NANOCCL_TUNING=off and on a one-rank communicator.
   std::shared_ptr<const LinkProfile> linkProfile() const;
+  // What the planner would run for a SUM allreduce of `count` elements of `dtype` (with this
+  // communicator's settings: algo, compression) and the cost model's time for it: infinity
+  // without a link profile, 0 on one rank. Local: nothing is sent. For tools that size
+  // buckets (nanoccl.tune.ddp_bucket_cap_mb).
+  struct Prediction {
+    std::string algorithm;
+    std::string codec;  // "none" when lossless
+    double seconds = 0;
+  };
+  Result<Prediction> predictAllreduce(size_t count, DataType dtype) const;
 
   // In place on `buf` (count elements). kPremulSum multiplies this rank's input by
   // `premulFactor` first. kAvg divides the sum by size() (integer division for integers).

@@ -85,23 +85,34 @@ ScratchPool::Block ScratchPool::take(size_t bytes) {
       Block b = std::move(*best);
       free_.erase(best);
       pooled_ -= b.bytes;
+      processPooled().fetch_sub(b.bytes);
       return b;
     }
   }
   return Block{std::unique_ptr<char[]>(new char[bytes]), bytes};
 }
 
+std::atomic<size_t>& ScratchPool::processPooled() {
+  static std::atomic<size_t> bytes{0};
+  return bytes;
+}
+
+ScratchPool::~ScratchPool() { processPooled().fetch_sub(pooled_); }
+
 void ScratchPool::give(std::vector<Block> blocks) {
   std::lock_guard<std::mutex> lock(mu_);
   for (Block& b : blocks) {
     pooled_ += b.bytes;
+    processPooled().fetch_add(b.bytes);
     free_.push_back(std::move(b));
   }
   std::sort(free_.begin(), free_.end(),
             [](const Block& a, const Block& b) { return a.bytes > b.bytes; });
-  // Over the cap: drop the largest first (one huge call's memory is not kept for good).
-  while (pooled_ > kMaxBytes && !free_.empty()) {
+  // Over a cap: drop the largest first (one huge call's memory is not kept for good).
+  while (!free_.empty() &&
+         (pooled_ > kMaxBytes || processPooled().load() > kMaxProcessBytes)) {
     pooled_ -= free_.front().bytes;
+    processPooled().fetch_sub(free_.front().bytes);
     free_.erase(free_.begin());
   }
 }

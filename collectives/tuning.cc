@@ -131,6 +131,8 @@ constexpr uint32_t kBarrierTag = 1000;  // + 32 x barrier + round
 constexpr int kBulks = 2;
 constexpr size_t kInterBulkBytes = size_t{4} << 20;
 constexpr size_t kIntraBulkBytes = size_t{16} << 20;
+constexpr size_t kMaxNodeBulkBytes = size_t{32} << 20;
+constexpr double kNodeProbeSeconds = 0.03;
 
 struct Probe {
   double alphaUs = 0;   // half the median round trip of 8 bytes (0 when not pinged)
@@ -272,11 +274,24 @@ Result<LinkProfile> probeLinks(Store& store, const TuningTarget& t, ProbeContext
     // Every shard at once, timed by rank 0 from one barrier to the next (less what an empty
     // pair of barriers takes): each shard's own timer would also count the time it ran alone.
     // A first, untimed transfer warms every shard's connections.
+    // Each shard sends what one pair moves in ~30 ms (rank 0 says how much): on fast links a
+    // fixed 4 MB took a few ms, no more than the barriers around it on a busy machine.
     double nodeSeconds = 0;
+    size_t nodeBytes = kInterBulkBytes;
     if (shards > 1) {
+      if (t.rank == 0) {
+        NANOCCL_ASSIGN_OR_RETURN(const double pair, fetch(store, "inter/pair_s", deadline));
+        const double want = static_cast<double>(kInterBulkBytes) / pair * kNodeProbeSeconds;
+        nodeBytes = std::clamp<size_t>(static_cast<size_t>(want) >> 20 << 20, kInterBulkBytes,
+                                       kMaxNodeBulkBytes);
+        NANOCCL_CHECK(publish(store, "inter/node_bytes", static_cast<double>(nodeBytes)));
+      } else {
+        NANOCCL_ASSIGN_OR_RETURN(const double b, fetch(store, "inter/node_bytes", deadline));
+        nodeBytes = static_cast<size_t>(b);
+      }
       NANOCCL_CHECK(sync());
       if (inter != nullptr) {
-        NANOCCL_CHECK(probePair(*inter, 0, 1, 0, kInterBulkBytes, kNodeBulkTag, 1).status());
+        NANOCCL_CHECK(probePair(*inter, 0, 1, 0, nodeBytes, kNodeBulkTag, 1).status());
       }
       NANOCCL_CHECK(sync());
       Clock::time_point t0 = Clock::now();
@@ -284,7 +299,7 @@ Result<LinkProfile> probeLinks(Store& store, const TuningTarget& t, ProbeContext
       const double empty = secondsSince(t0);
       t0 = Clock::now();
       if (inter != nullptr) {
-        NANOCCL_CHECK(probePair(*inter, 0, 1, 0, kInterBulkBytes, kNodeBulkTag + 1, 1).status());
+        NANOCCL_CHECK(probePair(*inter, 0, 1, 0, nodeBytes, kNodeBulkTag + 1, 1).status());
       }
       NANOCCL_CHECK(sync());
       nodeSeconds = std::max(secondsSince(t0) - empty, 1e-6);
@@ -297,7 +312,7 @@ Result<LinkProfile> probeLinks(Store& store, const TuningTarget& t, ProbeContext
       out.inter.pairMBps = static_cast<double>(kInterBulkBytes) / pair / 1e6;
       out.inter.nodeMBps = out.inter.pairMBps;
       if (shards > 1) {
-        out.inter.nodeMBps = static_cast<double>(kInterBulkBytes) * shards / nodeSeconds / 1e6;
+        out.inter.nodeMBps = static_cast<double>(nodeBytes) * shards / nodeSeconds / 1e6;
       }
     }
   }

@@ -174,6 +174,8 @@ PYBIND11_MODULE(_C, m) {
       .def("stats", [](const ProcessGroupNanoccl& pg) { return statsDict(pg.stats()); })
       .def("link_profile",
            [](const ProcessGroupNanoccl& pg) { return profileDict(pg.linkProfile()); })
+      .def("predict_allreduce", &ProcessGroupNanoccl::predictAllreduce, py::arg("count"),
+           py::arg("dtype"))
       .def(
           "allreduce_compressed",
           [](ProcessGroupNanoccl& pg, at::Tensor tensor, std::optional<at::Tensor> residual,

@@ -1,6 +1,7 @@
 // ScratchPool (collectives/algorithm.h): one call's scratch memory is the next call's.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <vector>
 
 #include "collectives/algorithm.h"
@@ -43,6 +44,34 @@ TEST(ScratchPool, KeepsAtMostItsCapDroppingTheLargestFirst) {
   again.push_back(pool.take(ScratchPool::kMaxBytes - 4096));
   pool.give(std::move(again));
   EXPECT_EQ(pool.pooledBytes(), ScratchPool::kMaxBytes);  // exactly at the cap: kept
+}
+
+// Many communicators (a process group per setting, per pipeline stage) keep at most
+// kMaxProcessBytes together: the pool that gives last drops its own blocks first.
+TEST(ScratchPool, ThePoolsOfAProcessShareOneCap) {
+  ASSERT_EQ(ScratchPool::processPooledBytes(), 0u) << "a pool of another test is still alive";
+  constexpr size_t kHalf = ScratchPool::kMaxProcessBytes / 2;
+  static_assert(kHalf <= ScratchPool::kMaxBytes);
+  auto a = std::make_unique<ScratchPool>();
+  ScratchPool b;
+  ScratchPool c;
+  const auto giveOne = [](ScratchPool& pool, size_t bytes) {
+    std::vector<ScratchPool::Block> used;
+    used.push_back(pool.take(bytes));  // new char[]: untouched pages, no memory used
+    pool.give(std::move(used));
+  };
+  giveOne(*a, kHalf);
+  giveOne(b, kHalf);
+  EXPECT_EQ(ScratchPool::processPooledBytes(), ScratchPool::kMaxProcessBytes);  // at the cap
+  giveOne(c, 4096);
+  EXPECT_EQ(c.pooledBytes(), 0u);  // over it: c keeps nothing, the others keep theirs
+  EXPECT_EQ(b.pooledBytes(), kHalf);
+  a.reset();  // a pool's blocks leave the process total with it
+  EXPECT_EQ(ScratchPool::processPooledBytes(), kHalf);
+  giveOne(c, 4096);
+  EXPECT_EQ(c.pooledBytes(), 4096u);
+  ScratchPool::Block back = b.take(kHalf);  // taken out: no longer pooled
+  EXPECT_EQ(ScratchPool::processPooledBytes(), 4096u);
 }
 
 }  // namespace

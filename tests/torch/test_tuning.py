@@ -98,3 +98,71 @@ def test_tune_needs_several_ranks(tmp_path: Path) -> None:
     assert r.returncode == 2
     assert "run it with at least 2 ranks" in r.stderr
     assert not (tmp_path / "p.txt").exists()
+
+
+SLOW_PROFILE = """version 1
+shape 2x2
+transport tcp
+nsocks 2
+measured 2026-11-24T00:00:00Z
+inter alpha_us 60 pair_MBps 117 node_MBps 118
+intra alpha_us 8 pair_MBps 4000 node_MBps 4000
+reduce_MBps 8000
+cpu_share 1
+codec fp16 encode_MBps 6000 decode_MBps 6000 accumulate_MBps 5000
+codec bf16 encode_MBps 6000 decode_MBps 6000 accumulate_MBps 5000
+codec int8 encode_MBps 3000 decode_MBps 4000 accumulate_MBps 3500
+codec int4 encode_MBps 2000 decode_MBps 3000 accumulate_MBps 2500
+"""
+
+BUCKETS = """
+import datetime, json, torch, torch.distributed as dist, nanoccl
+from nanoccl.tune import ddp_bucket_cap_mb
+dist.init_process_group('nanoccl', timeout=datetime.timedelta(seconds=60))
+pg = nanoccl.get_backend()
+model = torch.nn.Sequential(*[torch.nn.Linear(1024, 1024) for _ in range(12)])  # 48.05 MiB
+plain = dist.new_group(backend='nanoccl',
+                       pg_options=nanoccl.Options(compression='none', tuning='off'))
+out = {
+    'auto': list(pg.predict_allreduce(64 << 20, torch.float32)),
+    'small': list(pg.predict_allreduce(1, torch.float32)),
+    'bf16': list(pg.predict_allreduce(32 << 20, torch.bfloat16)),
+    'comm_bound': ddp_bucket_cap_mb(model),
+    'compute_bound': ddp_bucket_cap_mb(model, backward_seconds=30.0),
+    'no_profile': nanoccl.get_backend(plain).predict_allreduce(1 << 20, torch.float32)[2],
+}
+try:
+    ddp_bucket_cap_mb(model, group=plain)
+    out['refused'] = ''
+except RuntimeError as exc:
+    out['refused'] = str(exc)
+print('RESULT', json.dumps(out))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(180)
+def test_predictions_and_the_ddp_bucket_follow_the_profile(tmp_path: Path) -> None:
+    import json
+    import math
+    path = tmp_path / "slow.txt"
+    path.write_text(SLOW_PROFILE)
+    results = run_ranks([sys.executable, "-c", BUCKETS], ["a", "a", "b", "b"],
+                        env={"NANOCCL_COMPRESSION": "auto", "NANOCCL_TUNING_FILE": str(path)})
+    outs = []
+    for r in results:
+        assert r.returncode == 0, r.stdout + r.stderr
+        line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT ")][0]
+        outs.append(json.loads(line[len("RESULT "):]))
+    assert all(o == outs[0] for o in outs), outs  # every rank, the same answers
+    o = outs[0]
+    assert o["auto"][:2] == ["hierarchical", "int8"] and o["auto"][2] > 0
+    assert o["small"][:2] == ["recursive_doubling", "none"]
+    assert o["bf16"][1] == "int8"
+    # Communication-bound: the fewest buckets, so the smallest candidate that holds all
+    # 48.05 MiB of gradients; compute-bound (30 s of backward): the smallest candidate, whose
+    # allreduce ends soonest after backward.
+    assert o["comm_bound"] == 50
+    assert o["compute_bound"] == 1
+    assert math.isinf(o["no_profile"])
+    assert "needs a link profile" in o["refused"]

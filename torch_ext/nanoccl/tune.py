@@ -19,6 +19,59 @@ import sys
 from typing import Any, Sequence
 
 
+# DDP bucket sizes the tuner chooses from (MB, as DDP's bucket_cap_mb counts: 2^20 bytes).
+BUCKET_CANDIDATES_MB = (1, 2, 5, 10, 25, 50, 100, 200)
+
+
+def ddp_bucket_cap_mb(model: Any, group: Any = None, backward_seconds: float = 0.0,
+                      candidates: Sequence[float] = BUCKET_CANDIDATES_MB) -> float:
+    """The `bucket_cap_mb` for DDP(model, ...) that the cost model predicts fastest.
+
+    DDP allreduces the gradients in buckets of about that size, each as soon as backward has
+    produced it, one after another. With the group's link profile (README "Tuning"; the
+    group needs NANOCCL_TUNING=cached or measure, or compression=auto) the planner predicts
+    each bucket's allreduce, codec included; the step's communication then ends at
+        max(backward + the last bucket's time, the first bucket's ready time + all buckets' times)
+    where buckets become ready evenly over `backward_seconds` (0: communication-bound, the
+    sum of the buckets' times decides). Small buckets pay the per-call cost more often; large
+    ones leave more communication after backward. Returns the best of `candidates` (MB);
+    every rank gets the same answer from the same model and profile. Raises RuntimeError
+    when the group has no link profile.
+    """
+    import nanoccl
+
+    pg = nanoccl.get_backend(group)
+    if pg.link_profile() is None:
+        raise RuntimeError("ddp_bucket_cap_mb needs a link profile: create the group with "
+                           "NANOCCL_TUNING=cached (or Options(tuning='cached'))")
+    grads = [p for p in model.parameters() if p.requires_grad]
+    if not grads:
+        raise ValueError("ddp_bucket_cap_mb: the model has no parameters that require grad")
+    dtype = grads[0].dtype
+    elem = grads[0].element_size()
+    total = sum(p.numel() for p in grads) * elem
+    cache: dict[int, float] = {}
+
+    def predict(nbytes: int) -> float:
+        count = max(1, nbytes // elem)
+        if count not in cache:
+            cache[count] = pg.predict_allreduce(count, dtype)[2]
+        return cache[count]
+
+    def finish(cap_mb: float) -> float:
+        cap = max(elem, int(cap_mb * (1 << 20)))
+        full, rest = divmod(total, cap)
+        sizes = [cap] * full + ([rest] if rest else [])
+        times = [predict(b) for b in sizes]
+        first_ready = backward_seconds * sizes[0] / total
+        return max(backward_seconds + times[-1], first_ready + sum(times))
+
+    usable = [c for c in candidates if c > 0]
+    if not usable:
+        raise ValueError("ddp_bucket_cap_mb: no candidate bucket size > 0")
+    return min(usable, key=lambda c: (finish(c), c))
+
+
 def format_profile(p: dict[str, Any]) -> str:
     """The profile as the table nanoccl-tune prints."""
     lines = [f"# link profile: {p['shape']} (nodes x ranks per node) over {p['transport']} "
