@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <string_view>
 
 namespace nanoccl::detail {
 namespace {
@@ -208,7 +209,7 @@ double predictSeconds(const AlgorithmRow& row, const CallArgs& args, const Topol
   if (t.size() < 2) return 0;
   if (t.numNodes() > 1 && !p.inter.present) return kNoPrediction;
   if (t.maxLocalSize() > 1 && !p.intra.present) return kNoPrediction;
-  const std::string name = row.name;
+  const std::string_view name = row.name;
   const double chunk = static_cast<double>(std::max<size_t>(chunkBytes, 1));
   if (args.codec != nullptr && !row.lossy) return kNoPrediction;
   if (row.op == OpType::kAllreduce) {
