@@ -266,9 +266,7 @@ BackendStats ProcessGroupNanoccl::stats() const {
   out.interNode = {cs.interNodeBytesSent, cs.interNodeBytesReceived};
   out.perAlgorithm = cs.callsPerAlgorithm;
   out.callsWithKeptBuffers = cs.callsWithKeptBuffers;
-  for (const CommStats::Timing& t : cs.modelled) {
-    out.modelled.push_back({t.what, t.calls, t.predictedSeconds, t.measuredSeconds});
-  }
+  out.modelled = cs.modelled;
   for (const auto& [name, c] : cs.perTransport) {
     out.perTransport.emplace_back(name, BackendStats::Bytes{c.bytesSent, c.bytesReceived});
   }

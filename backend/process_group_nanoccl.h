@@ -54,12 +54,11 @@
 #include <utility>
 #include <vector>
 
+#include "collectives/communicator.h"
+
 namespace nanoccl {
 
-class Communicator;
 class CudaCollectives;
-struct LinkProfile;
-class Store;
 
 // Bytes moved by one group, as nanoccl.stats() reports them.
 struct BackendStats {
@@ -94,13 +93,7 @@ struct BackendStats {
   uint64_t callsWithKeptBuffers = 0;
   // Calls the cost model predicted (under a link profile): "allreduce/hierarchical/int8" ->
   // calls, predicted and measured seconds summed (CommStats::modelled).
-  struct Modelled {
-    std::string what;
-    uint64_t calls = 0;
-    double predictedSeconds = 0;
-    double measuredSeconds = 0;
-  };
-  std::vector<Modelled> modelled;
+  std::vector<CommStats::Timing> modelled;
 };
 
 class ProcessGroupNanoccl : public c10d::Backend {

@@ -219,6 +219,24 @@ Result<double> fetch(Store& store, const std::string& key, const Deadline& deadl
   return x;
 }
 
+// What the timing rank of a pair probe tells rank 0, under "<cls>/" ("inter", "intra").
+Status publishPair(Store& store, const std::string& cls, const Probe& p) {
+  NANOCCL_CHECK(publish(store, cls + "/alpha_us", p.alphaUs));
+  return publish(store, cls + "/pair_s", p.seconds);
+}
+
+// Rank 0: a link class from what its pair probe published (`bulkBytes` a transfer).
+Result<LinkClassProfile> collectPair(Store& store, const std::string& cls, size_t bulkBytes,
+                                     const Deadline& deadline) {
+  LinkClassProfile c;
+  c.present = true;
+  NANOCCL_ASSIGN_OR_RETURN(c.alphaUs, fetch(store, cls + "/alpha_us", deadline));
+  NANOCCL_ASSIGN_OR_RETURN(const double pair, fetch(store, cls + "/pair_s", deadline));
+  c.pairMBps = static_cast<double>(bulkBytes) / pair / 1e6;
+  c.nodeMBps = c.pairMBps;
+  return c;
+}
+
 // The probes' transports, one Context each (call #0; real calls start at #1).
 struct ProbeContexts {
   std::unique_ptr<detail::Context> main;
@@ -266,10 +284,7 @@ Result<LinkProfile> probeLinks(Store& store, const TuningTarget& t, ProbeContext
     if (inter != nullptr && shard == 0) {
       NANOCCL_ASSIGN_OR_RETURN(Probe p,
                                probePair(*inter, 0, 1, kPings, kInterBulkBytes, kPairBulkTag));
-      if (inter->rank() == 0) {
-        NANOCCL_CHECK(publish(store, "inter/alpha_us", p.alphaUs));
-        NANOCCL_CHECK(publish(store, "inter/pair_s", p.seconds));
-      }
+      if (inter->rank() == 0) NANOCCL_CHECK(publishPair(store, "inter", p));
     }
     // Every shard at once, timed by rank 0 from one barrier to the next (less what an empty
     // pair of barriers takes): each shard's own timer would also count the time it ran alone.
@@ -306,11 +321,7 @@ Result<LinkProfile> probeLinks(Store& store, const TuningTarget& t, ProbeContext
     }
     NANOCCL_CHECK(sync());
     if (t.rank == 0) {
-      out.inter.present = true;
-      NANOCCL_ASSIGN_OR_RETURN(out.inter.alphaUs, fetch(store, "inter/alpha_us", deadline));
-      NANOCCL_ASSIGN_OR_RETURN(const double pair, fetch(store, "inter/pair_s", deadline));
-      out.inter.pairMBps = static_cast<double>(kInterBulkBytes) / pair / 1e6;
-      out.inter.nodeMBps = out.inter.pairMBps;
+      NANOCCL_ASSIGN_OR_RETURN(out.inter, collectPair(store, "inter", kInterBulkBytes, deadline));
       if (shards > 1) {
         out.inter.nodeMBps = static_cast<double>(nodeBytes) * shards / nodeSeconds / 1e6;
       }
@@ -330,18 +341,11 @@ Result<LinkProfile> probeLinks(Store& store, const TuningTarget& t, ProbeContext
       const int b = h != nullptr ? 1 : topo.nodeRanks[firstPair][1];
       NANOCCL_ASSIGN_OR_RETURN(Probe p,
                                probePair(*intra, a, b, kPings, kIntraBulkBytes, kPairBulkTag + 50));
-      if (intra->rank() == a) {
-        NANOCCL_CHECK(publish(store, "intra/alpha_us", p.alphaUs));
-        NANOCCL_CHECK(publish(store, "intra/pair_s", p.seconds));
-      }
+      if (intra->rank() == a) NANOCCL_CHECK(publishPair(store, "intra", p));
     }
     NANOCCL_CHECK(sync());
     if (t.rank == 0) {
-      out.intra.present = true;
-      NANOCCL_ASSIGN_OR_RETURN(out.intra.alphaUs, fetch(store, "intra/alpha_us", deadline));
-      NANOCCL_ASSIGN_OR_RETURN(const double pair, fetch(store, "intra/pair_s", deadline));
-      out.intra.pairMBps = static_cast<double>(kIntraBulkBytes) / pair / 1e6;
-      out.intra.nodeMBps = out.intra.pairMBps;
+      NANOCCL_ASSIGN_OR_RETURN(out.intra, collectPair(store, "intra", kIntraBulkBytes, deadline));
     }
   }
   return out;
