@@ -3,7 +3,8 @@
 
 Every rank creates one nanoccl process group per static setting (algorithm x codec x chunk
 size x sockets per peer, only the combinations that change what runs), one with the tuner
-(`compression=auto`, the link profile from NANOCCL_TUNING_FILE or measured), and a Gloo group;
+(`compression=auto`, the link profile measured when it is created, into a temporary file), and
+a Gloo group;
 then, size by size, it times one float32 allreduce per group in turn, `-n` times or more
 (--budget). Rank 0 prints, per size, every setting's median time (of the slowest rank's), the best static one, the tuner's time and
 choice (nanoccl.stats()["modelled"]: what it ran and what it predicted), and Gloo's.
@@ -24,6 +25,7 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -109,9 +111,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     socks = [int(s) for s in args.socks.split(",")]
 
     settings = static_grid(nodes, per_node, allow, chunks, socks)
-    # Measured now: a saved profile may be of another link (the emulator's rate changes).
+    # Measured now (a saved profile may be of another link: the emulator's rate changes), into
+    # a file of this run's own, so that the user's saved profile is left alone.
+    scratch = tempfile.mkdtemp(prefix="tune_grid_")
     tuned = Setting("auto", "nanoccl", {"compression": "auto", "compression_allow": ",".join(allow),
-                                        "compression_min_bytes": 0, "tuning": "measure"})
+                                        "compression_min_bytes": 0, "tuning": "measure",
+                                        "tuning_file": os.path.join(scratch, f"profile{rank}.txt")})
     gloo = Setting("gloo", "gloo")
     everyone = settings + [tuned, gloo]
     for s in everyone:

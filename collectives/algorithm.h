@@ -136,7 +136,8 @@ class ScratchPool {
   };
   // The smallest pooled block of at least `bytes`, else a new one.
   Block take(size_t bytes);
-  // Pools `blocks` (what a call used), the largest first, up to kMaxBytes in all.
+  // Pools `blocks` (what a call used), dropping the largest first while this pool holds more
+  // than kMaxBytes or all pools of the process more than kMaxProcessBytes.
   void give(std::vector<Block> blocks);
   size_t pooledBytes() const;
   // What every pool of this process keeps.

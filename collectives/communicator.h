@@ -204,7 +204,8 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // Which ranks share a node; the same on every rank.
   const Topology& topology() const;
   // What the links and the CPU can do (collectives/tuning.h), agreed by every rank at
-  // creation; null under NANOCCL_TUNING=off and on a one-rank communicator.
+  // creation; null under NANOCCL_TUNING=off (unless compression is "auto") and on a one-rank
+  // communicator.
   std::shared_ptr<const LinkProfile> linkProfile() const;
   // What the planner would run for a SUM allreduce of `count` elements of `dtype` (with this
   // communicator's settings: algo, compression) and the cost model's time for it: infinity

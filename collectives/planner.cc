@@ -193,11 +193,28 @@ std::vector<std::pair<const codec::Codec*, codec::CodecParams>> codecChoices(
 
 Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& config,
                   const LinkProfile* profile) {
-  NANOCCL_ASSIGN_OR_RETURN(const AlgorithmRow* ruled, planAlgorithm(args, topology, config));
+  Result<const AlgorithmRow*> rules = planAlgorithm(args, topology, config);
   Plan out;
-  out.row = ruled;
   out.codec = args.codecAuto ? nullptr : args.codec;
   out.codecParams = args.codecParams;
+  if (!rules.isOk() && args.codecAuto) {
+    // A forced row that needs a codec (NANOCCL_ALGO=compressed): the first allowed one.
+    for (const auto& [codec, params] : codecChoices(args, config)) {
+      if (codec == nullptr) continue;
+      CallArgs trial = args;
+      trial.codec = codec;
+      trial.codecParams = params;
+      Result<const AlgorithmRow*> again = planAlgorithm(trial, topology, config);
+      if (again.isOk()) {
+        rules = again;
+        out.codec = codec;
+        out.codecParams = params;
+        break;
+      }
+    }
+  }
+  NANOCCL_ASSIGN_OR_RETURN(const AlgorithmRow* ruled, std::move(rules));
+  out.row = ruled;
   out.predictedSeconds = kNoPrediction;
   if (profile == nullptr) return out;
   const bool forced = !(config.algo.empty() || config.algo == "auto") &&

@@ -1,8 +1,9 @@
 // The planner: picks one row of the algorithm table (planner.cc) for each collective call.
 //
-// The choice is a pure function of the call's arguments, the topology (the same on every rank)
-// and the Config, so every rank of a matching call picks the same row without talking to the
-// others. It runs on
+// The choice is a pure function of the call's arguments, the topology (the same on every rank),
+// the Config and the link profile (rank 0's, on every rank; collectives/tuning.h checks that
+// the settings the planner reads agree), so every rank of a matching call picks the same row
+// without talking to the others. It runs on
 // the calling thread, before the call is queued, so a bad NANOCCL_ALGO is an argument error of
 // that call and does not break the communicator.
 #pragma once

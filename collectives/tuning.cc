@@ -132,6 +132,7 @@ constexpr int kBulks = 2;
 constexpr size_t kInterBulkBytes = size_t{4} << 20;
 constexpr size_t kIntraBulkBytes = size_t{16} << 20;
 constexpr size_t kMaxNodeBulkBytes = size_t{32} << 20;
+constexpr off_t kMaxProfileBytes = 64 << 10;
 constexpr double kNodeProbeSeconds = 0.03;
 
 struct Probe {
@@ -448,9 +449,10 @@ Result<LinkProfile> LinkProfile::parse(const std::string& text, const std::strin
       if (!c.isOk() || c.value()->id == codec::CodecId::kNone) {
         return invalidArgument(at + "unknown codec '" + printable(tok[1]) + "'");
       }
-      NANOCCL_CHECK(once("codec " + tok[1], at));
+      const std::string name = c.value()->name;  // "INT8" is int8, once
+      NANOCCL_CHECK(once("codec " + name, at));
       CodecRates r;
-      r.name = tok[1];
+      r.name = name;
       NANOCCL_CHECK(readRates(tok, 2,
                               {{"encode_MBps", &r.encodeMBps},
                                {"decode_MBps", &r.decodeMBps},
@@ -560,11 +562,19 @@ std::string profilePath(const Config& config) {
 }
 
 Result<std::optional<LinkProfile>> loadProfile(const std::string& path) {
-  std::ifstream f(path);
-  if (!f) {
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0) {
     if (errno == ENOENT) return std::optional<LinkProfile>();
     return systemError(("reading the link profile " + path).c_str(), errno);
   }
+  // Not a FIFO or a device that would block or never end: a small regular file.
+  if (!S_ISREG(st.st_mode) || st.st_size > kMaxProfileBytes) {
+    return invalidArgument(path + ": not a link profile (" +
+                           (S_ISREG(st.st_mode) ? "larger than 64 KiB" : "not a regular file") +
+                           ")");
+  }
+  std::ifstream f(path);
+  if (!f) return systemError(("reading the link profile " + path).c_str(), errno);
   std::ostringstream text;
   text << f.rdbuf();
   NANOCCL_ASSIGN_OR_RETURN(LinkProfile p, LinkProfile::parse(text.str(), path));
@@ -572,25 +582,36 @@ Result<std::optional<LinkProfile>> loadProfile(const std::string& path) {
 }
 
 Status saveProfile(const LinkProfile& profile, const std::string& path) {
-  const size_t slash = path.rfind('/');
-  if (slash != std::string::npos && slash > 0) {
+  // The directories, as `mkdir -p` (0700: ~/.cache/nanoccl is the user's own).
+  for (size_t slash = path.find('/', 1); slash != std::string::npos;
+       slash = path.find('/', slash + 1)) {
     const std::string dir = path.substr(0, slash);
-    // One level, like ~/.cache/nanoccl (the parent is the user's own).
     if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
       return systemError(("creating " + dir).c_str(), errno);
     }
   }
-  const std::string tmp = path + ".tmp." + std::to_string(::getpid());
-  {
-    std::ofstream f(tmp, std::ios::trunc);
-    f << profile.toText();
-    f.close();
-    if (!f) return systemError(("writing " + tmp).c_str(), errno);
+  // A fresh file of our own (never a link someone left), complete on disk, then renamed over
+  // the old one: readers see the old profile or the new one, never half of one.
+  std::string tmp = path + ".XXXXXX";
+  const int fd = ::mkstemp(tmp.data());
+  if (fd < 0) return systemError(("creating a file beside " + path).c_str(), errno);
+  const std::string text = profile.toText();
+  size_t done = 0;
+  int err = 0;
+  while (done < text.size() && err == 0) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n > 0) {
+      done += static_cast<size_t>(n);
+    } else if (errno != EINTR) {
+      err = errno;
+    }
   }
-  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
-    const int err = errno;
-    std::remove(tmp.c_str());
-    return systemError(("renaming " + tmp + " to " + path).c_str(), err);
+  if (err == 0 && ::fsync(fd) != 0) err = errno;
+  if (::close(fd) != 0 && err == 0) err = errno;
+  if (err == 0 && ::rename(tmp.c_str(), path.c_str()) != 0) err = errno;
+  if (err != 0) {
+    ::unlink(tmp.c_str());
+    return systemError(("writing " + path).c_str(), err);
   }
   return Status::ok();
 }
@@ -628,11 +649,46 @@ void measureCpuRates(LinkProfile& profile) {
   }
 }
 
+namespace {
+
+// What every rank's planner must agree on when a profile is in force: the mode, and the
+// settings that change what the planner picks with it.
+std::string planningSettings(const Config& c) {
+  return "NANOCCL_TUNING=" + c.tuning + " NANOCCL_COMPRESSION=" + c.compression +
+         " NANOCCL_COMPRESSION_ALLOW=" + c.compressionAllow +
+         " NANOCCL_COMPRESSION_BLOCK=" + std::to_string(c.compressionBlock) +
+         " NANOCCL_CHUNK_BYTES=" + std::to_string(c.chunkBytes);
+}
+
+// Rank 0, when measuring: the profile's text, from what every rank probed.
+Result<std::string> measuredProfile(Store& store, const TuningTarget& t, LinkProfile p,
+                                    const std::string& path, const Deadline& deadline) {
+  const Config& config = *t.config;
+  p.shape = shapeOf(*t.topology);
+  p.transport = t.transport;
+  p.nsocks = config.nsocks;
+  p.measured = utcNow();
+  measureCpuRates(p);
+  NANOCCL_ASSIGN_OR_RETURN(p.cpuShare, cpuShareOfRankZero(store, t.size, deadline));
+  const Status saved = saveProfile(p, path);
+  if (!saved.isOk()) {
+    NANOCCL_WARN("rank 0: tuning: could not save the link profile: " << saved.message());
+  } else {
+    NANOCCL_INFO("rank 0: tuning: saved to " << path);
+  }
+  return p.toText();
+}
+
+}  // namespace
+
 Result<std::shared_ptr<const LinkProfile>> agreeOnProfile(Store& store, const TuningTarget& t,
                                                           const Deadline& deadline) {
   const Config& config = *t.config;
   const std::string who = "rank " + std::to_string(t.rank) + ": tuning: ";
-  NANOCCL_CHECK(store.set("tune/mode/" + std::to_string(t.rank), config.tuning));
+  // Without a profile the planner's rules take the call alone (and a codec that differs is
+  // a mismatch at the call, as ever); with one, these settings steer it too.
+  const std::string mine = config.tuning == "off" ? "NANOCCL_TUNING=off" : planningSettings(config);
+  NANOCCL_CHECK(store.set("tune/mode/" + std::to_string(t.rank), mine));
   const std::string shape = shapeOf(*t.topology);
   const std::string path = profilePath(config);
   std::string plan;
@@ -641,9 +697,10 @@ Result<std::shared_ptr<const LinkProfile>> agreeOnProfile(Store& store, const Tu
     for (int r = 1; r < t.size && plan.empty(); ++r) {
       NANOCCL_ASSIGN_OR_RETURN(std::string theirs,
                                store.get("tune/mode/" + std::to_string(r), deadline));
-      if (theirs != config.tuning) {
-        plan = kPlanError + std::string("rank ") + std::to_string(r) + " has NANOCCL_TUNING=" +
-               theirs + ", rank 0 has " + config.tuning + ": set the same on every rank";
+      if (theirs != mine) {
+        plan = kPlanError + std::string("rank ") + std::to_string(r) + " has " + theirs +
+               ", rank 0 has " + mine + " (NANOCCL_COMPRESSION=auto turns tuning off into "
+               "cached): set the same on every rank";
       }
     }
     if (!plan.empty()) {
@@ -684,27 +741,26 @@ Result<std::shared_ptr<const LinkProfile>> agreeOnProfile(Store& store, const Tu
     Result<LinkProfile> probed = probeLinks(store, t, deadline);
     if (!probed.isOk()) return probed.status().withContext(who + "measuring the links: ");
     if (t.rank == 0) {
-      LinkProfile p = std::move(probed).value();
-      p.shape = shape;
-      p.transport = t.transport;
-      p.nsocks = config.nsocks;
-      p.measured = utcNow();
-      measureCpuRates(p);
-      NANOCCL_ASSIGN_OR_RETURN(p.cpuShare, cpuShareOfRankZero(store, t.size, deadline));
-      text = p.toText();
-      const Status saved = saveProfile(p, path);
-      if (!saved.isOk()) {
-        NANOCCL_WARN(who << "could not save the link profile: " << saved.message());
+      // The others wait for "tune/profile" past their last probe: a failure here is said
+      // there, so that they fail at once with it rather than at the deadline.
+      Result<std::string> made = measuredProfile(store, t, std::move(probed).value(), path,
+                                                 deadline);
+      if (!made.isOk()) {
+        (void)store.set("tune/profile", kPlanError + made.status().message());
+        return made.status().withContext(who);
       }
-      NANOCCL_INFO(who << "measured in " << static_cast<int>(secondsSince(t0) * 1000)
-                       << " ms, saved to " << path);
-      NANOCCL_CHECK(store.set("tune/profile", text));
+      text = std::move(made).value();
+      NANOCCL_INFO(who << "measured in " << static_cast<int>(secondsSince(t0) * 1000) << " ms");
     }
-  } else if (t.rank == 0) {
-    NANOCCL_CHECK(store.set("tune/profile", text));
   }
-  if (t.rank != 0) {
+  if (t.rank == 0) {
+    NANOCCL_CHECK(store.set("tune/profile", text));
+  } else {
     NANOCCL_ASSIGN_OR_RETURN(text, store.get("tune/profile", deadline));
+    if (text.rfind(kPlanError, 0) == 0) {
+      return abortedError(who + "rank 0 could not make the profile: " +
+                          text.substr(std::string(kPlanError).size()));
+    }
   }
   NANOCCL_ASSIGN_OR_RETURN(LinkProfile p, LinkProfile::parse(text, "rank 0's link profile"));
   NANOCCL_INFO(who << p.summary());

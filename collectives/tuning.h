@@ -6,14 +6,17 @@
 // each codec. The planner's cost model reads it; nanoccl-tune prints and saves it.
 //
 // Where it comes from (NANOCCL_TUNING):
-//   off      no profile: the planner keeps its fixed thresholds (the default for now)
+//   off      no profile: the planner keeps its fixed thresholds (the default for now;
+//            NANOCCL_COMPRESSION=auto turns it into cached)
 //   cached   the profile file (NANOCCL_TUNING_FILE, default ~/.cache/nanoccl/link_profile.txt)
 //            when it was measured on the same shape, transport and socket count; else measured
 //            now and saved there
 //   measure  measured now, at communicator creation (~0.1-0.3 s at 1 Gbit/s), and saved
 // All ranks agree on one profile: rank 0 decides (reads the file, or combines what the ranks
 // measured) and hands it to the others through the store. Every rank must use the same
-// NANOCCL_TUNING; a malformed file is an error on every rank, naming the file and the line.
+// NANOCCL_TUNING (and, with a profile, the same settings that steer the planner: compression,
+// compression_allow, compression_block, chunk_bytes); a malformed file is an error on every
+// rank, naming the file and the line. Only a regular file of at most 64 KiB is read.
 //
 // File format (text, one record per line, '#' starts a comment; rates in MB/s = 10^6 bytes/s):
 //   version 1
@@ -47,7 +50,9 @@ struct LinkClassProfile {
   bool present = false;    // false: this topology has no such link (one node; one rank a node)
   double alphaUs = 0;      // one-way time of an 8-byte message: half the median round trip
   double pairMBps = 0;     // one rank pair, one large message (striped over nsocks on tcp)
-  double nodeMBps = 0;     // every local rank of node 0 sending to its peer at once
+  // inter: every shard of node 0 (local ranks below the smallest node's size) sending to its
+  // peer on node 1 at once; intra: the pair's rate (not measured separately yet)
+  double nodeMBps = 0;
 };
 
 struct CodecRates {

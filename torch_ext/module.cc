@@ -138,6 +138,7 @@ py::object profileDict(const std::shared_ptr<const nanoccl::LinkProfile>& p) {
   d["inter"] = p->inter.present ? py::object(linkClassDict(p->inter)) : py::none();
   d["intra"] = p->intra.present ? py::object(linkClassDict(p->intra)) : py::none();
   d["reduce_MBps"] = p->reduceMBps;
+  d["cpu_share"] = p->cpuShare;
   py::dict codecs;
   for (const nanoccl::CodecRates& c : p->codecs) {
     py::dict r;

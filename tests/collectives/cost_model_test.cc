@@ -44,6 +44,17 @@ LinkProfile fastLinks() {
   return p;
 }
 
+// slowLinks() for 3 nodes of one rank.
+const LinkProfile& slowProfileOf3() {
+  static const LinkProfile p = [] {
+    LinkProfile q = slowLinks();
+    q.shape = "3x1";
+    q.intra = LinkClassProfile{};
+    return q;
+  }();
+  return p;
+}
+
 CallArgs allreduce(size_t bytes, DataType dtype = DataType::kFloat32) {
   CallArgs a;
   a.op = OpType::kAllreduce;
@@ -141,6 +152,25 @@ TEST(CostModel, ForcedSettingsWin) {
   plan = planned(fixed, &fast);
   EXPECT_STREQ(plan.row->name, "hierarchical");
   EXPECT_EQ(codecName(plan), "int8");
+}
+
+// NANOCCL_ALGO=compressed (one rank a node) with compression "auto": the row needs a codec,
+// so it gets one of the allowed codecs (the fastest predicted; without a profile the first).
+TEST(CostModel, AForcedCompressedRowTakesAnAllowedCodec) {
+  const Topology flat = Topology::fromNodeIds({"a", "b", "c"});
+  CallArgs large = allreduce(64 << 20);
+  large.codecAuto = true;
+  Config c;
+  c.algo = "compressed";
+  for (const LinkProfile* p : {static_cast<const LinkProfile*>(nullptr), &slowProfileOf3()}) {
+    Result<Plan> plan = detail::plan(large, flat, c, p);
+    ASSERT_TRUE(plan.isOk()) << plan.status().toString();
+    EXPECT_STREQ(plan.value().row->name, "compressed");
+    ASSERT_NE(plan.value().codec, nullptr);
+    EXPECT_EQ(std::string(plan.value().codec->name), p == nullptr ? "bf16" : "int8");
+  }
+  c.compressionAllow = "none";  // nothing to compress with: the forced row cannot run
+  EXPECT_FALSE(detail::plan(large, flat, c, nullptr).isOk());
 }
 
 TEST(CostModel, WithoutAProfileTheRulesStandAndAutoIsLossless) {

@@ -149,7 +149,36 @@ TEST(LinkProfileFile, SavesLoadsAndSaysWhenAbsent) {
   ASSERT_TRUE(back.isOk()) << back.status().toString();
   ASSERT_TRUE(back.value().has_value());
   EXPECT_EQ(back.value()->toText(), sampleProfile().toText());
-  EXPECT_FALSE(saveProfile(sampleProfile(), dir.path() + "/no/such/dir/p.txt").isOk());
+  // Missing directories are made; a path through a regular file cannot be.
+  EXPECT_TRUE(saveProfile(sampleProfile(), dir.path() + "/a/b/c/p.txt").isOk());
+  EXPECT_FALSE(saveProfile(sampleProfile(), path + "/p.txt").isOk());
+}
+
+// Rank 0 reads the file before anyone can go on: a FIFO, a device or a huge file would stall
+// or flood the job, so only a small regular file is read.
+TEST(LinkProfileFile, OnlyASmallRegularFileIsRead) {
+  TempDir dir;
+  const std::string fifo = dir.path() + "/fifo";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  Result<std::optional<LinkProfile>> p = loadProfile(fifo);
+  ASSERT_FALSE(p.isOk());
+  EXPECT_NE(p.status().message().find("not a regular file"), std::string::npos);
+  const std::string big = dir.path() + "/big.txt";
+  writeFile(big, sampleProfile().toText() + std::string(70000, '#'));
+  p = loadProfile(big);
+  ASSERT_FALSE(p.isOk());
+  EXPECT_NE(p.status().message().find("larger than 64 KiB"), std::string::npos);
+  // Codec names are read as the codec table spells them, once each whatever the case.
+  std::string upper = sampleProfile().toText();
+  upper.replace(upper.find("codec int8"), 10, "codec INT8");
+  Result<LinkProfile> parsed = LinkProfile::parse(upper, "u");
+  ASSERT_TRUE(parsed.isOk()) << parsed.status().toString();
+  EXPECT_EQ(parsed.value().codecs[0].name, "int8");
+  parsed = LinkProfile::parse(upper + "codec int8 encode_MBps 1 decode_MBps 1 accumulate_MBps 1\n",
+                              "u");
+  ASSERT_FALSE(parsed.isOk());
+  EXPECT_NE(parsed.status().message().find("'codec int8' given twice"), std::string::npos)
+      << parsed.status().toString();
 }
 
 TEST(LinkProfileFile, PathFollowsTheSettingThenTheCacheDirectory) {
@@ -314,7 +343,8 @@ TEST(TunedWorld, RanksThatDisagreeAboutTuningFailNamingTheSetting) {
   o.configure = [](int rank, Config& c) { c.tuning = rank == 2 ? "off" : "measure"; };
   for (const Result<std::shared_ptr<Communicator>>& r : createEach(o)) {
     ASSERT_FALSE(r.isOk());
-    EXPECT_NE(r.status().message().find("rank 2 has NANOCCL_TUNING=off, rank 0 has measure"),
+    EXPECT_NE(r.status().message().find("rank 2 has NANOCCL_TUNING=off, rank 0 has "
+                                        "NANOCCL_TUNING=measure"),
               std::string::npos)
         << r.status().toString();
   }

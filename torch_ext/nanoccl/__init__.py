@@ -279,11 +279,13 @@ def stats(group: dist.ProcessGroup | None = None) -> Stats:
 def link_profile(group: dist.ProcessGroup | None = None) -> dict[str, Any] | None:
     """The link profile `group` agreed on when it was created (README "Tuning").
 
-    None under NANOCCL_TUNING=off (the default) and on a one-rank group. Otherwise a dict:
+    None under NANOCCL_TUNING=off (the default; NANOCCL_COMPRESSION=auto turns it into
+    cached) and on a one-rank group. Otherwise a dict:
     shape ("2x2": nodes x ranks per node), transport, nsocks, measured (UTC time), "inter" and
     "intra" (alpha_us: one-way latency of a small message; pair_MBps: one rank pair;
     node_MBps: every local rank of a node at once; None where the topology has no such link),
-    reduce_MBps (float32 sum, one core), codecs ({name: encode/decode/accumulate_MBps}, per
+    reduce_MBps (float32 sum, one core), cpu_share (the share of a core each rank counts on:
+    the host's cores over its ranks, at most 1), codecs ({name: encode/decode/accumulate_MBps}, per
     byte of float32 input) and text (the profile file's text). Rates are in 10^6 bytes/s.
     Every rank of the group holds rank 0's profile. Local: no communication.
     """

@@ -50,6 +50,8 @@ def ddp_bucket_cap_mb(model: Any, group: Any = None, backward_seconds: float = 0
     dtype = grads[0].dtype
     elem = grads[0].element_size()
     total = sum(p.numel() for p in grads) * elem
+    if total == 0:
+        raise ValueError("ddp_bucket_cap_mb: the model's gradients are empty")
     cache: dict[int, float] = {}
 
     def predict(nbytes: int) -> float:
@@ -84,7 +86,8 @@ def format_profile(p: dict[str, Any]) -> str:
         else:
             lines.append(f"{name:<11} {c['alpha_us']:>7.1f} us {c['pair_MBps']:>7.0f} MB/s "
                          f"{c['node_MBps']:>7.0f} MB/s")
-    lines.append(f"float32 reduce (one core): {p['reduce_MBps']:.0f} MB/s")
+    lines.append(f"float32 reduce (one core): {p['reduce_MBps']:.0f} MB/s; each rank counts on "
+                 f"{p['cpu_share']:.2f} of a core")
     lines.append(f"{'codec':<11} {'encode':>10} {'decode':>12} {'decode+add':>12}   "
                  "(MB/s of float32 input)")
     for name, c in p["codecs"].items():
@@ -151,7 +154,16 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print("nanoccl-tune: the group has no link profile", file=sys.stderr)
                 return 1
             print(format_profile(profile))
-            print(f"# saved to {path} by rank 0 (NANOCCL_TUNING=cached uses it)")
+            try:
+                saved = _C.load_link_profile(path)
+            except ValueError:
+                saved = None
+            if saved is not None and saved["text"] == profile["text"]:
+                print(f"# saved to {path} by rank 0 (NANOCCL_TUNING=cached uses it)")
+            else:
+                print(f"nanoccl-tune: could not save the profile to {path} (see rank 0's "
+                      "warning; --file picks another place)", file=sys.stderr)
+                return 1
     finally:
         dist.destroy_process_group()
     return 0
