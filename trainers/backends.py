@@ -71,20 +71,26 @@ def compression_setting(nanoccl: Any) -> str | None:
     return None
 
 
-def pg_options(spec: BackendSpec) -> Any:
-    """The pg_options for init_process_group (None for the stock backends)."""
+def pg_options(spec: BackendSpec, tuning: str | None = None) -> Any:
+    """The pg_options for init_process_group (None for the stock backends, and for nanoccl
+    with neither a codec nor a `tuning` mode: its defaults and NANOCCL_* settings apply)."""
     if not spec.is_nanoccl:
         return None
     nanoccl = import_nanoccl()
-    if spec.codec is None:
+    if spec.codec is None and tuning is None:
         return None
-    setting = compression_setting(nanoccl)
-    if setting is None:
-        raise BackendUnavailable(
-            f"backend {spec.text!r}: nanoccl has no compression option yet "
-            "(nanoccl.Options.defaults() lists no 'compression'); codecs are not available")
+    options: dict[str, str] = {}
+    if tuning is not None:
+        options["tuning"] = tuning
+    if spec.codec is not None:
+        setting = compression_setting(nanoccl)
+        if setting is None:
+            raise BackendUnavailable(
+                f"backend {spec.text!r}: nanoccl has no compression option yet "
+                "(nanoccl.Options.defaults() lists no 'compression'); codecs are not available")
+        options[setting] = spec.codec
     try:
-        return nanoccl.Options(**{setting: spec.codec})
+        return nanoccl.Options(**options)
     except ValueError as exc:
         raise BackendUnavailable(f"backend {spec.text!r}: {exc}") from exc
 
@@ -99,10 +105,12 @@ def check_available(spec: BackendSpec) -> None:
     pg_options(spec)
 
 
-def init(spec: BackendSpec, timeout_s: float, standalone: bool = False) -> None:
+def init(spec: BackendSpec, timeout_s: float, standalone: bool = False,
+         tuning: str | None = None) -> None:
     """init_process_group under torchrun (env://); a one-rank group on a HashStore without
-    it, or when `standalone`."""
-    options = pg_options(spec)
+    it, or when `standalone`. `tuning`: nanoccl's link-profile mode (NANOCCL_TUNING) for
+    the group, None for the settings' own."""
+    options = pg_options(spec, tuning)
     timeout = datetime.timedelta(seconds=timeout_s)
     kwargs: dict[str, Any] = {"backend": spec.name, "timeout": timeout}
     if options is not None:

@@ -48,7 +48,9 @@ class TrainConfig:
     seq_len: int
     lr: float = 3e-4
     seed: int = 1234
-    bucket_cap_mb: float | None = None
+    # DDP's bucket_cap_mb (dp, zero1); "tuned": nanoccl.tune.ddp_bucket_cap_mb chooses it from
+    # the group's link profile, the model's gradients and this model's measured backward time.
+    bucket_cap_mb: float | str | None = None
     microbatches: int | None = None
     schedule: str = "1f1b"
     device: str = "cpu"
@@ -123,11 +125,21 @@ class Single(_WholeModel):
         self.optim = _optimizer(self.model.parameters(), cfg.lr)
 
 
+def tuned_bucket_cap_mb(model: nn.Module, loss_of: Callable[[], torch.Tensor]) -> float:
+    """nanoccl's choice of DDP bucket size for `model` on the default group (a collective):
+    from the group's link profile and the backward time of `loss_of()` measured here."""
+    from nanoccl.tune import ddp_bucket_cap_mb, measure_backward_seconds
+
+    return ddp_bucket_cap_mb(model, None, measure_backward_seconds(model, loss_of))
+
+
 def _ddp(model: nn.Module, cfg: TrainConfig) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     kwargs: dict[str, object] = {}
     if cfg.bucket_cap_mb is not None:
+        if not isinstance(cfg.bucket_cap_mb, float | int):
+            raise StrategyError(f"bucket_cap_mb {cfg.bucket_cap_mb!r} was not resolved to MB")
         kwargs["bucket_cap_mb"] = cfg.bucket_cap_mb
     if cfg.device.startswith("cuda"):
         kwargs["device_ids"] = [torch.device(cfg.device).index]
@@ -140,28 +152,40 @@ def _ddp(model: nn.Module, cfg: TrainConfig) -> nn.Module:
     return ddp
 
 
-class DataParallel(_WholeModel):
+class _DDPModel(_WholeModel):
+    """A whole model under DDP; a "tuned" bucket size is chosen before DDP wraps the model."""
+
+    def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int) -> None:
+        super().__init__(cfg, source, rank, world)
+        self.tuned = cfg.bucket_cap_mb == "tuned"
+        if self.tuned:
+            x, y = self._batch(0, self.split_batch)
+            cfg.bucket_cap_mb = tuned_bucket_cap_mb(
+                self.model, lambda: self.loss_fn(self.model(x), y))
+        self.module = _ddp(self.model, cfg)
+
+
+class DataParallel(_DDPModel):
     name = "dp"
 
     def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int) -> None:
         super().__init__(cfg, source, rank, world)
-        self.module = _ddp(self.model, cfg)
         self.optim = _optimizer(self.module.parameters(), cfg.lr)
 
     def describe(self) -> str:
         cap = self.cfg.bucket_cap_mb
+        shown = "default 25" if cap is None else f"{cap:g}" + (" tuned" if self.tuned else "")
         hook = f", {self.cfg.codec} + error feedback hook" if self.cfg.codec else ""
-        return f"dp (DDP, bucket_cap_mb={cap if cap is not None else 'default 25'}{hook})"
+        return f"dp (DDP, bucket_cap_mb={shown}{hook})"
 
 
-class Zero1(_WholeModel):
+class Zero1(_DDPModel):
     name = "zero1"
 
     def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int) -> None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
 
         super().__init__(cfg, source, rank, world)
-        self.module = _ddp(self.model, cfg)
         self.optim = ZeroRedundancyOptimizer(
             self.module.parameters(), optimizer_class=torch.optim.AdamW, lr=cfg.lr,
             weight_decay=0.0, foreach=False)

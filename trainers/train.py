@@ -58,7 +58,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seq-len", type=int, default=None, help="GPT context (default: the model's)")
     p.add_argument("--lr", type=float, default=3e-4)
     p.add_argument("--seed", type=int, default=1234)
-    p.add_argument("--bucket-cap-mb", type=float, default=None, help="DDP bucket size (dp, zero1)")
+    p.add_argument("--bucket-cap-mb", type=_bucket_cap, default=None,
+                   help="DDP bucket size in MB (dp, zero1), or 'tuned': nanoccl chooses it from "
+                        "the link profile (NANOCCL_TUNING, default here: cached)")
     p.add_argument("--microbatches", type=int, default=None,
                    help="pipeline microbatches (default: the number of stages)")
     p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b"), help="pp schedule")
@@ -100,6 +102,18 @@ def _peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0  # KiB on Linux
 
 
+def _bucket_cap(text: str) -> float | str:
+    if text == "tuned":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a size in MB or 'tuned'") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be > 0")
+    return value
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -129,8 +143,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         device = f"cuda:{local_rank}"
         torch.cuda.set_device(local_rank)
 
+    tuning = None
+    if args.bucket_cap_mb == "tuned":
+        if not spec.is_nanoccl or args.strategy not in ("dp", "zero1"):
+            print("train: --bucket-cap-mb tuned needs --backend nanoccl[+codec] and strategy dp "
+                  "or zero1 (DDP)", file=sys.stderr)
+            return 2
+        # The tuner needs a link profile: the saved one when it fits, else measured.
+        tuning = None if os.environ.get("NANOCCL_TUNING") else "cached"
     try:
-        backends.init(spec, args.timeout, standalone=args.standalone)
+        backends.init(spec, args.timeout, standalone=args.standalone, tuning=tuning)
     except backends.BackendUnavailable as exc:
         print(f"train: {exc}", file=sys.stderr)
         return 2
@@ -285,7 +307,8 @@ def summarize(args: argparse.Namespace, spec: backends.BackendSpec, strategy: An
         "steps": steps, "warmup_steps": warmup, "timed_steps": timed, "threads": threads,
         "microbatches": getattr(strategy, "microbatches", None),
         "schedule": args.schedule if args.strategy == "pp" else None,
-        "bucket_cap_mb": args.bucket_cap_mb, "data": args.data or "synthetic",
+        "bucket_cap_mb": getattr(strategy.cfg, "bucket_cap_mb", args.bucket_cap_mb),
+        "bucket_tuned": bool(getattr(strategy, "tuned", False)), "data": args.data or "synthetic",
         "window_s": window,
         "samples_per_s": samples_per_s,
         f"{unit}_per_s": samples_per_s * per_sample,

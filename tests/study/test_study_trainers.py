@@ -124,6 +124,44 @@ def test_unsupported_combinations_fail_cleanly(tmp_path: Path) -> None:
     assert "nanoccl" in res.output
 
 
+@pytest.mark.timeout(150)
+def test_dp_with_the_tuned_bucket(single: dict[str, Any], tmp_path: Path,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """--bucket-cap-mb tuned: nanoccl measures the links (no profile saved yet), chooses one of
+    its candidate sizes on every rank alike, and trains the same losses as one rank."""
+    from nanoccl.tune import BUCKET_CANDIDATES_MB
+
+    profile = tmp_path / "profile.txt"
+    monkeypatch.setenv("NANOCCL_TUNING_FILE", str(profile))
+    monkeypatch.delenv("NANOCCL_TUNING", raising=False)
+    args = ["--model", "gpt2-nano", "--batch", "8", "--steps", "3", "--warmup-steps", "1",
+            "--print-every", "0", "--backend", "nanoccl", "--strategy", "dp",
+            "--bucket-cap-mb", "tuned"]
+    res = launch(2, args, tmp_path / "run")
+    assert res.ok, res.output[-3000:]
+    assert res.result is not None
+    assert res.result["bucket_tuned"] is True
+    assert res.result["bucket_cap_mb"] in BUCKET_CANDIDATES_MB
+    assert "tuned" in res.output  # the strategy line names it
+    assert profile.is_file()  # tuning "cached": measured once and saved for the next run
+    assert res.result["losses"] == pytest.approx(single["losses"], rel=LOSS_RTOL)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("args, message", [
+    (["--backend", "gloo", "--bucket-cap-mb", "tuned"], "needs --backend nanoccl"),
+    (["--backend", "nanoccl", "--strategy", "zero2", "--bucket-cap-mb", "tuned"],
+     "strategy dp or zero1"),
+    (["--bucket-cap-mb", "0"], "must be > 0"),
+    (["--bucket-cap-mb", "big"], "a size in MB or 'tuned'"),
+])
+def test_a_bucket_setting_that_cannot_apply_is_refused(args: list[str], message: str,
+                                                       tmp_path: Path) -> None:
+    res = launch(1, ["--steps", "2", *args], tmp_path)
+    assert res.returncodes == [2], res.output[-3000:]
+    assert message in res.output
+
+
 # ----------------------------------------------------------------------- in-process units
 def test_synthetic_batches_are_deterministic_and_split() -> None:
     a = SyntheticTokens(512, 64, 8, seed=3)

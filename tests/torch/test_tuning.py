@@ -166,3 +166,55 @@ def test_predictions_and_the_ddp_bucket_follow_the_profile(tmp_path: Path) -> No
     assert o["compute_bound"] == 1
     assert math.isinf(o["no_profile"])
     assert "needs a link profile" in o["refused"]
+
+
+@pytest.mark.parametrize("layout", ["one dtype", "two dtypes", "large layers"])
+def test_ddp_bucket_sizes_are_ddps_own(layout: str) -> None:
+    """ddp_bucket_sizes builds the buckets DDP's reducer builds (its 1 MiB first bucket,
+    one open bucket per dtype), compared with torch's own assignment function."""
+    import random
+
+    import torch
+    import torch.distributed as dist
+    from nanoccl.tune import ddp_bucket_sizes
+
+    rng = random.Random(layout)
+    dtypes = [torch.float32] + ([torch.bfloat16] if layout == "two dtypes" else [])
+    scale = 4 << 20 if layout == "large layers" else 300_000
+    tensors = [torch.empty(rng.randint(1, scale), dtype=rng.choice(dtypes)) for _ in range(40)]
+    grads = [(t.numel() * t.element_size(), t.dtype) for t in tensors]
+    for cap_mb in (0.5, 1, 5, 25):
+        cap = int(cap_mb * (1 << 20))
+        mine = ddp_bucket_sizes(grads, cap)
+        order = list(reversed(range(len(tensors))))
+        buckets, _ = dist._compute_bucket_assignment_by_size(
+            [tensors[i] for i in order], [dist._DEFAULT_FIRST_BUCKET_BYTES, cap],
+            [False] * len(tensors), order)
+        theirs = [(sum(grads[i][0] for i in b), tensors[b[0]].dtype) for b in buckets]
+        assert sorted(mine, key=str) == sorted(theirs, key=str), cap_mb
+        assert sum(n for n, _ in mine) == sum(n for n, _ in grads)
+
+
+def test_ddp_step_time_follows_the_buckets() -> None:
+    from nanoccl.tune import ddp_step_seconds
+
+    # No backward time: the allreduces back to back.
+    assert ddp_step_seconds([1.0, 2.0], [10, 30], 0.0) == pytest.approx(3.0)
+    # Bucket 0 ready at 1 s (a quarter of 4 s), bucket 1 at 4 s: the first one's second of
+    # communication hides under backward, the last one's follows it.
+    assert ddp_step_seconds([1.0, 2.0], [10, 30], 4.0) == pytest.approx(6.0)
+    # Communication longer than backward: the queue, not backward, decides.
+    assert ddp_step_seconds([5.0, 5.0], [10, 10], 2.0) == pytest.approx(11.0)
+
+
+def test_measure_backward_seconds_leaves_no_gradients() -> None:
+    import torch
+    from nanoccl.tune import measure_backward_seconds
+
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 1))
+    x = torch.randn(32, 64)
+    seconds = measure_backward_seconds(model, lambda: model(x).square().mean(), repeats=2)
+    assert 0 < seconds < 60
+    assert all(p.grad is None for p in model.parameters())
+    with pytest.raises(ValueError, match="repeats"):
+        measure_backward_seconds(model, lambda: model(x).sum(), repeats=0)
