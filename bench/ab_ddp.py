@@ -2,12 +2,17 @@
 """A short DDP training with two backends in one launch (run under torchrun).
 
 The same MLP (same seed, same initial weights, same synthetic batches) is
-trained twice side by side: once through DDP on the backend under test (the
-default group; "nanoccl" when it imports, else gloo) and once on the
-reference backend (a group made with new_group(backend=--ab)). Steps
-alternate A, B, A, B ... so that machine drift hits both alike. Reports
-mean / median step time, samples/s, the final loss and how far the two
-models' parameters ended apart (lossless backends: reordering error only).
+trained side by side: once through DDP on the backend under test (the
+default group; "nanoccl" when it imports, else gloo), once on the reference
+backend (a group made with new_group(backend=--ab)) and, with --hook-codec,
+once more the way nanoccl is meant for slow links: a nanoccl group that
+compresses across nodes, DDP's buckets averaged through nanoccl.hooks'
+error-feedback hook, and the bucket size the tuner chooses
+(nanoccl.tune.ddp_bucket_cap_mb, from the group's link profile measured at its
+creation). Steps alternate A, B, C, A, B, C ... so that machine drift hits all
+alike. Reports mean / median step time, samples/s, the final loss and how far
+the first two models' parameters ended apart (lossless backends: reordering
+error only).
 
     torchrun --nproc-per-node 2 bench/ab_ddp.py --ab gloo --steps 40 --json out.json
 """
@@ -73,6 +78,8 @@ class SyntheticData:
 class SideResult:
     label: str
     backend: str
+    bucket_cap_mb: float | None  # None: DDP's default
+    tuned: bool  # the bucket size is nanoccl.tune's choice (the --hook-codec side)
     step_ms: list[float]  # per step, mean over ranks
     losses: list[float]  # per step, mean over ranks
     mean_step_ms: float = 0.0
@@ -86,6 +93,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--backend", default=None, help="backend under test (default nanoccl if it "
                                                    "imports, else gloo)")
     p.add_argument("--ab", default="gloo", help="reference backend ('' for none; default gloo)")
+    p.add_argument("--hook-codec", default=None, metavar="CODEC",
+                   help="add a side: nanoccl compressing across nodes with CODEC, DDP through "
+                        "the error-feedback hook, bucket size tuned")
     p.add_argument("--steps", type=int, default=40)
     p.add_argument("--warmup-steps", type=int, default=3, help="steps left out of the timing")
     p.add_argument("--batch", type=int, default=32, help="samples per rank and step")
@@ -108,7 +118,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
     usable, where = nanoccl_status()
     backend = args.backend or ("nanoccl" if usable else "gloo")
-    if "nanoccl" in (backend, args.ab) and not usable:
+    if ("nanoccl" in (backend, args.ab) or args.hook_codec) and not usable:
         print(f"ab_ddp: nanoccl requested but {where}", file=sys.stderr)
         return 2
     timeout = datetime.timedelta(seconds=args.timeout)
@@ -130,16 +140,36 @@ def _train(args: argparse.Namespace, backend: str, usable: bool, where: str, ran
         label = args.ab if args.ab != backend else f"{args.ab}(ref)"
         sides.append((label, args.ab, dist.new_group(backend=args.ab, timeout=timeout)))
     out_dim = args.in_dim
+    data = SyntheticData(args.in_dim, out_dim, args.batch, args.seed, rank)
+    loss_fn = nn.MSELoss()
+    caps: list[float | None] = [None] * len(sides)  # None: DDP's default (25 MB)
+    hooked = None
+    if args.hook_codec:
+        import nanoccl
+        from nanoccl import hooks
+        from nanoccl.tune import ddp_bucket_cap_mb, measure_backward_seconds
+
+        group = dist.new_group(backend="nanoccl", timeout=timeout, pg_options=nanoccl.Options(
+            compression=args.hook_codec, tuning="measure"))
+        probe = make_model(args.width, args.depth, args.in_dim, out_dim, args.seed)
+        x0, y0 = data.batch_at(0)
+        cap = ddp_bucket_cap_mb(probe, group, measure_backward_seconds(
+            probe, lambda: loss_fn(probe(x0), y0)))
+        hooked = len(sides)
+        sides.append((f"nanoccl+{args.hook_codec}+EF,{cap:g}MB", "nanoccl", group))
+        caps.append(cap)
     models, optims = [], []
-    for _, _, group in sides:
+    for k, (_, _, group) in enumerate(sides):
+        kwargs = {} if caps[k] is None else {"bucket_cap_mb": caps[k]}
         model = DistributedDataParallel(
             make_model(args.width, args.depth, args.in_dim, out_dim, args.seed),
-            process_group=group)
+            process_group=group, **kwargs)
+        if k == hooked:
+            model.register_comm_hook(hooks.ErrorFeedbackState(codec=args.hook_codec),
+                                     hooks.error_feedback_hook)
         models.append(model)
         optims.append(torch.optim.Adam(model.parameters(), lr=args.lr))
     params = sum(p.numel() for p in models[0].parameters())
-    data = SyntheticData(args.in_dim, out_dim, args.batch, args.seed, rank)
-    loss_fn = nn.MSELoss()
     if rank == 0:
         print(f"ab_ddp: {world} rank(s), MLP {args.depth}x{args.width} "
               f"({params / 1e6:.2f} M params, "
@@ -176,7 +206,7 @@ def _train(args: argparse.Namespace, backend: str, usable: bool, where: str, ran
             step_ms = [statistics.fmean(g[0][k][s] for g in gathered) for s in range(args.steps)]
             loss = [statistics.fmean(g[1][k][s] for g in gathered) for s in range(args.steps)]
             timed = step_ms[args.warmup_steps:]
-            res = SideResult(label, name, step_ms, loss)
+            res = SideResult(label, name, caps[k], k == hooked, step_ms, loss)
             res.mean_step_ms = statistics.fmean(timed)
             res.median_step_ms = statistics.median(timed)
             res.samples_per_s = args.batch * world / (res.mean_step_ms / 1000.0)
@@ -192,6 +222,9 @@ def _train(args: argparse.Namespace, backend: str, usable: bool, where: str, ran
                   f"{results[1].mean_step_ms / results[0].mean_step_ms:.3f}; "
                   "max |param A - param B| "
                   f"{diff:.3g}")
+            for res in results[2:]:
+                print(f"ab_ddp: speedup ({results[1].label} step time / {res.label} step time) "
+                      f"{results[1].mean_step_ms / res.mean_step_ms:.3f}")
         if args.json:
             doc = {"tool": "ab_ddp", "meta": {
                        "world_size": world, "local_world_size": local_world, "params": params,

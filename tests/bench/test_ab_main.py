@@ -65,6 +65,32 @@ def test_summary_and_outputs(ab_main: ModuleType, tmp_path: Path) -> None:
     assert doc["meta"]["title"] == meta["title"] and doc["perf"]["rows"]
 
 
+def test_summary_with_the_tuned_sides(ab_main: ModuleType, tmp_path: Path) -> None:
+    """The compression=auto allreduce job and the DDP side with the hook and tuned bucket."""
+    auto = _perf_doc()
+    for row in auto["rows"]:
+        if row["label"] == "nanoccl":
+            row["label"], row["plan"] = "nanoccl+auto", "allreduce/hierarchical/int8"
+    auto["meta"]["labels"] = ["nanoccl+auto", "gloo"]
+    ddp = _ddp_doc()
+    ddp["sides"].append(dict(ddp["sides"][0], label="nanoccl+int8+EF,5MB", bucket_cap_mb=5,
+                             tuned=True, mean_step_ms=42.0))
+    meta = {"title": "t", "standin": False, "nanoccl": "x", "side_b": "gloo", "seconds": 1.0,
+            "hook_codec": "int8"}
+    lines = ab_main.summary(_perf_doc(), ddp, meta, auto)
+    text = "\n".join(lines)
+    assert "nanoccl+auto time(ms)" in text and "hierarchical/int8" in text
+    side = next(ln for ln in lines if "nanoccl+int8+EF,5MB" in ln)
+    assert "5 tuned" in side and side.split()[-1] == "3.000"  # 126 ms / 42 ms
+    ab_main._write_outputs(tmp_path, meta, _perf_doc(), ddp, lines, auto)
+    with open(tmp_path / "allreduce.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 8 and {r["plan"] for r in rows} == {"", "allreduce/hierarchical/int8"}
+    assert json.loads((tmp_path / "ab_main.json").read_text())["perf_auto"]["rows"]
+    # Without the auto job's results, the summary says so.
+    assert "perf_auto job failed" in "\n".join(ab_main.summary(_perf_doc(), ddp, meta, None))
+
+
 def test_standin_is_labelled(ab_main: ModuleType) -> None:
     meta = {"title": "gloo vs gloo (stand-in: nanoccl not built)", "standin": True,
             "nanoccl": "import nanoccl failed", "side_b": "gloo", "seconds": 1.0}
@@ -82,3 +108,20 @@ def test_end_to_end_on_loopback(tmp_path: Path) -> None:
     assert "A/B: gloo vs gloo" in proc.stdout
     for name in ("ab_main.json", "allreduce.csv", "ddp.csv", "ab_main.png", "summary.txt"):
         assert (tmp_path / name).stat().st_size > 0, name
+
+
+def test_end_to_end_with_nanoccl_auto_and_the_tuned_ddp_side(tmp_path: Path) -> None:
+    """nanoccl as side A: lossless and compression=auto allreduce against Gloo, and DDP with
+    the int8 error-feedback side on its tuned bucket, on 2 loopback 'nodes' x 1 rank."""
+    proc = subprocess.run([sys.executable, str(BENCH / "ab_main.py"), "--no-shaping",
+                           "--procs-per-node", "1", "-b", "64K", "-e", "128K", "-n", "2",
+                           "--steps", "5", "--out", str(tmp_path)],
+                          capture_output=True, text=True, timeout=170, cwd=REPO)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    doc = json.loads((tmp_path / "ab_main.json").read_text())
+    assert doc["perf_auto"]["meta"]["labels"] == ["nanoccl+auto", "gloo"]
+    assert all(r["plan"] for r in doc["perf_auto"]["rows"] if r["backend"] == "nanoccl")
+    sides = doc["ddp"]["sides"]
+    assert [s["backend"] for s in sides] == ["nanoccl", "gloo", "nanoccl"]
+    assert sides[2]["tuned"] and sides[2]["bucket_cap_mb"] > 0
+    assert all(r["wrong"] == 0 for r in doc["perf"]["rows"] + doc["perf_auto"]["rows"])

@@ -459,6 +459,9 @@ class Row:
     median_us: float
     max_us: float
     p99_us: float = 0.0
+    # nanoccl with a link profile: what the planner ran for these calls (stats()["modelled"]
+    # keys with the calls of this size, "+"-joined), e.g. "allreduce hierarchical int8".
+    plan: str = ""
 
 
 @dataclass
@@ -570,6 +573,7 @@ def measure(name: str, sides: list[Side], ctrl: Any, opts: Options, rank: int, w
             for _ in range(iters):
                 for k in range(len(sides)):
                     timed(k)
+        after = [_modelled(side) for side in sides]
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, (times, wrong_local), group=ctrl)
         rows = []
@@ -582,13 +586,14 @@ def measure(name: str, sides: list[Side], ctrl: Any, opts: Options, rank: int, w
                             opts.dtype.name, opts.redop if coll.reduces else "none",
                             bufs.root, iters, t_us, algbw, algbw * coll.bus_factor(world),
                             wrong, min(per_iter), statistics.median(per_iter),
-                            max(per_iter), percentile(per_iter, 99)))
+                            max(per_iter), percentile(per_iter, 99),
+                            _plans(before[k], after[k])))
             results.wrong += wrong
         results.rows.extend(rows)
         on_rows(rows)
         if rank == 0:
-            for side, old in zip(sides, before):
-                for line in _model_lines(side, old, _modelled(side), bufs.size):
+            for side, old, new in zip(sides, before, after):
+                for line in _model_lines(side, old, new, bufs.size):
                     print(line, flush=True)
         del bufs, pristine
     return results
@@ -603,6 +608,12 @@ def _modelled(side: Side) -> dict[str, Any]:
         return dict(nanoccl.stats(side.group).get("modelled", {}))
     except Exception:  # noqa: BLE001 - an older build without it: nothing to show
         return {}
+
+
+def _plans(old: dict[str, Any], new: dict[str, Any]) -> str:
+    """The modelled rows (planner choices) that ran calls between two _modelled() views."""
+    return "+".join(what for what, cur in new.items()
+                    if cur["calls"] > old.get(what, {"calls": 0})["calls"])
 
 
 def _model_lines(side: Side, old: dict[str, Any], new: dict[str, Any], size: int) -> list[str]:
