@@ -2,8 +2,8 @@
 
 Run it like a training job, one process per GPU (or per rank) on every node:
 
-    torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d --rdzv-endpoint HOST:29500 \
-        -m nanoccl.tune
+    torchrun --nnodes 2 --nproc-per-node 2 --node-rank NODE_RANK --master-addr NODE0 \
+        --master-port 29500 -m nanoccl.tune        (NODE_RANK: 0 on the first node, 1, ...)
 
 Rank 0 prints the profile (latency and bandwidth per link class, reduce and codec rates) and
 saves it where NANOCCL_TUNING=cached finds it (NANOCCL_TUNING_FILE, else
@@ -218,9 +218,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if int(os.environ.get("WORLD_SIZE", "1")) < 2:
         print("nanoccl-tune: measures the links between ranks: run it with at least 2 ranks, "
-              "e.g. torchrun --nnodes 2 --nproc-per-node 2 --rdzv-backend c10d "
-              "--rdzv-endpoint HOST:29500 "
-              "-m nanoccl.tune (one command per node)", file=sys.stderr)
+              "e.g. torchrun --nnodes 2 --nproc-per-node 2 --node-rank NODE_RANK "
+              "--master-addr NODE0 --master-port 29500 -m nanoccl.tune on every node "
+              "(README: On a real cluster)", file=sys.stderr)
         return 2
 
     import torch.distributed as dist
