@@ -6,8 +6,14 @@ size x sockets per peer, only the combinations that change what runs), one with 
 (`compression=auto`, the link profile measured when it is created, into a temporary file), and
 a Gloo group;
 then, size by size, it times one float32 allreduce per group in turn, `-n` times or more
-(--budget). Rank 0 prints, per size, every setting's median time (of the slowest rank's), the best static one, the tuner's time and
-choice (nanoccl.stats()["modelled"]: what it ran and what it predicted), and Gloo's.
+(--budget). Rank 0 prints, per size, every setting's median time (of the slowest rank's), the
+best static one, the tuner's time and choice (nanoccl.stats()["modelled"]: what it ran and what
+it predicted), and Gloo's.
+
+The best of many noisy medians is biased low (on 2 cores the same plan's medians spread by
+5-20% between settings that run it identically), so a second round (--finalists, --final-iters)
+times the best few static settings and the tuner again, interleaved, with more calls each: the
+tuner is compared with the best finalist of that round, all measured with the same precision.
 
     python bench/emucluster.py --nodes 2 --procs-per-node 2 --rate 1gbit -- \\
         bench/tune_grid.py -b 1M -e 256M -f 4 -n 3 --json results/tuning/grid_2x2_1gbit.json
@@ -77,6 +83,44 @@ def static_grid(nodes: int, per_node: int, allow: list[str], chunks: list[int],
     return out
 
 
+def time_groups(groups: list[Setting], buf: torch.Tensor, size: int, iters: int, world: int,
+                seed: int) -> list[float]:
+    """Times `iters` allreduces of `buf` per group, the groups in a new shuffled order each
+    round (the same on every rank: each group's calls must meet; no group always runs right
+    after the same other one). Returns per group the median over the calls of the slowest
+    rank's time (a collective ends there; a median, because a 2-core machine's scheduling
+    hiccups would sway a mean of few calls). Appends the calls' times to each group's
+    `times[size]`."""
+    local: list[list[float]] = [[] for _ in groups]
+    for it in range(iters):
+        order = list(range(len(groups)))
+        random.Random(seed + it).shuffle(order)
+        for k in order:
+            buf.fill_(1.0)
+            start = time.perf_counter()
+            dist.all_reduce(buf, group=groups[k].group)
+            local[k].append(time.perf_counter() - start)
+    for g, t in zip(groups, local):
+        g.times.setdefault(size, []).extend(t)
+    gathered: list[Any] = [None] * world
+    dist.all_gather_object(gathered, local)
+    return [statistics.median(max(g[i][k] for g in gathered) for k in range(iters))
+            for i in range(len(groups))]
+
+
+def modelled_since(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    """What the tuned group ran between two stats()["modelled"] views, per call."""
+    chose = []
+    for what, cur in after.items():
+        prev = before.get(what, {"calls": 0, "predicted_s": 0.0, "measured_s": 0.0})
+        n = cur["calls"] - prev["calls"]
+        if n > 0:
+            chose.append({"what": what, "calls": n,
+                          "predicted_s": (cur["predicted_s"] - prev["predicted_s"]) / n,
+                          "measured_s": (cur["measured_s"] - prev["measured_s"]) / n})
+    return chose
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tune_grid", description=__doc__.split("\n\n")[0])
     p.add_argument("-b", "--minbytes", default="1M")
@@ -91,6 +135,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--allow", default=os.environ.get("NANOCCL_COMPRESSION_ALLOW",
                                                      "none,bf16,int8"),
                    help="codecs of the grid and of the tuner (NANOCCL_COMPRESSION_ALLOW)")
+    p.add_argument("--finalists", type=int, default=4,
+                   help="static settings timed again with the tuner per size (0: no second "
+                        "round)")
+    p.add_argument("--final-iters", type=int, default=10,
+                   help="calls per group in the second round (or more, --budget)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
@@ -142,55 +191,49 @@ def main(argv: Sequence[str] | None = None) -> int:
             for _ in range(args.warmup):
                 dist.all_reduce(buf, group=s.group)
         before = dict(nanoccl.stats(tuned.group)["modelled"])
-        for s in everyone:
-            s.times[size] = []
         iters = max(args.iters, min(50, parse_size(args.budget) // size))
-        for it in range(iters):
-            # A new order each round, the same on every rank (each group's calls must meet):
-            # no setting always runs right after the same other one.
-            order = list(everyone)
-            random.Random(size * 1000 + it).shuffle(order)
-            for s in order:
-                buf.fill_(1.0)
-                start = time.perf_counter()
-                dist.all_reduce(buf, group=s.group)
-                s.times[size].append(time.perf_counter() - start)
-        after = nanoccl.stats(tuned.group)["modelled"]
-        chose = []
-        for what, cur in after.items():
-            prev = before.get(what, {"calls": 0, "predicted_s": 0.0, "measured_s": 0.0})
-            n = cur["calls"] - prev["calls"]
-            if n > 0:
-                chose.append({"what": what, "calls": n,
-                              "predicted_s": (cur["predicted_s"] - prev["predicted_s"]) / n,
-                              "measured_s": (cur["measured_s"] - prev["measured_s"]) / n})
-        # Per call the slowest rank's time (a collective ends there), then the median over the
-        # calls: a 2-core machine's scheduling hiccups would sway a mean of few calls.
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, [s.times[size] for s in everyone])
-        mean = [statistics.median(max(g[i][k] for g in gathered) for k in range(iters))
-                for i in range(len(everyone))]
+        median = time_groups(everyone, buf, size, iters, world, seed=size * 1000)
+        chose = modelled_since(before, nanoccl.stats(tuned.group)["modelled"])
+        static = median[:len(settings)]
+        best = min(range(len(settings)), key=lambda i: static[i])
+        t_auto, t_gloo = median[len(settings)], median[len(settings) + 1]
+        entry: dict[str, Any] = {
+            "bytes": size, "auto_s": t_auto, "gloo_s": t_gloo, "best": settings[best].label,
+            "best_s": static[best], "auto_vs_best": static[best] / t_auto, "auto_ran": chose,
+            "static": {s.label: t for s, t in zip(settings, static)}}
         if rank == 0:
-            static = mean[:len(settings)]
-            best = min(range(len(settings)), key=lambda i: static[i])
-            t_auto, t_gloo = mean[len(settings)], mean[len(settings) + 1]
-            ratio = static[best] / t_auto
-            worst = min(worst, ratio)
             print(f"\n# {size} B: best static {settings[best].label} {static[best] * 1e3:.2f} ms; "
-                  f"auto {t_auto * 1e3:.2f} ms = {ratio:.3f} of the best's speed; "
+                  f"auto {t_auto * 1e3:.2f} ms = {static[best] / t_auto:.3f} of the best's speed; "
                   f"gloo {t_gloo * 1e3:.2f} ms (auto {t_gloo / t_auto:.2f}x gloo)", flush=True)
             for c in chose:
                 print(f"#   auto ran {c['what']} x{c['calls']}: predicted "
                       f"{c['predicted_s'] * 1e3:.2f} ms, measured {c['measured_s'] * 1e3:.2f} ms",
                       flush=True)
-            for s, t in sorted(zip(settings, static), key=lambda x: x[1])[:8]:
-                print(f"#   {s.label:<40} {t * 1e3:10.2f} ms", flush=True)
-            doc["sizes"].append({"bytes": size, "auto_s": t_auto, "gloo_s": t_gloo,
-                                 "best": settings[best].label, "best_s": static[best],
-                                 "auto_vs_best": ratio, "auto_ran": chose,
-                                 "static": {s.label: t for s, t in zip(settings, static)}})
+            for st, t in sorted(zip(settings, static), key=lambda x: x[1])[:8]:
+                print(f"#   {st.label:<40} {t * 1e3:10.2f} ms", flush=True)
+        ratio = entry["auto_vs_best"]
+        if args.finalists > 0:
+            ranked = sorted(range(len(settings)), key=lambda i: static[i])[:args.finalists]
+            final = [settings[i] for i in ranked] + [tuned]
+            f_iters = max(args.final_iters, min(50, 4 * parse_size(args.budget) // size))
+            f_median = time_groups(final, buf, size, f_iters, world, seed=size * 1000 + 7)
+            f_best = min(range(len(final) - 1), key=lambda i: f_median[i])
+            ratio = f_median[f_best] / f_median[-1]
+            entry["final"] = {"iters": f_iters, "auto_s": f_median[-1],
+                              "best": final[f_best].label, "best_s": f_median[f_best],
+                              "auto_vs_best": ratio,
+                              "static": {st.label: t for st, t in zip(final, f_median)}}
+            if rank == 0:
+                print(f"#   second round, {f_iters} calls each: best {final[f_best].label} "
+                      f"{f_median[f_best] * 1e3:.2f} ms; auto {f_median[-1] * 1e3:.2f} ms = "
+                      f"{ratio:.3f} of the best's speed", flush=True)
+                for st, t in zip(final[:-1], f_median):
+                    print(f"#     {st.label:<38} {t * 1e3:10.2f} ms", flush=True)
+        worst = min(worst, ratio)
+        doc["sizes"].append(entry)
     if rank == 0:
-        print(f"\n# worst auto / best static over the sizes: {worst:.3f}", flush=True)
+        print(f"\n# worst auto / best static over the sizes"
+              f"{' (second rounds)' if args.finalists > 0 else ''}: {worst:.3f}", flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(doc, f, indent=1)

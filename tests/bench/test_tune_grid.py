@@ -41,3 +41,15 @@ def test_one_rank_nodes_get_the_flat_compressed_row(grid: ModuleType) -> None:
 @pytest.mark.parametrize("text,expected", [("1M", 1 << 20), ("256K", 1 << 18), ("4096", 4096)])
 def test_sizes(grid: ModuleType, text: str, expected: int) -> None:
     assert grid.parse_size(text) == expected
+
+
+def test_modelled_since_is_per_call_between_two_views(grid: ModuleType) -> None:
+    before = {"allreduce/ring": {"calls": 2, "predicted_s": 2.0, "measured_s": 3.0}}
+    after = {"allreduce/ring": {"calls": 4, "predicted_s": 4.0, "measured_s": 7.0},
+             "allreduce/hierarchical/int8": {"calls": 1, "predicted_s": 0.5, "measured_s": 0.25}}
+    chose = grid.modelled_since(before, after)
+    assert chose == [
+        {"what": "allreduce/ring", "calls": 2, "predicted_s": 1.0, "measured_s": 2.0},
+        {"what": "allreduce/hierarchical/int8", "calls": 1, "predicted_s": 0.5,
+         "measured_s": 0.25}]
+    assert grid.modelled_since(after, after) == []
