@@ -205,9 +205,14 @@ def scenario_convergence(a: argparse.Namespace, ck: Checks) -> None:
                              nn.Linear(256, 8))
 
     losses: dict[str, float] = {}
-    for codec in ("none", "int8", "int4"):
+    calls: dict[str, int] = {}
+    for run in ("none", "int8", "int4", "int8-fused"):
+        codec = run.split("-")[0]
         net = DDP(model(), bucket_cap_mb=0.1)  # several buckets
-        state = hooks.ErrorFeedbackState(codec=codec) if codec != "none" else None
+        # int8-fused: every bucket of a step held and sent as one compressed allreduce.
+        fuse = 1 << 30 if run.endswith("fused") else 0
+        state = (hooks.ErrorFeedbackState(codec=codec, fuse_bytes=fuse) if codec != "none"
+                 else None)
         if state is not None:
             net.register_comm_hook(state, hooks.error_feedback_hook)
         opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
@@ -220,10 +225,17 @@ def scenario_convergence(a: argparse.Namespace, ck: Checks) -> None:
             nn.functional.mse_loss(net(xb), yb).backward()
             opt.step()
         with torch.no_grad():
-            losses[codec] = nn.functional.mse_loss(net.module(eval_x), eval_y).item()
+            losses[run] = nn.functional.mse_loss(net.module(eval_x), eval_y).item()
         params = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
         everyone = gathered(params, gloo)
-        ck.expect(f"{codec} replicas equal", all(torch.equal(everyone[0], t) for t in everyone))
+        ck.expect(f"{run} replicas equal", all(torch.equal(everyone[0], t) for t in everyone))
+        if state is not None:
+            calls[run] = state.calls
+        if run == "int8-fused":
+            ck.expect("fused: one call per step", state.calls == steps, str(state.calls))
+            ck.expect("fused: one residual", len(state.residuals) == 1, str(state.residuals))
+            quiesce(gloo)
+            continue
         if state is not None:
             ck.expect(f"{codec} residuals kept", len(state.residuals) >= 2, str(state.residuals))
             # A checkpoint round trip restores every residual exactly.
@@ -244,6 +256,7 @@ def scenario_convergence(a: argparse.Namespace, ck: Checks) -> None:
                 ck.expect(f"{codec} state_dict codec check", True)
         quiesce(gloo)
     ck.data["losses"] = losses
+    ck.data["calls"] = calls
 
 
 SCENARIOS = {

@@ -17,6 +17,13 @@ load them per rank, next to the optimizer state.
 
 Buckets the codec cannot take (not float32, or on a device the backend has no compressed
 path for) are averaged losslessly with ``dist.all_reduce``.
+
+Small buckets: each allreduce pays a fixed cost (round trips inside and across nodes, the
+codec's set-up) that dominates below some size. With ``fuse_bytes=N`` the hook holds
+consecutive buckets smaller than N and sends them as one compressed allreduce once they hold
+N bytes (or at the step's last bucket), with one residual for the fused group;
+``fuse_bytes="auto"`` takes N from the group's link profile (README "Tuning"): the size
+below which the predicted fixed cost of a call is more than a tenth of its time.
 """
 
 from typing import Any
@@ -26,7 +33,7 @@ import torch.distributed as dist
 
 import nanoccl
 
-__all__ = ["ErrorFeedbackState", "error_feedback_hook"]
+__all__ = ["ErrorFeedbackState", "auto_fuse_bytes", "error_feedback_hook"]
 
 
 class ErrorFeedbackState:
@@ -38,12 +45,27 @@ class ErrorFeedbackState:
         *,
         block_size: int = 0,
         process_group: dist.ProcessGroup | None = None,
+        fuse_bytes: int | str = 0,
     ) -> None:
         self.codec = codec
         self.block_size = block_size
         self.process_group = process_group
+        if fuse_bytes != "auto" and not (isinstance(fuse_bytes, int) and fuse_bytes >= 0):
+            raise ValueError(f"fuse_bytes must be a size >= 0 or 'auto', got {fuse_bytes!r}")
+        self.fuse_bytes = fuse_bytes  # "auto": resolved at the first bucket
+        # One residual per bucket index; a fused group's under its first bucket's index.
         self.residuals: dict[int, torch.Tensor] = {}
         self.resets = 0  # residuals dropped because their bucket changed size
+        self.calls = 0  # compressed allreduces sent (fewer than buckets when fused)
+        self._held: list[tuple[int, torch.Tensor, torch.futures.Future[torch.Tensor]]] = []
+        self._held_bytes = 0
+
+    def fuse_limit(self) -> int:
+        """The fusion threshold in bytes (0: no fusion); "auto" is resolved from the group's
+        link profile once (0 without a profile)."""
+        if self.fuse_bytes == "auto":
+            self.fuse_bytes = auto_fuse_bytes(self.process_group)
+        return int(self.fuse_bytes)
 
     def residual_for(self, index: int, like: torch.Tensor) -> torch.Tensor:
         """Bucket `index`'s residual, zeros when new or when the bucket changed shape.
@@ -76,6 +98,77 @@ class ErrorFeedbackState:
         self.residuals = {int(i): r.detach().clone() for i, r in state["residuals"].items()}
 
 
+# Sizes "auto" chooses the fusion threshold from, and the share of a call its fixed cost may
+# take in a bucket that is sent on its own.
+_FUSE_CANDIDATES = tuple(1 << k for k in range(14, 27))  # 16 KiB .. 64 MiB
+_FIXED_COST_SHARE = 0.1
+
+
+def auto_fuse_bytes(group: dist.ProcessGroup | None = None) -> int:
+    """The smallest candidate size whose predicted compressed allreduce spends at most a tenth
+    of its time on the fixed cost of a call (the prediction for one element); 0 when the group
+    has no link profile. The same on every rank (one profile, one model)."""
+    backend = nanoccl.get_backend(group)
+    if backend.link_profile() is None:
+        return 0
+    fixed = backend.predict_allreduce(1, torch.float32)[2]
+    for size in _FUSE_CANDIDATES:
+        if fixed <= _FIXED_COST_SHARE * backend.predict_allreduce(size // 4, torch.float32)[2]:
+            return size
+    return _FUSE_CANDIDATES[-1]
+
+
+def _compressed(state: ErrorFeedbackState, key: int, buf: torch.Tensor) -> dist.Work:
+    work = nanoccl.allreduce_compressed(
+        buf,
+        state.residual_for(key, buf),
+        codec=state.codec,
+        block_size=state.block_size,
+        op=dist.ReduceOp.AVG,
+        group=state.process_group,
+        async_op=True,
+    )
+    assert work is not None
+    state.calls += 1
+    return work
+
+
+def _flush(state: ErrorFeedbackState) -> None:
+    """Sends the held buckets as one compressed allreduce; their futures complete with it (or
+    fail with its error: DDP then raises, never steps on unreduced gradients)."""
+    held, state._held, state._held_bytes = state._held, [], 0
+    if not held:
+        return
+    flat = held[0][1] if len(held) == 1 else torch.cat([buf.reshape(-1) for _, buf, _ in held])
+    work = _compressed(state, held[0][0], flat)
+
+    def scatter(done: torch.futures.Future) -> None:
+        try:
+            done.value()  # raises the allreduce's error
+        except Exception as exc:  # noqa: BLE001 - handed on to every held bucket's future
+            for _, _, fut in held:
+                fut.set_exception(exc)
+            return
+        if len(held) > 1:
+            offset = 0
+            for _, buf, _ in held:
+                n = buf.numel()
+                buf.reshape(-1).copy_(flat[offset:offset + n])
+                offset += n
+        for _, buf, fut in held:
+            fut.set_result(buf)
+
+    work.get_future().then(scatter)
+
+
+def _value_then(buf: torch.Tensor) -> Any:
+    """A `then` callback that hands on the work's error, else returns `buf`."""
+    def done(fut: torch.futures.Future) -> torch.Tensor:
+        fut.value()  # raises the allreduce's error
+        return buf
+    return done
+
+
 def error_feedback_hook(
     state: ErrorFeedbackState, bucket: dist.GradBucket
 ) -> torch.futures.Future[torch.Tensor]:
@@ -87,19 +180,20 @@ def error_feedback_hook(
     group = state.process_group
     buf = bucket.buffer()
     if buf.dtype != torch.float32 or buf.device.type != "cpu":
+        _flush(state)  # held buckets go first: DDP's buckets are reduced in order
         world = dist.get_world_size(group)
         buf.div_(world)
         work = dist.all_reduce(buf, group=group, async_op=True)
         return work.get_future().then(lambda fut: fut.value()[0])
-    residual = state.residual_for(bucket.index(), buf)
-    work = nanoccl.allreduce_compressed(
-        buf,
-        residual,
-        codec=state.codec,
-        block_size=state.block_size,
-        op=dist.ReduceOp.AVG,
-        group=group,
-        async_op=True,
-    )
-    assert work is not None
-    return work.get_future().then(lambda fut: buf)
+    limit = state.fuse_limit()
+    nbytes = buf.numel() * buf.element_size()
+    if limit > 0 and nbytes < limit:
+        fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
+        state._held.append((bucket.index(), buf, fut))
+        state._held_bytes += nbytes
+        if state._held_bytes >= limit or bucket.is_last():
+            _flush(state)
+        return fut
+    _flush(state)  # a large bucket goes on its own, after the small ones held before it
+    work = _compressed(state, bucket.index(), buf)
+    return work.get_future().then(_value_then(buf))
