@@ -39,4 +39,4 @@ def test_ddp_error_feedback_converges() -> None:
     # Buckets fused into one compressed allreduce a step: as close, with fewer calls.
     assert abs(losses["int8-fused"] - base) <= 0.02 * base, losses
     calls = results[0]["calls"]
-    assert calls["int8-fused"] == 120 and calls["int8"] >= 2 * 120, calls
+    assert calls["int8-fused"] == 120 and calls["int8"] > 1.5 * 120, calls  # ~2 buckets a step

@@ -117,6 +117,7 @@ codec int4 encode_MBps 2000 decode_MBps 3000 accumulate_MBps 2500
 
 BUCKETS = """
 import datetime, json, torch, torch.distributed as dist, nanoccl
+from nanoccl import hooks
 from nanoccl.tune import ddp_bucket_cap_mb
 dist.init_process_group('nanoccl', timeout=datetime.timedelta(seconds=60))
 pg = nanoccl.get_backend()
@@ -130,6 +131,8 @@ out = {
     'comm_bound': ddp_bucket_cap_mb(model),
     'compute_bound': ddp_bucket_cap_mb(model, backward_seconds=30.0),
     'no_profile': nanoccl.get_backend(plain).predict_allreduce(1 << 20, torch.float32)[2],
+    'fuse': hooks.auto_fuse_bytes(),
+    'fuse_plain': hooks.auto_fuse_bytes(plain),
 }
 try:
     ddp_bucket_cap_mb(model, group=plain)
@@ -165,6 +168,8 @@ def test_predictions_and_the_ddp_bucket_follow_the_profile(tmp_path: Path) -> No
     assert o["comm_bound"] == 50
     assert o["compute_bound"] == 1
     assert math.isinf(o["no_profile"])
+    # Fusion threshold from the profile: a size where a call's fixed cost is at most a tenth.
+    assert o["fuse"] in [1 << k for k in range(14, 27)] and o["fuse_plain"] == 0
     assert "needs a link profile" in o["refused"]
 
 
