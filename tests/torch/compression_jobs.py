@@ -258,6 +258,29 @@ def scenario_convergence(a: argparse.Namespace, ck: Checks) -> None:
     ck.data["losses"] = losses
     ck.data["calls"] = calls
 
+    # bfloat16 parameters: DDP's buckets are bfloat16; the hook compresses them with a float32
+    # residual (fused, too), and every replica stays equal.
+    for fuse in (0, 1 << 30):
+        net = DDP(model().to(torch.bfloat16), bucket_cap_mb=0.1)
+        state = hooks.ErrorFeedbackState(codec="int8", fuse_bytes=fuse)
+        net.register_comm_hook(state, hooks.error_feedback_hook)
+        opt = torch.optim.SGD(net.parameters(), lr=0.05)
+        g = torch.Generator().manual_seed(2000 + rank)
+        for _ in range(5):
+            xb = torch.randn(64, 32, generator=g).to(torch.bfloat16)
+            opt.zero_grad()
+            net(xb).float().square().mean().backward()
+            opt.step()
+        params = torch.cat([p.detach().float().reshape(-1) for p in net.parameters()])
+        everyone = gathered(params, gloo)
+        ck.expect(f"bf16 fuse={fuse} replicas equal",
+                  all(torch.equal(everyone[0], t) for t in everyone))
+        ck.expect(f"bf16 fuse={fuse} compressed", state.calls >= 5, str(state.calls))
+        ck.expect(f"bf16 fuse={fuse} float32 residuals",
+                  bool(state.residuals) and all(r.dtype == torch.float32
+                                                for r in state.residuals.values()))
+        quiesce(gloo)
+
 
 SCENARIOS = {
     "compressed": scenario_compressed,

@@ -15,8 +15,10 @@ bucket (what this rank's encodings lost, in float32), folded into the bucket's n
 what compression drops is delayed, not lost (EF-SGD). The residuals differ per rank: save and
 load them per rank, next to the optimizer state.
 
-Buckets the codec cannot take (not float32, or on a device the backend has no compressed
-path for) are averaged losslessly with ``dist.all_reduce``.
+float32, bfloat16 and float16 buckets are compressed (the reduction in float32, the residual
+float32 whatever the bucket's type). Buckets the codec cannot take (other types, or on a
+device the backend has no compressed path for) are averaged losslessly with
+``dist.all_reduce``.
 
 Small buckets: each allreduce pays a fixed cost (round trips inside and across nodes, the
 codec's set-up) that dominates below some size. With ``fuse_bytes=N`` the hook holds
@@ -97,6 +99,8 @@ class ErrorFeedbackState:
             )
         self.residuals = {int(i): r.detach().clone() for i, r in state["residuals"].items()}
 
+
+_COMPRESSIBLE = (torch.float32, torch.bfloat16, torch.float16)
 
 # Sizes "auto" chooses the fusion threshold from, and the share of a call its fixed cost may
 # take in a bucket that is sent on its own.
@@ -179,7 +183,7 @@ def error_feedback_hook(
     """
     group = state.process_group
     buf = bucket.buffer()
-    if buf.dtype != torch.float32 or buf.device.type != "cpu":
+    if buf.dtype not in _COMPRESSIBLE or buf.device.type != "cpu":
         _flush(state)  # held buckets go first: DDP's buckets are reduced in order
         world = dist.get_world_size(group)
         buf.div_(world)
@@ -188,6 +192,8 @@ def error_feedback_hook(
     limit = state.fuse_limit()
     nbytes = buf.numel() * buf.element_size()
     if limit > 0 and nbytes < limit:
+        if state._held and state._held[0][1].dtype != buf.dtype:
+            _flush(state)  # one fused call holds one type
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         state._held.append((bucket.index(), buf, fut))
         state._held_bytes += nbytes
