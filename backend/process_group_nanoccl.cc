@@ -221,12 +221,13 @@ std::shared_ptr<const LinkProfile> ProcessGroupNanoccl::linkProfile() const {
 }
 
 std::tuple<std::string, std::string, double> ProcessGroupNanoccl::predictAllreduce(
-    int64_t count, at::ScalarType dtype) const {
+    int64_t count, at::ScalarType dtype, const std::string& codec) const {
   const std::optional<DataType> t = pg::mapType(dtype);
   TORCH_CHECK_VALUE(t.has_value(), "nanoccl: no allreduce of ", c10::toString(dtype));
   TORCH_CHECK_VALUE(count >= 0, "nanoccl: a negative element count");
   std::shared_ptr<Communicator> comm = live("predict_allreduce");
-  Result<Communicator::Prediction> p = comm->predictAllreduce(static_cast<size_t>(count), *t);
+  Result<Communicator::Prediction> p =
+      comm->predictAllreduce(static_cast<size_t>(count), *t, codec);
   TORCH_CHECK_VALUE(p.isOk(), "nanoccl: ", p.status().message());
   return {p.value().algorithm, p.value().codec, p.value().seconds};
 }

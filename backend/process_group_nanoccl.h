@@ -203,10 +203,11 @@ class ProcessGroupNanoccl : public c10d::Backend {
   // The link profile the group's communicator agreed on at creation (collectives/tuning.h);
   // null under NANOCCL_TUNING=off, on one rank, and once shut down.
   std::shared_ptr<const LinkProfile> linkProfile() const;
-  // Communicator::predictAllreduce for `count` elements of a torch dtype: (algorithm, codec,
-  // seconds). Throws ValueError-style c10::Error for a dtype nanoccl does not reduce.
-  std::tuple<std::string, std::string, double> predictAllreduce(int64_t count,
-                                                               at::ScalarType dtype) const;
+  // Communicator::predictAllreduce for `count` elements of a torch dtype (and `codec`, empty:
+  // the group's setting): (algorithm, codec, seconds). Throws ValueError-style c10::Error for
+  // a dtype nanoccl does not reduce or an unknown codec.
+  std::tuple<std::string, std::string, double> predictAllreduce(
+      int64_t count, at::ScalarType dtype, const std::string& codec = "") const;
   // The communicator's id in the store (distinct per group and per creation).
   const std::string& commId() const { return commId_; }
 

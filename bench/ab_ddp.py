@@ -25,6 +25,7 @@ import json
 import os
 import statistics
 import sys
+import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -149,12 +150,16 @@ def _train(args: argparse.Namespace, backend: str, usable: bool, where: str, ran
         from nanoccl import hooks
         from nanoccl.tune import ddp_bucket_cap_mb, measure_backward_seconds
 
+        # Measured now, into a file of this run's (a saved profile may be of other links, and
+        # the user's is left alone) unless NANOCCL_TUNING_FILE names one.
+        profile_file = os.environ.get("NANOCCL_TUNING_FILE") or os.path.join(
+            tempfile.mkdtemp(prefix="ab_ddp_"), "link_profile.txt")
         group = dist.new_group(backend="nanoccl", timeout=timeout, pg_options=nanoccl.Options(
-            compression=args.hook_codec, tuning="measure"))
+            compression=args.hook_codec, tuning="measure", tuning_file=profile_file))
         probe = make_model(args.width, args.depth, args.in_dim, out_dim, args.seed)
         x0, y0 = data.batch_at(0)
         cap = ddp_bucket_cap_mb(probe, group, measure_backward_seconds(
-            probe, lambda: loss_fn(probe(x0), y0)))
+            probe, lambda: loss_fn(probe(x0), y0)), codec=args.hook_codec)
         hooked = len(sides)
         sides.append((f"nanoccl+{args.hook_codec}+EF,{cap:g}MB", "nanoccl", group))
         caps.append(cap)
@@ -195,7 +200,7 @@ def _train(args: argparse.Namespace, backend: str, usable: bool, where: str, ran
 
     # Parameters of the two runs: identical inputs, so only the reduction order may differ.
     max_diff = 0.0
-    if len(models) > 1:
+    if args.ab:  # the reference side is models[1]; a lossy --hook-codec side is not compared
         for pa, pb in zip(models[0].parameters(), models[1].parameters()):
             max_diff = max(max_diff, float((pa.detach() - pb.detach()).abs().max()))
     gathered: list[Any] = [None] * world

@@ -129,7 +129,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                     meta["tcp_goodput_mbit"] = cluster.netcheck(seconds=3.0)
                     print("ab_main: link TCP goodput " + ", ".join(
                         f"{k} {v:.0f} Mbit/s" for k, v in meta["tcp_goodput_mbit"].items()))
-            env = {"OMP_NUM_THREADS": "1"}
+            # The tuned sides measure the links at start-up into a file of this run's: a saved
+            # profile may be of other links (--no-shaping, another rate), and the user's saved
+            # profile is left alone.
+            profile = out_dir / "link_profile.txt"
+            env = {"OMP_NUM_THREADS": "1", "NANOCCL_TUNING_FILE": str(profile.resolve())}
             jobs = {
                 "perf": [str(PERF_SCRIPT), "-c", "allreduce", "-b", args.minbytes,
                          "-e", args.maxbytes, "-f", "2", "-w", "1", "-n", str(args.iters),
@@ -147,7 +151,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(f"ab_main: == {name}: {' '.join(job)}", flush=True)
                 before = cluster.link_bytes()
                 t0 = time.time()
-                status[name] = cluster.run(job, timeout_s=args.timeout, env=env)
+                job_env = dict(env, NANOCCL_TUNING="measure") if name == "perf_auto" else env
+                status[name] = cluster.run(job, timeout_s=args.timeout, env=job_env)
                 meta[f"{name}_seconds"] = round(time.time() - t0, 1)
                 after = cluster.link_bytes()
                 meta["link_bytes"][name] = {

@@ -26,6 +26,7 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Sequence
@@ -50,7 +51,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                    help="compress across nodes with this codec (Options(compression=...)) and "
                         "average through nanoccl.hooks' error-feedback hook")
     p.add_argument("--tuning", default="measure", choices=("measure", "cached"),
-                   help="where the link profile comes from (default: measured at creation)")
+                   help="where the link profile comes from (default: measured at creation, "
+                        "into a file of this run's unless NANOCCL_TUNING_FILE is set)")
     p.add_argument("--steps", type=int, default=12, help="steps per size, warm-up included")
     p.add_argument("--warmup-steps", type=int, default=2)
     p.add_argument("--batch", type=int, default=None, help="global batch (default: 16 GPT, 32 "
@@ -83,7 +85,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     torch.set_num_threads(1)
     timeout = datetime.timedelta(seconds=args.timeout)
-    options: dict[str, str] = {"tuning": args.tuning}
+    # A run's own profile file unless NANOCCL_TUNING_FILE names one: the user's saved profile
+    # (maybe of other links) is neither used nor overwritten.
+    options: dict[str, str] = {"tuning": args.tuning, "tuning_file": os.environ.get(
+        "NANOCCL_TUNING_FILE") or os.path.join(tempfile.mkdtemp(prefix="ddp_buckets_"),
+                                               "link_profile.txt")}
     if args.codec:
         options["compression"] = args.codec
     dist.init_process_group("nanoccl", timeout=timeout,
@@ -111,7 +117,7 @@ def _run(args: argparse.Namespace, ddp_bucket_cap_mb: Any, measure_backward_seco
     probe = build_model(args.model, args.seed)
     x0, y0 = rank_batch(0)
     backward_s = measure_backward_seconds(probe, lambda: loss_fn(probe(x0), y0))
-    tuned = ddp_bucket_cap_mb(probe, None, backward_s)
+    tuned = ddp_bucket_cap_mb(probe, None, backward_s, codec=args.codec)
     del probe
     caps = list(dict.fromkeys(args.caps + [tuned]))
     grad_mib = sum(p.numel() * p.element_size()

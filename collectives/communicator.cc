@@ -967,15 +967,17 @@ std::shared_ptr<Task> Communicator::allreduceWith(void* buf, size_t count, DataT
                        invalid);
 }
 
-Result<Communicator::Prediction> Communicator::predictAllreduce(size_t count,
-                                                                DataType dtype) const {
+Result<Communicator::Prediction> Communicator::predictAllreduce(size_t count, DataType dtype,
+                                                                const std::string& codec) const {
   CallArgs a;
   a.op = OpType::kAllreduce;
   a.dtype = dtype;
   a.redop = ReduceOp::kSum;
   a.count = count;
   NANOCCL_CHECK(checkDataType(dtype));
-  NANOCCL_CHECK(impl_->chooseCodec(a, nullptr));
+  CompressionRequest request;
+  request.codec = codec;
+  NANOCCL_CHECK(impl_->chooseCodec(a, codec.empty() ? nullptr : &request));
   NANOCCL_ASSIGN_OR_RETURN(detail::Plan plan,
                            detail::plan(a, impl_->topology, impl_->config, impl_->profile.get()));
   Prediction p;

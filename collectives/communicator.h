@@ -208,15 +208,17 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // communicator.
   std::shared_ptr<const LinkProfile> linkProfile() const;
   // What the planner would run for a SUM allreduce of `count` elements of `dtype` (with this
-  // communicator's settings: algo, compression) and the cost model's time for it: infinity
+  // communicator's settings: algo, compression; or, with `codec` non-empty, as
+  // allreduceCompressed with that codec would) and the cost model's time for it: infinity
   // without a link profile, 0 on one rank. Local: nothing is sent. For tools that size
-  // buckets (nanoccl.tune.ddp_bucket_cap_mb).
+  // buckets (nanoccl.tune.ddp_bucket_cap_mb, nanoccl.hooks' fusion).
   struct Prediction {
     std::string algorithm;
     std::string codec;  // "none" when lossless
     double seconds = 0;
   };
-  Result<Prediction> predictAllreduce(size_t count, DataType dtype) const;
+  Result<Prediction> predictAllreduce(size_t count, DataType dtype,
+                                      const std::string& codec = "") const;
 
   // In place on `buf` (count elements). kPremulSum multiplies this rank's input by
   // `premulFactor` first. kAvg divides the sum by size() (integer division for integers).

@@ -176,7 +176,7 @@ PYBIND11_MODULE(_C, m) {
       .def("link_profile",
            [](const ProcessGroupNanoccl& pg) { return profileDict(pg.linkProfile()); })
       .def("predict_allreduce", &ProcessGroupNanoccl::predictAllreduce, py::arg("count"),
-           py::arg("dtype"))
+           py::arg("dtype"), py::arg("codec") = "")
       .def(
           "allreduce_compressed",
           [](ProcessGroupNanoccl& pg, at::Tensor tensor, std::optional<at::Tensor> residual,

@@ -125,12 +125,14 @@ class Single(_WholeModel):
         self.optim = _optimizer(self.model.parameters(), cfg.lr)
 
 
-def tuned_bucket_cap_mb(model: nn.Module, loss_of: Callable[[], torch.Tensor]) -> float:
+def tuned_bucket_cap_mb(model: nn.Module, loss_of: Callable[[], torch.Tensor],
+                        codec: str | None) -> float:
     """nanoccl's choice of DDP bucket size for `model` on the default group (a collective):
-    from the group's link profile and the backward time of `loss_of()` measured here."""
+    from the group's link profile and the backward time of `loss_of()` measured here, each
+    bucket compressed with `codec` when the error-feedback hook sends them."""
     from nanoccl.tune import ddp_bucket_cap_mb, measure_backward_seconds
 
-    return ddp_bucket_cap_mb(model, None, measure_backward_seconds(model, loss_of))
+    return ddp_bucket_cap_mb(model, None, measure_backward_seconds(model, loss_of), codec=codec)
 
 
 def _ddp(model: nn.Module, cfg: TrainConfig) -> nn.Module:
@@ -161,7 +163,7 @@ class _DDPModel(_WholeModel):
         if self.tuned:
             x, y = self._batch(0, self.split_batch)
             cfg.bucket_cap_mb = tuned_bucket_cap_mb(
-                self.model, lambda: self.loss_fn(self.model(x), y))
+                self.model, lambda: self.loss_fn(self.model(x), y), cfg.codec)
         self.module = _ddp(self.model, cfg)
 
 

@@ -145,9 +145,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     tuning = None
     if args.bucket_cap_mb == "tuned":
-        if not spec.is_nanoccl or args.strategy not in ("dp", "zero1"):
-            print("train: --bucket-cap-mb tuned needs --backend nanoccl[+codec] and strategy dp "
-                  "or zero1 (DDP)", file=sys.stderr)
+        if (not spec.is_nanoccl or args.strategy not in ("dp", "zero1") or args.standalone
+                or _env_int("WORLD_SIZE", 1) < 2):
+            print("train: --bucket-cap-mb tuned needs --backend nanoccl[+codec], strategy dp "
+                  "or zero1 (DDP) and at least 2 ranks (a link to tune for)", file=sys.stderr)
             return 2
         # The tuner needs a link profile: the saved one when it fits, else measured.
         tuning = None if os.environ.get("NANOCCL_TUNING") else "cached"

@@ -125,3 +125,5 @@ def test_end_to_end_with_nanoccl_auto_and_the_tuned_ddp_side(tmp_path: Path) -> 
     assert [s["backend"] for s in sides] == ["nanoccl", "gloo", "nanoccl"]
     assert sides[2]["tuned"] and sides[2]["bucket_cap_mb"] > 0
     assert all(r["wrong"] == 0 for r in doc["perf"]["rows"] + doc["perf_auto"]["rows"])
+    # The links were measured for this run, into its own file (not the user's saved profile).
+    assert (tmp_path / "link_profile.txt").is_file()

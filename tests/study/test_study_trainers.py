@@ -152,6 +152,8 @@ def test_dp_with_the_tuned_bucket(single: dict[str, Any], tmp_path: Path,
     (["--backend", "gloo", "--bucket-cap-mb", "tuned"], "needs --backend nanoccl"),
     (["--backend", "nanoccl", "--strategy", "zero2", "--bucket-cap-mb", "tuned"],
      "strategy dp or zero1"),
+    (["--backend", "nanoccl", "--strategy", "dp", "--bucket-cap-mb", "tuned"],
+     "at least 2 ranks"),
     (["--bucket-cap-mb", "0"], "must be > 0"),
     (["--bucket-cap-mb", "big"], "a size in MB or 'tuned'"),
 ])

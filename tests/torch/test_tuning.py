@@ -175,8 +175,8 @@ def test_predictions_and_the_ddp_bucket_follow_the_profile(tmp_path: Path) -> No
 
 @pytest.mark.parametrize("layout", ["one dtype", "two dtypes", "large layers"])
 def test_ddp_bucket_sizes_are_ddps_own(layout: str) -> None:
-    """ddp_bucket_sizes builds the buckets DDP's reducer builds (its 1 MiB first bucket,
-    one open bucket per dtype), compared with torch's own assignment function."""
+    """ddp_bucket_sizes builds the buckets the reducer builds (one open bucket per dtype, a
+    first-bucket cap), compared with torch's own assignment function."""
     import random
 
     import torch
@@ -190,36 +190,79 @@ def test_ddp_bucket_sizes_are_ddps_own(layout: str) -> None:
     grads = [(t.numel() * t.element_size(), t.dtype) for t in tensors]
     for cap_mb in (0.5, 1, 5, 25):
         cap = int(cap_mb * (1 << 20))
-        mine = ddp_bucket_sizes(grads, cap)
-        order = list(reversed(range(len(tensors))))
-        buckets, _ = dist._compute_bucket_assignment_by_size(
-            [tensors[i] for i in order], [dist._DEFAULT_FIRST_BUCKET_BYTES, cap],
-            [False] * len(tensors), order)
-        theirs = [(sum(grads[i][0] for i in b), tensors[b[0]].dtype) for b in buckets]
-        assert sorted(mine, key=str) == sorted(theirs, key=str), cap_mb
-        assert sum(n for n, _ in mine) == sum(n for n, _ in grads)
+        for first in (dist._DEFAULT_FIRST_BUCKET_BYTES, cap):
+            mine = ddp_bucket_sizes(grads, cap, first)
+            order = list(reversed(range(len(tensors))))
+            buckets, _ = dist._compute_bucket_assignment_by_size(
+                [tensors[i] for i in order], [first, cap], [False] * len(tensors), order)
+            theirs = [(sum(grads[i][0] for i in b), tensors[b[0]].dtype) for b in buckets]
+            assert sorted(((n, d) for n, d, _ in mine), key=str) == sorted(theirs, key=str)
+            assert sum(n for n, _, _ in mine) == sum(n for n, _ in grads)
+            ready = [r for _, _, r in mine]
+            assert ready == sorted(ready) and ready[-1] == sum(n for n, _ in grads)
+
+
+@pytest.mark.parametrize("cap_mb", [None, 0.5, 2, 25])
+def test_ddp_bucket_sizes_match_a_real_ddp(cap_mb: float | None) -> None:
+    """The buckets a DDP module really hands its comm hook after its rebuild, in order: with
+    bucket_cap_mb left at its default the first bucket is capped at 1 MiB, with an explicit
+    cap it is not (torch's BucketCapacityConfig)."""
+    import torch
+    import torch.distributed as dist
+    from nanoccl.tune import ddp_bucket_sizes
+    from torch.nn.parallel import DistributedDataParallel
+
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(*[torch.nn.Linear(384, 384) for _ in range(12)])
+        kwargs = {} if cap_mb is None else {"bucket_cap_mb": cap_mb}
+        ddp = DistributedDataParallel(model, **kwargs)
+        seen: list[list[int]] = []
+
+        def record(_, bucket):  # type: ignore[no-untyped-def]  # (DDP checks real annotations)
+            seen[-1].append(bucket.buffer().numel() * bucket.buffer().element_size())
+            fut: torch.futures.Future = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+
+        ddp.register_comm_hook(None, record)
+        for _ in range(3):  # DDP rebuilds its buckets after the first step
+            seen.append([])
+            ddp(torch.randn(4, 384)).sum().backward()
+        grads = [(p.numel() * p.element_size(), p.dtype) for p in model.parameters()]
+        cap = int((25 if cap_mb is None else cap_mb) * (1 << 20))
+        first = dist._DEFAULT_FIRST_BUCKET_BYTES if cap_mb is None else cap
+        assert seen[-1] == [n for n, _, _ in ddp_bucket_sizes(grads, cap, first)]
+    finally:
+        dist.destroy_process_group()
 
 
 def test_ddp_step_time_follows_the_buckets() -> None:
     from nanoccl.tune import ddp_step_seconds
 
     # No backward time: the allreduces back to back.
-    assert ddp_step_seconds([1.0, 2.0], [10, 30], 0.0) == pytest.approx(3.0)
+    assert ddp_step_seconds([1.0, 2.0], [10, 40], 40, 0.0) == pytest.approx(3.0)
     # Bucket 0 ready at 1 s (a quarter of 4 s), bucket 1 at 4 s: the first one's second of
     # communication hides under backward, the last one's follows it.
-    assert ddp_step_seconds([1.0, 2.0], [10, 30], 4.0) == pytest.approx(6.0)
+    assert ddp_step_seconds([1.0, 2.0], [10, 40], 40, 4.0) == pytest.approx(6.0)
     # Communication longer than backward: the queue, not backward, decides.
-    assert ddp_step_seconds([5.0, 5.0], [10, 10], 2.0) == pytest.approx(11.0)
+    assert ddp_step_seconds([5.0, 5.0], [10, 20], 20, 2.0) == pytest.approx(11.0)
 
 
-def test_measure_backward_seconds_leaves_no_gradients() -> None:
+def test_measure_backward_seconds_leaves_the_model_as_it_was() -> None:
     import torch
     from nanoccl.tune import measure_backward_seconds
 
-    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.Linear(64, 1))
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64),
+                                torch.nn.Dropout(0.5), torch.nn.Linear(64, 1))
     x = torch.randn(32, 64)
+    stats = [b.clone() for b in model.buffers()]
+    rng = torch.random.get_rng_state()
     seconds = measure_backward_seconds(model, lambda: model(x).square().mean(), repeats=2)
     assert 0 < seconds < 60
     assert all(p.grad is None for p in model.parameters())
+    assert all(torch.equal(a, b) for a, b in zip(stats, model.buffers()))  # BatchNorm's stats
+    assert torch.equal(rng, torch.random.get_rng_state())  # dropout drew from a fork
     with pytest.raises(ValueError, match="repeats"):
         measure_backward_seconds(model, lambda: model(x).sum(), repeats=0)

@@ -66,7 +66,7 @@ class ErrorFeedbackState:
         """The fusion threshold in bytes (0: no fusion); "auto" is resolved from the group's
         link profile once (0 without a profile)."""
         if self.fuse_bytes == "auto":
-            self.fuse_bytes = auto_fuse_bytes(self.process_group)
+            self.fuse_bytes = auto_fuse_bytes(self.process_group, self.codec)
         return int(self.fuse_bytes)
 
     def residual_for(self, index: int, like: torch.Tensor) -> torch.Tensor:
@@ -108,16 +108,21 @@ _FUSE_CANDIDATES = tuple(1 << k for k in range(14, 27))  # 16 KiB .. 64 MiB
 _FIXED_COST_SHARE = 0.1
 
 
-def auto_fuse_bytes(group: dist.ProcessGroup | None = None) -> int:
-    """The smallest candidate size whose predicted compressed allreduce spends at most a tenth
-    of its time on the fixed cost of a call (the prediction for one element); 0 when the group
-    has no link profile. The same on every rank (one profile, one model)."""
+def auto_fuse_bytes(group: dist.ProcessGroup | None = None, codec: str = "int8") -> int:
+    """The smallest candidate size whose allreduce compressed with `codec` (as the hook sends
+    it) spends at most a tenth of its predicted time on the fixed cost of a call (the
+    prediction for one element); 0 when the group has no link profile. The same on every rank
+    (one profile, one model)."""
     backend = nanoccl.get_backend(group)
     if backend.link_profile() is None:
         return 0
-    fixed = backend.predict_allreduce(1, torch.float32)[2]
+
+    def predict(count: int) -> float:
+        return backend.predict_allreduce(count, torch.float32, codec)[2]
+
+    fixed = predict(1)
     for size in _FUSE_CANDIDATES:
-        if fixed <= _FIXED_COST_SHARE * backend.predict_allreduce(size // 4, torch.float32)[2]:
+        if fixed <= _FIXED_COST_SHARE * predict(size // 4):
             return size
     return _FUSE_CANDIDATES[-1]
 
@@ -149,20 +154,32 @@ def _flush(state: ErrorFeedbackState) -> None:
     def scatter(done: torch.futures.Future) -> None:
         try:
             done.value()  # raises the allreduce's error
+            if len(held) > 1:
+                offset = 0
+                for _, buf, _ in held:
+                    n = buf.numel()
+                    buf.reshape(-1).copy_(flat[offset:offset + n])
+                    offset += n
         except Exception as exc:  # noqa: BLE001 - handed on to every held bucket's future
             for _, _, fut in held:
                 fut.set_exception(exc)
             return
-        if len(held) > 1:
-            offset = 0
-            for _, buf, _ in held:
-                n = buf.numel()
-                buf.reshape(-1).copy_(flat[offset:offset + n])
-                offset += n
         for _, buf, fut in held:
             fut.set_result(buf)
 
     work.get_future().then(scatter)
+
+
+def _drop_stale(state: ErrorFeedbackState) -> None:
+    """Buckets held from a backward pass that never reached its last bucket (it raised): a new
+    pass has begun (the bucket index went back), so they are failed, never sent with it, which
+    would fuse another pass's gradients and could differ between ranks."""
+    stale, state._held, state._held_bytes = state._held, [], 0
+    why = RuntimeError("nanoccl.hooks: a backward pass ended before its last gradient bucket; "
+                       "its held buckets were dropped")
+    for _, _, fut in stale:
+        if not fut.done():
+            fut.set_exception(why)
 
 
 def _value_then(buf: torch.Tensor) -> Any:
@@ -189,6 +206,8 @@ def error_feedback_hook(
         buf.div_(world)
         work = dist.all_reduce(buf, group=group, async_op=True)
         return work.get_future().then(lambda fut: fut.value()[0])
+    if state._held and bucket.index() <= state._held[-1][0]:
+        _drop_stale(state)
     limit = state.fuse_limit()
     nbytes = buf.numel() * buf.element_size()
     if limit > 0 and nbytes < limit:

@@ -22,46 +22,48 @@ from typing import Any, Callable, Sequence
 
 # DDP bucket sizes the tuner chooses from (MB, as DDP's bucket_cap_mb counts: 2^20 bytes).
 BUCKET_CANDIDATES_MB = (1, 2, 5, 10, 25, 50, 100, 200)
-# DDP's first bucket (the last layers' gradients, ready first) is capped at 1 MiB whatever
-# bucket_cap_mb says (torch.distributed._DEFAULT_FIRST_BUCKET_BYTES).
-DDP_FIRST_BUCKET_BYTES = 1 << 20
 
 
 def ddp_bucket_sizes(grads: Sequence[tuple[int, Any]], cap_bytes: int,
-                     first_bytes: int = DDP_FIRST_BUCKET_BYTES) -> list[tuple[int, Any]]:
-    """The (bytes, dtype) of each bucket DDP builds from `grads` ((bytes, dtype) per parameter,
-    in the model's order) with `bucket_cap_mb` = cap_bytes / 2^20, in the order the buckets
-    become ready.
+                     first_bytes: int | None = None) -> list[tuple[int, Any, int]]:
+    """The buckets DDP builds from `grads` ((bytes, dtype) per parameter, in the model's order)
+    with a bucket cap of `cap_bytes`, in the order they become ready: (bytes, dtype,
+    ready_bytes), where ready_bytes is how many gradient bytes backward has produced when the
+    bucket is complete.
 
-    DDP's rule (reducer's compute_bucket_assignment_by_size): parameters in reverse order (the
-    order backward produces them), one open bucket per dtype; a bucket closes as soon as it
-    holds at least its limit, which is `first_bytes` for the first bucket of a dtype and
-    `cap_bytes` after it.
+    DDP's rule (the reducer's compute_bucket_assignment_by_size, used when it rebuilds its
+    buckets after the first step): parameters in reverse order (the order backward produces
+    them), one open bucket per dtype; a bucket closes as soon as it holds at least its limit,
+    `first_bytes` for a dtype's first bucket and `cap_bytes` after it. `first_bytes` (default:
+    `cap_bytes`) is DDP's first-bucket cap: torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+    (1 MiB) only when bucket_cap_mb is left at its default, else the cap itself.
     """
+    first = cap_bytes if first_bytes is None else first_bytes
     open_: dict[Any, int] = {}
     closed: dict[Any, int] = {}  # buckets closed so far per dtype
-    out: list[tuple[int, Any]] = []
+    out: list[tuple[int, Any, int]] = []
+    produced = 0
     for nbytes, dtype in reversed(grads):
+        produced += nbytes
         open_[dtype] = open_.get(dtype, 0) + nbytes
-        limit = first_bytes if closed.get(dtype, 0) == 0 else cap_bytes
+        limit = first if closed.get(dtype, 0) == 0 else cap_bytes
         if open_[dtype] >= limit:
-            out.append((open_.pop(dtype), dtype))
+            out.append((open_.pop(dtype), dtype, produced))
             closed[dtype] = closed.get(dtype, 0) + 1
-    out.extend((n, d) for d, n in open_.items() if n > 0)
+    out.extend((n, d, produced) for d, n in open_.items() if n > 0)
     return out
 
 
-def ddp_step_seconds(bucket_seconds: Sequence[float], bucket_bytes: Sequence[int],
-                     backward_seconds: float) -> float:
+def ddp_step_seconds(bucket_seconds: Sequence[float], ready_bytes: Sequence[int],
+                     total_bytes: int, backward_seconds: float) -> float:
     """When the last bucket's allreduce ends, counted from the start of backward: bucket i is
-    ready once backward has produced the bytes up to it (backward produces gradient bytes at an
-    even pace), and the allreduces run one after another in bucket order."""
-    total = sum(bucket_bytes)
-    ready_bytes = end = 0.0
-    for seconds, nbytes in zip(bucket_seconds, bucket_bytes):
-        ready_bytes += nbytes
-        ready = backward_seconds * ready_bytes / total if total else 0.0
-        end = max(end, ready) + seconds
+    ready once backward has produced ready_bytes[i] of the total_bytes of gradients (at an
+    even pace over backward_seconds), and the allreduces run one after another in bucket
+    order."""
+    end = 0.0
+    for seconds, ready in zip(bucket_seconds, ready_bytes):
+        at = backward_seconds * ready / total_bytes if total_bytes else 0.0
+        end = max(end, at) + seconds
     return end
 
 
@@ -69,7 +71,8 @@ def measure_backward_seconds(model: Any, loss_of: Callable[[], Any], repeats: in
     """The median time of `repeats` backward passes of `loss_of()` (a closure that runs the
     model's forward on a typical batch and returns the loss), after one warm-up pass: the
     `backward_seconds` of ddp_bucket_cap_mb. Run it on the bare model, before DDP wraps it
-    (no communication in the time). Leaves the model's gradients as None."""
+    (no communication in the time). Leaves the model as it found it: gradients None, its
+    buffers (BatchNorm's running statistics) and the random number generators restored."""
     import statistics
     import time
 
@@ -77,41 +80,50 @@ def measure_backward_seconds(model: Any, loss_of: Callable[[], Any], repeats: in
 
     if repeats < 1:
         raise ValueError(f"measure_backward_seconds: repeats must be >= 1, got {repeats}")
-    cuda = any(p.is_cuda for p in model.parameters())
+    devices = sorted({p.device.index or 0 for p in model.parameters() if p.is_cuda})
+    cuda = bool(devices)
+    buffers = [(b, b.detach().clone()) for b in model.buffers()]
     times = []
-    for i in range(repeats + 1):
-        model.zero_grad(set_to_none=True)
-        loss = loss_of()
-        if cuda:
-            torch.cuda.synchronize()
-        start = time.perf_counter()
-        loss.backward()
-        if cuda:
-            torch.cuda.synchronize()
-        if i:
-            times.append(time.perf_counter() - start)
+    with torch.random.fork_rng(devices=devices):
+        for i in range(repeats + 1):
+            model.zero_grad(set_to_none=True)
+            loss = loss_of()
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            loss.backward()
+            if cuda:
+                torch.cuda.synchronize()
+            if i:
+                times.append(time.perf_counter() - start)
     model.zero_grad(set_to_none=True)
+    with torch.no_grad():
+        for live, saved in buffers:
+            live.copy_(saved)
     return statistics.median(times)
 
 
 def ddp_bucket_cap_mb(model: Any, group: Any = None, backward_seconds: float = 0.0,
-                      candidates: Sequence[float] = BUCKET_CANDIDATES_MB) -> float:
+                      candidates: Sequence[float] = BUCKET_CANDIDATES_MB,
+                      codec: str | None = None) -> float:
     """The `bucket_cap_mb` for DDP(model, ...) that the cost model predicts fastest.
 
     A collective: call it on every rank of `group` (it takes the largest `backward_seconds`
     of the ranks, so that all of them choose the same size; DDP needs the same buckets on
     every rank).
 
-    DDP allreduces the gradients in buckets (``ddp_bucket_sizes``: DDP's own rule, its 1 MiB
-    first bucket included), each as soon as backward has produced it, one after another. With
-    the group's link profile (README "Tuning"; the group needs NANOCCL_TUNING=cached or
-    measure, or compression=auto) the planner predicts each bucket's allreduce, codec
-    included; buckets become ready at an even pace over `backward_seconds` (the time of one
-    backward pass without communication; 0: communication-bound, the sum of the buckets'
-    times decides), and the step's communication ends when the last bucket's allreduce does
-    (``ddp_step_seconds``). Small buckets pay the per-call cost more often; large ones leave
-    more communication after backward. Returns the best of `candidates` (MB; ties go to the
-    smaller). Raises RuntimeError when the group has no link profile.
+    DDP allreduces the gradients in buckets (``ddp_bucket_sizes``: DDP's own rule), each as
+    soon as backward has produced it, one after another. With the group's link profile
+    (README "Tuning"; the group needs NANOCCL_TUNING=cached or measure, or compression=auto)
+    the planner predicts each bucket's allreduce: as the group would run it, or, with `codec`
+    (the error-feedback hook's), compressed with that codec. Buckets become ready as backward
+    produces their gradients, at an even pace over `backward_seconds` (one backward pass
+    without communication, ``measure_backward_seconds``; 0: communication-bound, the sum of
+    the buckets' times decides), and the step's communication ends when the last bucket's
+    allreduce does (``ddp_step_seconds``). Small buckets pay the per-call cost more often;
+    large ones leave more communication after backward. Returns the best of `candidates` (MB;
+    ties go to the smaller). Raises RuntimeError when the group has no link profile (a
+    one-rank group has none: nothing to tune).
     """
     import torch
     import torch.distributed as dist
@@ -121,35 +133,41 @@ def ddp_bucket_cap_mb(model: Any, group: Any = None, backward_seconds: float = 0
     pg = nanoccl.get_backend(group)
     if pg.link_profile() is None:
         raise RuntimeError("ddp_bucket_cap_mb needs a link profile: create the group with "
-                           "NANOCCL_TUNING=cached (or Options(tuning='cached'))")
+                           "NANOCCL_TUNING=cached (or Options(tuning='cached')); a one-rank "
+                           "group has none (nothing to tune)")
     params = [p for p in model.parameters() if p.requires_grad]
     if not params:
         raise ValueError("ddp_bucket_cap_mb: the model has no parameters that require grad")
     grads = [(p.numel() * p.element_size(), p.dtype) for p in params]
-    if sum(n for n, _ in grads) == 0:
+    total = sum(n for n, _ in grads)
+    if total == 0:
         raise ValueError("ddp_bucket_cap_mb: the model's gradients are empty")
-    if not backward_seconds >= 0.0:  # also refuses NaN
-        raise ValueError(f"ddp_bucket_cap_mb: backward_seconds must be >= 0, got "
-                         f"{backward_seconds}")
     usable = [c for c in candidates if c > 0]
     if not usable:
         raise ValueError("ddp_bucket_cap_mb: no candidate bucket size > 0")
-    agreed = torch.tensor([float(backward_seconds)], dtype=torch.float64)
+    # Agree first, check after: a rank that raised before the allreduce would leave the
+    # others waiting for it until the group's timeout.
+    bad = not (isinstance(backward_seconds, (int, float)) and backward_seconds >= 0.0)
+    agreed = torch.tensor([0.0 if bad else float(backward_seconds), float(bad)],
+                          dtype=torch.float64)
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=group)
-    backward = float(agreed.item())
+    if agreed[1].item() > 0:
+        raise ValueError("ddp_bucket_cap_mb: backward_seconds must be a number >= 0 on every "
+                         f"rank (this rank passed {backward_seconds!r})")
+    backward = float(agreed[0].item())
 
     cache: dict[tuple[int, Any], float] = {}
 
     def predict(nbytes: int, dtype: Any) -> float:
         count = max(1, nbytes // torch.empty((), dtype=dtype).element_size())
         if (count, dtype) not in cache:
-            cache[(count, dtype)] = pg.predict_allreduce(count, dtype)[2]
+            cache[(count, dtype)] = pg.predict_allreduce(count, dtype, codec or "")[2]
         return cache[(count, dtype)]
 
     def finish(cap_mb: float) -> float:
         buckets = ddp_bucket_sizes(grads, max(1, int(cap_mb * (1 << 20))))
-        return ddp_step_seconds([predict(n, d) for n, d in buckets],
-                                [n for n, _ in buckets], backward)
+        return ddp_step_seconds([predict(n, d) for n, d, _ in buckets],
+                                [r for _, _, r in buckets], total, backward)
 
     return min(usable, key=lambda c: (finish(c), c))
 
