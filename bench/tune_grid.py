@@ -108,19 +108,6 @@ def time_groups(groups: list[Setting], buf: torch.Tensor, size: int, iters: int,
             for i in range(len(groups))]
 
 
-def modelled_since(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
-    """What the tuned group ran between two stats()["modelled"] views, per call."""
-    chose = []
-    for what, cur in after.items():
-        prev = before.get(what, {"calls": 0, "predicted_s": 0.0, "measured_s": 0.0})
-        n = cur["calls"] - prev["calls"]
-        if n > 0:
-            chose.append({"what": what, "calls": n,
-                          "predicted_s": (cur["predicted_s"] - prev["predicted_s"]) / n,
-                          "measured_s": (cur["measured_s"] - prev["measured_s"]) / n})
-    return chose
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="tune_grid", description=__doc__.split("\n\n")[0])
     p.add_argument("-b", "--minbytes", default="1M")
@@ -144,6 +131,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = p.parse_args(argv)
 
     import nanoccl
+    from nanoccl.perf import modelled_since
 
     sizes = []
     size = parse_size(args.minbytes)

@@ -610,24 +610,32 @@ def _modelled(side: Side) -> dict[str, Any]:
         return {}
 
 
+def modelled_since(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
+    """What a group ran between two stats()["modelled"] views, per planner row with calls in
+    between: {"what", "calls", "predicted_s", "measured_s"}, the times per call."""
+    chose = []
+    for what, cur in after.items():
+        prev = before.get(what, {"calls": 0, "predicted_s": 0.0, "measured_s": 0.0})
+        n = cur["calls"] - prev["calls"]
+        if n > 0:
+            chose.append({"what": what, "calls": n,
+                          "predicted_s": (cur["predicted_s"] - prev["predicted_s"]) / n,
+                          "measured_s": (cur["measured_s"] - prev["measured_s"]) / n})
+    return chose
+
+
 def _plans(old: dict[str, Any], new: dict[str, Any]) -> str:
     """The modelled rows (planner choices) that ran calls between two _modelled() views."""
-    return "+".join(what for what, cur in new.items()
-                    if cur["calls"] > old.get(what, {"calls": 0})["calls"])
+    return "+".join(c["what"] for c in modelled_since(old, new))
 
 
 def _model_lines(side: Side, old: dict[str, Any], new: dict[str, Any], size: int) -> list[str]:
     """"#   model: ..." lines: the cost model's prediction beside the measured time, per call,
     for the calls of one size (rank 0's view; README "Tuning")."""
     lines = []
-    for what, cur in new.items():
-        prev = old.get(what, {"calls": 0, "predicted_s": 0.0, "measured_s": 0.0})
-        calls = cur["calls"] - prev["calls"]
-        if calls <= 0:
-            continue
-        pred = (cur["predicted_s"] - prev["predicted_s"]) / calls * 1e6
-        meas = (cur["measured_s"] - prev["measured_s"]) / calls * 1e6
-        lines.append(f"#   model: {side.label} {size} B: {what} predicted {pred:.1f} us, "
+    for c in modelled_since(old, new):
+        pred, meas = c["predicted_s"] * 1e6, c["measured_s"] * 1e6
+        lines.append(f"#   model: {side.label} {size} B: {c['what']} predicted {pred:.1f} us, "
                      f"measured {meas:.1f} us (x{meas / pred if pred > 0 else float('nan'):.2f})")
     return lines
 
