@@ -28,19 +28,21 @@ import statistics
 import sys
 import tempfile
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Sequence
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.append(str(REPO / "torch_ext"))  # behind an installed nanoccl, the source tree's
 
 from trainers.data import make_source, shard  # noqa: E402
-from trainers.models import MODEL_NAMES, build_model, gpt_config, gpt_loss, is_gpt  # noqa: E402
+from trainers.models import MODEL_NAMES, build_model, gpt_config, is_gpt  # noqa: E402
+from trainers.strategies import (TrainConfig, loss_fn_for, make_optimizer,  # noqa: E402
+                                 wrap_ddp)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -76,7 +78,6 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     import nanoccl
-    from nanoccl import hooks
     from nanoccl.tune import ddp_bucket_cap_mb, measure_backward_seconds
 
     if "RANK" not in os.environ:
@@ -95,13 +96,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     dist.init_process_group("nanoccl", timeout=timeout,
                             pg_options=nanoccl.Options(**options))
     try:
-        return _run(args, ddp_bucket_cap_mb, measure_backward_seconds, hooks)
+        return _run(args, ddp_bucket_cap_mb, measure_backward_seconds)
     finally:
         dist.destroy_process_group()
 
 
-def _run(args: argparse.Namespace, ddp_bucket_cap_mb: Any, measure_backward_seconds: Any,
-         hooks: Any) -> int:
+def _run(args: argparse.Namespace, ddp_bucket_cap_mb: Any,
+         measure_backward_seconds: Any) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
     ctrl = dist.new_group(backend="gloo")
     gpt = is_gpt(args.model)
@@ -109,7 +110,7 @@ def _run(args: argparse.Namespace, ddp_bucket_cap_mb: Any, measure_backward_seco
     seq_len = args.seq_len or (gpt_config(args.model).block_size if gpt else 0)
     vocab = gpt_config(args.model).vocab_size if gpt else 0
     source = make_source(args.model, batch, seq_len, vocab, args.seed, None)
-    loss_fn = gpt_loss if gpt else torch.nn.functional.cross_entropy
+    loss_fn = loss_fn_for(args.model)
 
     def rank_batch(step: int) -> tuple[torch.Tensor, torch.Tensor]:
         return shard(source.global_batch(step), rank, world)
@@ -118,20 +119,18 @@ def _run(args: argparse.Namespace, ddp_bucket_cap_mb: Any, measure_backward_seco
     x0, y0 = rank_batch(0)
     backward_s = measure_backward_seconds(probe, lambda: loss_fn(probe(x0), y0))
     tuned = ddp_bucket_cap_mb(probe, None, backward_s, codec=args.codec)
+    grad_mib = sum(p.numel() * p.element_size() for p in probe.parameters()) / 2**20
     del probe
     caps = list(dict.fromkeys(args.caps + [tuned]))
-    grad_mib = sum(p.numel() * p.element_size()
-                   for p in build_model(args.model, args.seed).parameters()) / 2**20
 
+    # The trainers' DDP set-up (dp strategy): bucket size, error-feedback hook with the codec,
+    # AdamW.
+    cfg = TrainConfig(model=args.model, strategy="dp", global_batch=batch, seq_len=seq_len,
+                      seed=args.seed, codec=args.codec)
     sides = []
     for cap in caps:
-        model = build_model(args.model, args.seed)
-        ddp = DistributedDataParallel(model, bucket_cap_mb=cap)
-        if args.codec:
-            ddp.register_comm_hook(hooks.ErrorFeedbackState(codec=args.codec),
-                                   hooks.error_feedback_hook)
-        optim = torch.optim.AdamW(ddp.parameters(), lr=3e-4, weight_decay=0.0, foreach=False)
-        sides.append((cap, ddp, optim))
+        ddp = wrap_ddp(build_model(args.model, args.seed), replace(cfg, bucket_cap_mb=cap))
+        sides.append((cap, ddp, make_optimizer(ddp.parameters(), cfg.lr)))
     if rank == 0:
         print(f"ddp_buckets: {args.model} ({grad_mib:.1f} MiB of gradients), {world} ranks, "
               f"global batch {batch}, codec {args.codec or 'none'}; backward {backward_s * 1e3:.0f}"

@@ -59,13 +59,13 @@ class TrainConfig:
     codec: str | None = None
 
 
-def _loss_fn(model_name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+def loss_fn_for(model_name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
     if is_gpt(model_name):
         return gpt_loss
     return nn.functional.cross_entropy
 
 
-def _optimizer(params: object, lr: float) -> torch.optim.Optimizer:
+def make_optimizer(params: object, lr: float) -> torch.optim.Optimizer:
     # foreach=False: DTensor and plain tensors may be mixed (tensor parallelism).
     return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=False)  # type: ignore[arg-type]
 
@@ -76,7 +76,7 @@ class Strategy:
     def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int) -> None:
         self.cfg, self.source, self.rank, self.world = cfg, source, rank, world
         self.device = torch.device(cfg.device)
-        self.loss_fn = _loss_fn(cfg.model)
+        self.loss_fn = loss_fn_for(cfg.model)
         self.params = 0  # parameters of the whole model
 
     def _batch(self, step: int, split: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -122,7 +122,7 @@ class Single(_WholeModel):
         if world != 1:
             raise StrategyError("strategy 'single' runs on one rank; use dp for more")
         super().__init__(cfg, source, rank, world)
-        self.optim = _optimizer(self.model.parameters(), cfg.lr)
+        self.optim = make_optimizer(self.model.parameters(), cfg.lr)
 
 
 def tuned_bucket_cap_mb(model: nn.Module, loss_of: Callable[[], torch.Tensor],
@@ -135,7 +135,7 @@ def tuned_bucket_cap_mb(model: nn.Module, loss_of: Callable[[], torch.Tensor],
     return ddp_bucket_cap_mb(model, None, measure_backward_seconds(model, loss_of), codec=codec)
 
 
-def _ddp(model: nn.Module, cfg: TrainConfig) -> nn.Module:
+def wrap_ddp(model: nn.Module, cfg: TrainConfig) -> nn.Module:
     from torch.nn.parallel import DistributedDataParallel
 
     kwargs: dict[str, object] = {}
@@ -164,7 +164,7 @@ class _DDPModel(_WholeModel):
             x, y = self._batch(0, self.split_batch)
             cfg.bucket_cap_mb = tuned_bucket_cap_mb(
                 self.model, lambda: self.loss_fn(self.model(x), y), cfg.codec)
-        self.module = _ddp(self.model, cfg)
+        self.module = wrap_ddp(self.model, cfg)
 
 
 class DataParallel(_DDPModel):
@@ -172,7 +172,7 @@ class DataParallel(_DDPModel):
 
     def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int) -> None:
         super().__init__(cfg, source, rank, world)
-        self.optim = _optimizer(self.module.parameters(), cfg.lr)
+        self.optim = make_optimizer(self.module.parameters(), cfg.lr)
 
     def describe(self) -> str:
         cap = self.cfg.bucket_cap_mb
@@ -216,7 +216,7 @@ class Zero23(_WholeModel):
         for unit in _units(self.model):
             fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
         fully_shard(self.model, mesh=mesh, reshard_after_forward=reshard)
-        self.optim = _optimizer(self.model.parameters(), cfg.lr)
+        self.optim = make_optimizer(self.model.parameters(), cfg.lr)
 
     def describe(self) -> str:
         reshard = self.name == "zero3"
@@ -249,7 +249,7 @@ class TensorParallel(_WholeModel):
         assert isinstance(self.model, GPT)
         for block in self.model.blocks:
             parallelize_module(block, mesh, plan)  # type: ignore[arg-type]
-        self.optim = _optimizer(self.model.parameters(), cfg.lr)
+        self.optim = make_optimizer(self.model.parameters(), cfg.lr)
 
     def describe(self) -> str:
         return "tp (DTensor: q/k/v, fc colwise; attn proj, mlp proj rowwise)"
@@ -333,7 +333,7 @@ class PipelineParallel(Strategy):
             self.schedule = Schedule1F1B(stage, self.microbatches, loss_fn=gpt_loss)
         else:
             raise StrategyError(f"unknown pipeline schedule {cfg.schedule!r} (gpipe, 1f1b)")
-        self.optim = _optimizer(self.stage_module.parameters(), cfg.lr)
+        self.optim = make_optimizer(self.stage_module.parameters(), cfg.lr)
 
     def train_step(self, step: int) -> float | None:
         x, y = self._batch(step, split=False)
