@@ -31,7 +31,7 @@ def test_a_failed_fused_allreduce_fails_every_held_bucket(
         assert fut.done()
         with pytest.raises(RuntimeError, match="peer 3 is gone"):
             fut.wait()
-    assert state._held == [] and state._held_bytes == 0
+    assert state._held == [] and state.held_bytes == 0
 
 
 def test_an_unfused_failure_is_handed_on() -> None:

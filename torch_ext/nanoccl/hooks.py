@@ -60,7 +60,11 @@ class ErrorFeedbackState:
         self.resets = 0  # residuals dropped because their bucket changed size
         self.calls = 0  # compressed allreduces sent (fewer than buckets when fused)
         self._held: list[tuple[int, torch.Tensor, torch.futures.Future[torch.Tensor]]] = []
-        self._held_bytes = 0
+
+    @property
+    def held_bytes(self) -> int:
+        """Bytes of the buckets held for fusion, not sent yet."""
+        return sum(b.numel() * b.element_size() for _, b, _ in self._held)
 
     def fuse_limit(self) -> int:
         """The fusion threshold in bytes (0: no fusion); "auto" is resolved from the group's
@@ -145,7 +149,7 @@ def _compressed(state: ErrorFeedbackState, key: int, buf: torch.Tensor) -> dist.
 def _flush(state: ErrorFeedbackState) -> None:
     """Sends the held buckets as one compressed allreduce; their futures complete with it (or
     fail with its error: DDP then raises, never steps on unreduced gradients)."""
-    held, state._held, state._held_bytes = state._held, [], 0
+    held, state._held = state._held, []
     if not held:
         return
     flat = held[0][1] if len(held) == 1 else torch.cat([buf.reshape(-1) for _, buf, _ in held])
@@ -174,7 +178,7 @@ def _drop_stale(state: ErrorFeedbackState) -> None:
     """Buckets held from a backward pass that never reached its last bucket (it raised): a new
     pass has begun (the bucket index went back), so they are failed, never sent with it, which
     would fuse another pass's gradients and could differ between ranks."""
-    stale, state._held, state._held_bytes = state._held, [], 0
+    stale, state._held = state._held, []
     why = RuntimeError("nanoccl.hooks: a backward pass ended before its last gradient bucket; "
                        "its held buckets were dropped")
     for _, _, fut in stale:
@@ -215,8 +219,7 @@ def error_feedback_hook(
             _flush(state)  # one fused call holds one type
         fut: torch.futures.Future[torch.Tensor] = torch.futures.Future()
         state._held.append((bucket.index(), buf, fut))
-        state._held_bytes += nbytes
-        if state._held_bytes >= limit or bucket.is_last():
+        if state.held_bytes >= limit or bucket.is_last():
             _flush(state)
         return fut
     _flush(state)  # a large bucket goes on its own, after the small ones held before it

@@ -40,16 +40,16 @@ def ddp_bucket_sizes(grads: Sequence[tuple[int, Any]], cap_bytes: int,
     """
     first = cap_bytes if first_bytes is None else first_bytes
     open_: dict[Any, int] = {}
-    closed: dict[Any, int] = {}  # buckets closed so far per dtype
+    closed: set[Any] = set()  # dtypes whose first bucket has closed
     out: list[tuple[int, Any, int]] = []
     produced = 0
     for nbytes, dtype in reversed(grads):
         produced += nbytes
         open_[dtype] = open_.get(dtype, 0) + nbytes
-        limit = first if closed.get(dtype, 0) == 0 else cap_bytes
+        limit = cap_bytes if dtype in closed else first
         if open_[dtype] >= limit:
             out.append((open_.pop(dtype), dtype, produced))
-            closed[dtype] = closed.get(dtype, 0) + 1
+            closed.add(dtype)
     out.extend((n, d, produced) for d, n in open_.items() if n > 0)
     return out
 
