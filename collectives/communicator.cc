@@ -26,6 +26,24 @@ using detail::CallArgs;
 
 namespace {
 
+// The last step of setup: the store's last reads of creation are done on every rank before
+// rank 0 returns. Where rank 0 hosts the store (env:// without torchrun), a rank 0 that
+// returned and exited at once would take it away from ranks still reading it.
+Status leaveStoreTogether(Store& store, int rank, int size, const Deadline& deadline) {
+  if (rank != 0) {
+    (void)store.set("setup/done/" + std::to_string(rank), "1");  // rank 0 times out without it
+    return Status::ok();
+  }
+  for (int r = 1; r < size; ++r) {
+    Result<std::string> done = store.get("setup/done/" + std::to_string(r), deadline);
+    if (!done.isOk()) {
+      return done.status().withContext("waiting for rank " + std::to_string(r) +
+                                       " to finish its setup: ");
+    }
+  }
+  return Status::ok();
+}
+
 // The secret this communicator's connections prove they hold (common/secret.h), after every
 // rank has said where it comes from: a rank with NANOCCL_SECRET_FILE beside one
 // without would otherwise only see its peers' handshakes fail.
@@ -744,7 +762,10 @@ Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOpt
     target.transport = impl->transportKind;
     target.timeout = options.timeout;
     Result<std::shared_ptr<const LinkProfile>> profile = agreeOnProfile(*store, target, deadline);
+    // Also after a failed agreement: the others may still be reading rank 0's verdict.
+    const Status left = leaveStoreTogether(*store, options.rank, options.size, deadline);
     if (!profile.isOk()) return profile.status().withContext(where);
+    NANOCCL_CHECK(left.withContext(where));
     impl->profile = std::move(profile).value();
   }
 

@@ -681,10 +681,8 @@ Result<std::string> measuredProfile(Store& store, const TuningTarget& t, LinkPro
 
 }  // namespace
 
-namespace {
-
-Result<std::shared_ptr<const LinkProfile>> decideProfile(Store& store, const TuningTarget& t,
-                                                         const Deadline& deadline) {
+Result<std::shared_ptr<const LinkProfile>> agreeOnProfile(Store& store, const TuningTarget& t,
+                                                          const Deadline& deadline) {
   const Config& config = *t.config;
   const std::string who = "rank " + std::to_string(t.rank) + ": tuning: ";
   // Without a profile the planner's rules take the call alone (and a codec that differs is
@@ -767,29 +765,6 @@ Result<std::shared_ptr<const LinkProfile>> decideProfile(Store& store, const Tun
   NANOCCL_ASSIGN_OR_RETURN(LinkProfile p, LinkProfile::parse(text, "rank 0's link profile"));
   NANOCCL_INFO(who << p.summary());
   return std::shared_ptr<const LinkProfile>(std::make_shared<LinkProfile>(std::move(p)));
-}
-
-}  // namespace
-
-Result<std::shared_ptr<const LinkProfile>> agreeOnProfile(Store& store, const TuningTarget& t,
-                                                          const Deadline& deadline) {
-  Result<std::shared_ptr<const LinkProfile>> out = decideProfile(store, t, deadline);
-  if (t.size < 2) return out;
-  // The store's last reads of creation are the ones above. Where rank 0 hosts the store (env://
-  // without torchrun), a rank 0 that returns and exits at once would take it away from ranks
-  // still reading: so every rank says it is done, and rank 0 returns once all have.
-  if (t.rank != 0) {
-    (void)store.set("tune/read/" + std::to_string(t.rank), "1");
-    return out;
-  }
-  for (int r = 1; r < t.size; ++r) {
-    Result<std::string> done = store.get("tune/read/" + std::to_string(r), deadline);
-    if (!done.isOk() && out.isOk()) {
-      return done.status().withContext("rank 0: tuning: waiting for rank " + std::to_string(r) +
-                                       " to read the plan: ");
-    }
-  }
-  return out;
 }
 
 }  // namespace nanoccl

@@ -119,8 +119,7 @@ struct TuningTarget {
 // At communicator creation, on every rank, before any call: the profile under
 // config.tuning (null when "off"). Every rank checks that all ranks use the same mode; when
 // measuring, every rank takes part in the probes, which run on `target`'s transports. `store`
-// is the communicator's own (prefixed) store. Rank 0 returns only once every rank has read
-// what it needs from the store (rank 0 may host it, and may exit right after creation).
+// is the communicator's own (prefixed) store.
 Result<std::shared_ptr<const LinkProfile>> agreeOnProfile(Store& store, const TuningTarget& target,
                                                           const Deadline& deadline);
 
