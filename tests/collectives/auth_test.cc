@@ -119,9 +119,7 @@ class AuthTest : public ::testing::TestWithParam<bool> {  // param: the secret i
 TEST_P(AuthTest, AnAttackerWhoReadsAndWritesTheStoreGetsInOnlyWithoutTheFile) {
   const bool fileSecret = GetParam();
   auto rank0 = std::async(std::launch::async, [&] {
-    // Without the file rank 0 waits out its timeout for the attacker, who never speaks again
-    // after getting in: long enough for the attack on a loaded machine, short for the suite.
-    return Communicator::create(optionsFor(0, std::chrono::milliseconds(fileSecret ? 20000 : 8000)));
+    return Communicator::create(optionsFor(0, std::chrono::milliseconds(fileSecret ? 20000 : 3000)));
   });
   const bool admitted = attackRank0();
   const auto stored = store_->everything();
