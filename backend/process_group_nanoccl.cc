@@ -220,7 +220,7 @@ std::shared_ptr<const LinkProfile> ProcessGroupNanoccl::linkProfile() const {
   return comm_ ? comm_->linkProfile() : nullptr;
 }
 
-std::tuple<std::string, std::string, double> ProcessGroupNanoccl::predictAllreduce(
+std::tuple<std::string, std::string, double, int64_t> ProcessGroupNanoccl::predictAllreduce(
     int64_t count, at::ScalarType dtype, const std::string& codec) const {
   const std::optional<DataType> t = pg::mapType(dtype);
   TORCH_CHECK_VALUE(t.has_value(), "nanoccl: no allreduce of ", c10::toString(dtype));
@@ -229,7 +229,8 @@ std::tuple<std::string, std::string, double> ProcessGroupNanoccl::predictAllredu
   Result<Communicator::Prediction> p =
       comm->predictAllreduce(static_cast<size_t>(count), *t, codec);
   TORCH_CHECK_VALUE(p.isOk(), "nanoccl: ", p.status().message());
-  return {p.value().algorithm, p.value().codec, p.value().seconds};
+  return {p.value().algorithm, p.value().codec, p.value().seconds,
+          static_cast<int64_t>(p.value().codecChunkBytes)};
 }
 
 BackendStats ProcessGroupNanoccl::stats() const {

@@ -204,9 +204,10 @@ class ProcessGroupNanoccl : public c10d::Backend {
   // null under NANOCCL_TUNING=off, on one rank, and once shut down.
   std::shared_ptr<const LinkProfile> linkProfile() const;
   // Communicator::predictAllreduce for `count` elements of a torch dtype (and `codec`, empty:
-  // the group's setting): (algorithm, codec, seconds). Throws ValueError-style c10::Error for
-  // a dtype nanoccl does not reduce or an unknown codec.
-  std::tuple<std::string, std::string, double> predictAllreduce(
+  // the group's setting): (algorithm, codec, seconds, chunk bytes of the compressed exchange,
+  // 0 when lossless). Throws ValueError-style c10::Error for a dtype nanoccl does not reduce or
+  // an unknown codec.
+  std::tuple<std::string, std::string, double, int64_t> predictAllreduce(
       int64_t count, at::ScalarType dtype, const std::string& codec = "") const;
   // The communicator's id in the store (distinct per group and per creation).
   const std::string& commId() const { return commId_; }

@@ -72,6 +72,12 @@ struct CallArgs {
   // Error feedback (allreduce only, may be null): `count` floats owned by the caller; what this
   // rank's encodings lose is kept here and added to what it encodes next time.
   float* residual = nullptr;
+  // The chunk of the compressed exchange, in float32 bytes: the planner's choice (0:
+  // config.chunkBytes). Context::codecChunkBytes() hands it to compressed.cc.
+  size_t codecChunkBytes = 0;
+  // Connections a peer the call's large messages are striped over (OpFingerprint::lanes; the
+  // planner's choice, 0: all of them).
+  int lanes = 0;
 
   size_t elemSize() const { return dataTypeSize(dtype); }
   // The size the planner decides by: the bytes one rank contributes to / receives from the
@@ -177,13 +183,27 @@ class Context {
         deadline_(parent.deadline_),
         timeout_(parent.timeout_),
         config_(parent.config_),
+        codecChunkBytes_(parent.codecChunkBytes_),
         parent_(&parent) {}
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
+  // A Context of the same transport and call whose messages travel on `lanes` connections a
+  // peer (OpFingerprint::lanes), with scratch memory of its own: the tuner's one-socket probe.
+  std::unique_ptr<Context> withLanes(int lanes) const {
+    OpFingerprint fp = fingerprint_;
+    fp.lanes = static_cast<uint8_t>(lanes);
+    return std::make_unique<Context>(transport_, rank_, size_, fp, deadline_, timeout_, config_);
+  }
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   const Config& config() const { return config_; }
+  // The chunk of this call's compressed exchange in float32 bytes (CallArgs::codecChunkBytes,
+  // else config.chunkBytes); stages on sub-communicators inherit it.
+  size_t codecChunkBytes() const {
+    return codecChunkBytes_ != 0 ? codecChunkBytes_ : config_.chunkBytes;
+  }
+  void setCodecChunkBytes(size_t bytes) { codecChunkBytes_ = bytes; }
   const OpFingerprint& fingerprint() const { return fingerprint_; }
   const Deadline& deadline() const { return deadline_; }
   // The sub-communicators, where the communicator's topology is hierarchical; else null.
@@ -223,6 +243,7 @@ class Context {
   Deadline deadline_;
   std::chrono::milliseconds timeout_;
   const Config& config_;
+  size_t codecChunkBytes_ = 0;
   const Hierarchy* hierarchy_ = nullptr;
   Context* parent_ = nullptr;
   ScratchPool* pool_ = nullptr;

@@ -363,12 +363,15 @@ std::shared_ptr<Task> Communicator::Impl::submit(OpFingerprint fingerprint, Call
   }
   args.codec = plan.value().codec;
   args.codecParams = plan.value().codecParams;
+  args.codecChunkBytes = plan.value().codecChunkBytes;
+  args.lanes = plan.value().lanes;
   if (!plan.value().row->lossy || args.codec == nullptr) {
     // e.g. NANOCCL_ALGO=ring: lossless, the residual untouched
     args.codec = nullptr;
     args.residual = nullptr;
   }
   fingerprint.codec = args.codec != nullptr ? static_cast<uint8_t>(args.codec->id) : 0;
+  fingerprint.lanes = static_cast<uint8_t>(args.lanes);
   bool wake;
   {
     std::unique_lock<std::mutex> lock(mu);
@@ -495,6 +498,7 @@ void Communicator::Impl::runCall(QueuedCall& call) {
     // calls counts.
     detail::Context ctx(transport.get(), rank, size, call.fingerprint, call.deadline, timeout,
                         config, hierarchy.get(), &scratchPool);
+    ctx.setCodecChunkBytes(call.args.codecChunkBytes);
     NANOCCL_TRACE(what << "running " << (size == 1 ? "local" : call.algorithm->name));
     const Clock::time_point started = Clock::now();
     s = size == 1 ? detail::runLocal(call.args) : call.algorithm->run(ctx, call.args);
@@ -1003,7 +1007,11 @@ Result<Communicator::Prediction> Communicator::predictAllreduce(size_t count, Da
                            detail::plan(a, impl_->topology, impl_->config, impl_->profile.get()));
   Prediction p;
   p.algorithm = plan.row->name;
-  p.codec = plan.codec != nullptr && plan.row->lossy ? plan.codec->name : "none";
+  const bool lossy = plan.codec != nullptr && plan.row->lossy;
+  p.codec = lossy ? plan.codec->name : "none";
+  p.codecChunkBytes = !lossy ? 0
+                      : plan.codecChunkBytes != 0 ? plan.codecChunkBytes
+                                                  : impl_->config.chunkBytes;
   p.seconds = impl_->size < 2 ? 0 : plan.predictedSeconds;
   return p;
 }

@@ -215,6 +215,7 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   struct Prediction {
     std::string algorithm;
     std::string codec;  // "none" when lossless
+    size_t codecChunkBytes = 0;  // the compressed exchange's chunk (0 when lossless)
     double seconds = 0;
   };
   Result<Prediction> predictAllreduce(size_t count, DataType dtype,

@@ -15,8 +15,9 @@
 // other rank and decodes the same bytes itself. Every rank therefore ends with decode(the same
 // stream) for every segment.
 //
-// Chunks: each segment is cut into chunks of about config.chunkBytes (a multiple of the codec's
-// block), each an encoded stream of its own. Every receive is posted first; the sends are posted
+// Chunks: each segment is cut into chunks of about ctx.codecChunkBytes() of float32 (a multiple
+// of the codec's block; the planner's choice, collectives/planner.h), each an encoded stream of
+// its own. Every receive is posted first; the sends are posted
 // as soon as each chunk is encoded (the transport moves them while the next one is encoded); the
 // owner reduces chunk c and sends it on before chunk c + 1 has arrived.
 //
@@ -37,14 +38,14 @@ using Piece = CompressedAllreduce::Piece;
 
 size_t chunksOf(size_t count, size_t chunkElems) { return (count + chunkElems - 1) / chunkElems; }
 
-// Elements per encoded chunk: config.chunkBytes of float32, a whole number of codec blocks.
+// Elements per encoded chunk: codecChunkBytes of float32, a whole number of codec blocks.
 size_t compressedChunk(const Context& ctx, const codec::Codec& codec,
                        const codec::CodecParams& params) {
   size_t block = 1;
   if (Result<uint32_t> b = codec::resolveBlockSize(codec, params); b.isOk() && b.value() > 0) {
     block = b.value();
   }
-  const size_t want = std::max<size_t>(ctx.config().chunkBytes / sizeof(float), 1);
+  const size_t want = std::max<size_t>(ctx.codecChunkBytes() / sizeof(float), 1);
   return std::max(block, want / block * block);
 }
 

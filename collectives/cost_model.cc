@@ -18,9 +18,13 @@ struct Link {
   double bw = 1;     // bytes per second
 };
 
-// What the profile says of the node links when `crossing` ranks of a node cross at once.
-Link interLink(const LinkProfile& p, int crossing) {
-  const double node = p.inter.nodeMBps * 1e6 / std::max(crossing, 1);
+// What the profile says of the node links when `crossing` ranks of a node cross at once, over
+// `lanes` connections a peer (OpFingerprint::lanes; 0: all): the node's rate shared by those
+// ranks, at most one pair's. One connection: the node's rate the one-socket probe measured.
+Link interLink(const LinkProfile& p, int lanes, int crossing) {
+  const double nodeMBps =
+      lanes == 1 && p.inter.oneSocketMBps > 0 ? p.inter.oneSocketMBps : p.inter.nodeMBps;
+  const double node = nodeMBps * 1e6 / std::max(crossing, 1);
   return {p.inter.alphaUs * 1e-6, std::min(p.inter.pairMBps * 1e6, node)};
 }
 
@@ -63,12 +67,23 @@ const CodecRates* ratesOf(const LinkProfile& p, const codec::Codec& c) {
   return nullptr;
 }
 
-// A compressed exchange of `x` float32 bytes per rank over `nodes` ranks on `link` (compressed.cc:
-// encode, send every segment to its owner, accumulate, encode the sum once, send it to all,
-// decode): its wire and codec times overlap over chunks. `allgather`: the allreduce (the sums
-// go back to everyone); else the reduce-scatter.
+// A compressed exchange of `x` float32 bytes per rank over `nodes` ranks on `link`
+// (compressed.cc: encode, send every segment to its owner, accumulate, encode the sum once,
+// send it to all, decode), run as `rounds` exchanges one after another (the hierarchy's
+// blocks; 1 for the flat rows), each segment cut in chunks of `chunk` float32 bytes.
+// `allgather`: the allreduce (the sums go back to everyone); else the reduce-scatter.
+// `chains`: the ranks of a node that run such exchanges side by side on the node's link.
+//   wire and codec   overlap over the chunks of all rounds (hierarchical.cc sends round r + 1
+//                    before it waits for round r's sums)
+//   messages         each chunk to each peer pays the link's alpha, once per pass (as a ring
+//                    pass's chunks do: a fixed cost per message, not only a latency)
+//   the turn         an owner sends the sums of a round's last chunk only once that chunk has
+//                    arrived and been accumulated and encoded, and round r + 1 starts after
+//                    that: the latency and the work that the round's other chunks do not cover
+//                    on the wire, once per round (the node's chains take turns on the link)
+// So more chunks hide more of the turn and pay more messages: that trade picks the chunk.
 double compressedExchange(const LinkProfile& p, const CallArgs& args, double x, int nodes,
-                          Link link, bool allgather, int blocks) {
+                          Link link, bool allgather, int rounds, double chunk, int chains) {
   const codec::Codec& c = *args.codec;
   const CodecRates* r = ratesOf(p, c);
   if (r == nullptr || nodes < 2 || x <= 0) return r == nullptr ? kNoPrediction : 0;
@@ -77,10 +92,23 @@ double compressedExchange(const LinkProfile& p, const CallArgs& args, double x, 
       static_cast<double>(c.encodedBytes(count, args.codecParams)) / (4.0 * static_cast<double>(count));
   const double share = static_cast<double>(nodes - 1) / nodes;
   const double passes = allgather ? 2 : 1;
-  const double wire = passes * (link.alpha * (nodes - 1) + share * x * ratio / link.bw);
+  const double segment = x / rounds / nodes;  // float32 bytes of one owner's segment a round
+  const double chunks = std::max(1.0, std::ceil(segment / std::max(chunk, 4.0)));
+  const double messages = passes * (nodes - 1) * rounds * chunks * link.alpha;
+  const double wire = passes * share * x * ratio / link.bw + messages;
   double codecTime = cpu(p, x, r->encodeMBps) + cpu(p, share * x, r->accumulateMBps);
   if (allgather) codecTime += cpu(p, x / nodes, r->encodeMBps) + cpu(p, x, r->decodeMBps);
-  return pipelined({wire, codecTime}, blocks);
+  double turn = 0;
+  if (allgather) {
+    // Per round: the last chunk's latency and the owner's work on it, less what the round's
+    // other chunks still have on the wire meanwhile.
+    const double last = segment / chunks;
+    const double work = link.alpha + (nodes - 1) * cpu(p, last, r->accumulateMBps) +
+                        cpu(p, last, r->encodeMBps);
+    const double covered = (chunks - 1) * (nodes - 1) * last * ratio / link.bw;
+    turn = rounds * std::max(0.0, work - covered) / std::max(chains, 1);
+  }
+  return pipelined({wire, codecTime}, static_cast<int>(std::min(rounds * chunks, 1e6))) + turn;
 }
 
 // ---- allreduce ----------------------------------------------------------------------------
@@ -88,16 +116,16 @@ double compressedExchange(const LinkProfile& p, const CallArgs& args, double x, 
 double ringAllreduce(const CallArgs& args, const Topology& t, const LinkProfile& p, double chunk) {
   const int n = t.size();
   const double s = static_cast<double>(args.count) * args.elemSize();
-  const Link l = t.numNodes() > 1 ? interLink(p, 1) : intraLink(p);
+  const Link l = t.numNodes() > 1 ? interLink(p, args.lanes, 1) : intraLink(p);
   const double seg = s / n;
   return 2 * ringPass(n, seg, chunk, l) + cpu(p, (n - 1) * seg, p.reduceMBps);
 }
 
 // The link between rank 0 and rank `d` (the partner of round d), and how many ranks of a node
 // cross nodes in that round.
-Link partnerLink(const Topology& t, const LinkProfile& p, int d) {
+Link partnerLink(const CallArgs& args, const Topology& t, const LinkProfile& p, int d) {
   if (t.sameNode(0, d)) return intraLink(p);
-  return interLink(p, t.maxLocalSize());
+  return interLink(p, args.lanes, t.maxLocalSize());
 }
 
 double recursiveDoubling(const CallArgs& args, const Topology& t, const LinkProfile& p) {
@@ -107,11 +135,11 @@ double recursiveDoubling(const CallArgs& args, const Topology& t, const LinkProf
   while (pow2 * 2 <= n) pow2 *= 2;
   double total = 0;
   for (int d = 1; d < pow2; d *= 2) {
-    const Link l = partnerLink(t, p, d);
+    const Link l = partnerLink(args, t, p, d);
     total += l.alpha + s / l.bw + cpu(p, s, p.reduceMBps);
   }
   if (pow2 != n) {  // the extra ranks fold in and get the result back
-    const Link l = t.numNodes() > 1 ? interLink(p, 1) : intraLink(p);
+    const Link l = t.numNodes() > 1 ? interLink(p, args.lanes, 1) : intraLink(p);
     total += 2 * (l.alpha + s / l.bw) + cpu(p, s, p.reduceMBps);
   }
   return total;
@@ -120,18 +148,18 @@ double recursiveDoubling(const CallArgs& args, const Topology& t, const LinkProf
 double treeAllreduce(const CallArgs& args, const Topology& t, const LinkProfile& p) {
   const double s = static_cast<double>(args.count) * args.elemSize();
   const double depth = std::ceil(std::log2(std::max(t.size(), 2)));
-  const Link l = t.numNodes() > 1 ? interLink(p, 1) : intraLink(p);
+  const Link l = t.numNodes() > 1 ? interLink(p, args.lanes, 1) : intraLink(p);
   return 2 * depth * (l.alpha + s / l.bw) + depth * cpu(p, s, p.reduceMBps);
 }
 
 double hierarchicalAllreduce(const CallArgs& args, const Topology& t, const LinkProfile& p,
-                             double chunk) {
+                             double chunk, double codecChunk) {
   const double s = static_cast<double>(args.count) * args.elemSize();
   const int shards = t.minLocalSize();
   const int local = t.maxLocalSize();
   const int nodes = t.numNodes();
   const Link in = intraLink(p);
-  const Link across = interLink(p, shards);
+  const Link across = interLink(p, args.lanes, shards);
   const double shard = s / shards;
   const double intraRs = ringPass(local, shard, chunk, in) + cpu(p, (local - 1) * shard, p.reduceMBps);
   const double intraAg = ringPass(local, shard, chunk, in);
@@ -144,15 +172,15 @@ double hierarchicalAllreduce(const CallArgs& args, const Topology& t, const Link
   }
   const int blocks = blocksOf(s, kCompressedBlockBytes, kMaxCompressedBlocks);
   const double wide = static_cast<double>(args.count) * 4 / shards;  // float32 across nodes
-  double inter = compressedExchange(p, args, wide, nodes, across, true, blocks);
+  double inter = compressedExchange(p, args, wide, nodes, across, true, blocks, codecChunk, shards);
   if (args.dtype != DataType::kFloat32) inter += cpu(p, 2 * wide, p.reduceMBps);  // widen, narrow
   return pipelined({intraRs, inter, intraAg}, blocks);
 }
 
-double compressedAllreduce(const CallArgs& args, const Topology& t, const LinkProfile& p) {
+double compressedAllreduce(const CallArgs& args, const Topology& t, const LinkProfile& p,
+                           double codecChunk) {
   const double x = static_cast<double>(args.count) * 4;
-  const int blocks = blocksOf(x, kCompressedBlockBytes, kMaxCompressedBlocks);
-  double total = compressedExchange(p, args, x, t.size(), interLink(p, 1), true, blocks);
+  double total = compressedExchange(p, args, x, t.size(), interLink(p, args.lanes, 1), true, 1, codecChunk, 1);
   if (args.dtype != DataType::kFloat32) total += cpu(p, 2 * x, p.reduceMBps);
   return total;
 }
@@ -169,12 +197,12 @@ double ringReduceScatter(const CallArgs& args, const Topology& t, const LinkProf
                          double chunk) {
   const int n = t.size();
   const double seg = totalBytes(args) / n;
-  const Link l = t.numNodes() > 1 ? interLink(p, 1) : intraLink(p);
+  const Link l = t.numNodes() > 1 ? interLink(p, args.lanes, 1) : intraLink(p);
   return ringPass(n, seg, chunk, l) + cpu(p, (n - 1) * seg, p.reduceMBps);
 }
 
 double hierarchicalReduceScatter(const CallArgs& args, const Topology& t, const LinkProfile& p,
-                                 double chunk) {
+                                 double chunk, double codecChunk) {
   const double s = totalBytes(args);
   const int shards = t.minLocalSize();
   const int local = t.maxLocalSize();
@@ -186,20 +214,20 @@ double hierarchicalReduceScatter(const CallArgs& args, const Topology& t, const 
   double inter;
   if (args.codec == nullptr) {
     const double seg = shard / nodes;
-    inter = ringPass(nodes, seg, chunk, interLink(p, shards)) +
+    inter = ringPass(nodes, seg, chunk, interLink(p, args.lanes, shards)) +
             cpu(p, (nodes - 1) * seg, p.reduceMBps);
   } else {
     const double wide = s / args.elemSize() * 4 / shards;
-    inter = compressedExchange(p, args, wide, nodes, interLink(p, shards), false,
-                               blocksOf(wide, kCompressedBlockBytes, kMaxCompressedBlocks));
+    inter = compressedExchange(p, args, wide, nodes, interLink(p, args.lanes, shards), false, 1, codecChunk,
+                               shards);
   }
   return intraRs + inter + out;
 }
 
-double compressedReduceScatter(const CallArgs& args, const Topology& t, const LinkProfile& p) {
+double compressedReduceScatter(const CallArgs& args, const Topology& t, const LinkProfile& p,
+                               double codecChunk) {
   const double x = totalBytes(args) / args.elemSize() * 4;
-  return compressedExchange(p, args, x, t.size(), interLink(p, 1), false,
-                            blocksOf(x, kCompressedBlockBytes, kMaxCompressedBlocks));
+  return compressedExchange(p, args, x, t.size(), interLink(p, args.lanes, 1), false, 1, codecChunk, 1);
 }
 
 }  // namespace
@@ -211,17 +239,23 @@ double predictSeconds(const AlgorithmRow& row, const CallArgs& args, const Topol
   if (t.maxLocalSize() > 1 && !p.intra.present) return kNoPrediction;
   const std::string_view name = row.name;
   const double chunk = static_cast<double>(std::max<size_t>(chunkBytes, 1));
+  const double codecChunk =
+      args.codecChunkBytes != 0 ? static_cast<double>(args.codecChunkBytes) : chunk;
   if (args.codec != nullptr && !row.lossy) return kNoPrediction;
   if (row.op == OpType::kAllreduce) {
     if (name == "ring") return ringAllreduce(args, t, p, chunk);
     if (name == "recursive_doubling") return recursiveDoubling(args, t, p);
     if (name == "tree") return treeAllreduce(args, t, p);
-    if (name == "hierarchical") return hierarchicalAllreduce(args, t, p, chunk);
-    if (name == "compressed" && args.codec != nullptr) return compressedAllreduce(args, t, p);
+    if (name == "hierarchical") return hierarchicalAllreduce(args, t, p, chunk, codecChunk);
+    if (name == "compressed" && args.codec != nullptr) {
+      return compressedAllreduce(args, t, p, codecChunk);
+    }
   } else if (row.op == OpType::kReduceScatter) {
     if (name == "ring") return ringReduceScatter(args, t, p, chunk);
-    if (name == "hierarchical") return hierarchicalReduceScatter(args, t, p, chunk);
-    if (name == "compressed" && args.codec != nullptr) return compressedReduceScatter(args, t, p);
+    if (name == "hierarchical") return hierarchicalReduceScatter(args, t, p, chunk, codecChunk);
+    if (name == "compressed" && args.codec != nullptr) {
+      return compressedReduceScatter(args, t, p, codecChunk);
+    }
   }
   return kNoPrediction;
 }

@@ -191,6 +191,11 @@ std::vector<std::pair<const codec::Codec*, codec::CodecParams>> codecChoices(
 
 }  // namespace
 
+int plannedLanes(const Config& config, const LinkProfile& profile) {
+  if (config.nsocks < 2 || config.nsocksSet || profile.inter.oneSocketMBps <= 0) return 0;
+  return profile.inter.nodeMBps > kMoreSocketsGain * profile.inter.oneSocketMBps ? 0 : 1;
+}
+
 Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& config,
                   const LinkProfile* profile) {
   Result<const AlgorithmRow*> rules = planAlgorithm(args, topology, config);
@@ -221,7 +226,15 @@ Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& 
                       std::string(ruled->name) == config.algo;
   // A fixed codec keeps the row the rules gave it (the one lossy row that can run it).
   const bool fixedCodec = !args.codecAuto && args.codec != nullptr;
+  std::vector<size_t> codecChunks = {config.chunkBytes};
+  if (!config.chunkBytesSet) {
+    for (size_t c : kCodecChunkCandidates) {
+      if (c != config.chunkBytes) codecChunks.push_back(c);
+    }
+  }
+  out.lanes = plannedLanes(config, *profile);
   CallArgs trial = args;
+  trial.lanes = out.lanes;
   for (const auto& [codec, params] : codecChoices(args, config)) {
     trial.codec = codec;
     trial.codecParams = params;
@@ -230,12 +243,17 @@ Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& 
       if ((forced || fixedCodec) && &row != ruled) continue;
       if (codec != nullptr && !row.lossy) continue;
       if (!row.supports(trial, topology).isOk()) continue;
-      const double t = predictSeconds(row, trial, topology, *profile, config.chunkBytes);
-      if (t < out.predictedSeconds) {
-        out.row = &row;
-        out.codec = codec;
-        out.codecParams = params;
-        out.predictedSeconds = t;
+      const bool lossy = codec != nullptr && row.lossy;
+      for (size_t i = 0; i < (lossy ? codecChunks.size() : 1); ++i) {
+        trial.codecChunkBytes = lossy ? codecChunks[i] : 0;
+        const double t = predictSeconds(row, trial, topology, *profile, config.chunkBytes);
+        if (t < out.predictedSeconds) {
+          out.row = &row;
+          out.codec = codec;
+          out.codecParams = params;
+          out.codecChunkBytes = trial.codecChunkBytes;
+          out.predictedSeconds = t;
+        }
       }
     }
   }

@@ -40,16 +40,38 @@ struct Plan {
   // lossless), with its params.
   const codec::Codec* codec = nullptr;
   codec::CodecParams codecParams;
+  // The chunk of the compressed exchange in float32 bytes (CallArgs::codecChunkBytes); 0:
+  // config.chunkBytes.
+  size_t codecChunkBytes = 0;
+  // Connections a peer for the call's large messages (OpFingerprint::lanes): plannedLanes().
+  int lanes = 0;
   // The cost model's time for the chosen row (collectives/cost_model.h); infinity without a
   // profile or where the model does not cover the op.
   double predictedSeconds = 0;
 };
 
+// The socket count of every call planned under a profile (OpFingerprint::lanes; its tcp
+// messages, inter-node and, with intra_transport=tcp, intra-node too): 1 where the profile
+// measured one connection a peer (inter_one_socket_MBps) and all of them were not
+// kMoreSocketsGain faster than it; else 0 (all). More connections cost CPU and queueing that the probe does not see:
+// on the emulated 1 Gbit/s 2x2 cluster two a peer ran a 256 MB int8 allreduce 2-20% slower
+// than one in 11 of 12 pairs (results/tuning/README.md). Where the user set nsocks (or there
+// is one), 0.
+inline constexpr double kMoreSocketsGain = 1.10;
+int plannedLanes(const Config& config, const LinkProfile& profile);
+
+// The chunks the planner weighs for a compressed exchange: config.chunkBytes first (it wins
+// ties), then kCodecChunkCandidates; only config.chunkBytes where the user set it.
+inline constexpr size_t kCodecChunkCandidates[] = {size_t{256} << 10, size_t{1} << 20,
+                                                   size_t{4} << 20};
+
 // planAlgorithm(), and with a link profile (null: none) the cost model: under algo "auto" the
 // row with the smallest predicted time among those that support the call, and under
 // args.codecAuto the codec (of config.compressionAllow) with it; ops and rows the model does
-// not cover keep the rules above. A forced algorithm still wins; with args.codecAuto it gets
-// the codec predicted fastest on it. Without a profile, args.codecAuto runs lossless.
+// not cover keep the rules above; a lossy row also gets the chunk of its compressed exchange
+// predicted fastest (unless chunk_bytes was set). A forced algorithm still wins; with
+// args.codecAuto it gets the codec predicted fastest on it. Without a profile, args.codecAuto
+// runs lossless.
 Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& config,
                   const LinkProfile* profile);
 

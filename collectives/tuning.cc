@@ -126,7 +126,7 @@ double rate(size_t bytes, F&& f) {
 constexpr int kPings = 16;
 constexpr uint32_t kPingTag = 0;       // [0, kPings)
 constexpr uint32_t kPairBulkTag = 100;  // [100, 100 + kBulks)
-constexpr uint32_t kNodeBulkTag = 200;  // [200, 202)
+constexpr uint32_t kNodeBulkTag = 200;  // [200, 203)
 constexpr uint32_t kBarrierTag = 1000;  // + 32 x barrier + round
 constexpr int kBulks = 2;
 constexpr size_t kInterBulkBytes = size_t{4} << 20;
@@ -243,6 +243,7 @@ struct ProbeContexts {
   std::unique_ptr<detail::Context> main;
   std::unique_ptr<detail::Context> cross;  // this rank's shard across nodes, where it has one
   std::unique_ptr<detail::Context> local;  // this rank's node, where it has a local group
+  std::unique_ptr<detail::Context> oneSocket;  // the inter-node one, one connection a peer
 
   // After a failed probe: ends what is still in flight before the scratch memory goes, and
   // keeps (leaks) the memory a stuck transfer may still target.
@@ -252,7 +253,7 @@ struct ProbeContexts {
       if (h->cross.transport) h->cross.transport->abort(why);
       if (h->local.transport) h->local.transport->abort(why);
     }
-    for (auto* ctx : {main.get(), cross.get(), local.get()}) {
+    for (auto* ctx : {main.get(), cross.get(), local.get(), oneSocket.get()}) {
       if (ctx == nullptr) continue;
       detail::Context::Leftover left = ctx->takeUnfinished();
       if (left.requests.empty()) {
@@ -292,9 +293,12 @@ Result<LinkProfile> probeLinks(Store& store, const TuningTarget& t, ProbeContext
     // A first, untimed transfer warms every shard's connections.
     // Each shard sends what one pair moves in ~30 ms (rank 0 says how much): on fast links a
     // fixed 4 MB took a few ms, no more than the barriers around it on a busy machine.
+    // Then the same over one connection a peer (tcp with several): the planner's socket count.
+    const bool sockets = t.transport == "tcp" && t.config->nsocks > 1;
     double nodeSeconds = 0;
+    double oneSocketSeconds = 0;
     size_t nodeBytes = kInterBulkBytes;
-    if (shards > 1) {
+    if (shards > 1 || sockets) {
       if (t.rank == 0) {
         NANOCCL_ASSIGN_OR_RETURN(const double pair, fetch(store, "inter/pair_s", deadline));
         const double want = static_cast<double>(kInterBulkBytes) / pair * kNodeProbeSeconds;
@@ -309,23 +313,30 @@ Result<LinkProfile> probeLinks(Store& store, const TuningTarget& t, ProbeContext
       if (inter != nullptr) {
         NANOCCL_CHECK(probePair(*inter, 0, 1, 0, nodeBytes, kNodeBulkTag, 1).status());
       }
-      NANOCCL_CHECK(sync());
-      Clock::time_point t0 = Clock::now();
-      NANOCCL_CHECK(sync());
-      const double empty = secondsSince(t0);
-      t0 = Clock::now();
-      if (inter != nullptr) {
-        NANOCCL_CHECK(probePair(*inter, 0, 1, 0, nodeBytes, kNodeBulkTag + 1, 1).status());
+      // Every shard at once on `ctx`, timed by rank 0 from one barrier to the next.
+      const auto allShards = [&](detail::Context* ctx, uint32_t tag) -> Result<double> {
+        NANOCCL_CHECK(sync());
+        Clock::time_point t0 = Clock::now();
+        NANOCCL_CHECK(sync());
+        const double empty = secondsSince(t0);
+        t0 = Clock::now();
+        if (ctx != nullptr) NANOCCL_CHECK(probePair(*ctx, 0, 1, 0, nodeBytes, tag, 1).status());
+        NANOCCL_CHECK(sync());
+        return std::max(secondsSince(t0) - empty, 1e-6);
+      };
+      NANOCCL_ASSIGN_OR_RETURN(nodeSeconds, allShards(inter, kNodeBulkTag + 1));
+      if (sockets) {
+        if (inter != nullptr) ctxs.oneSocket = inter->withLanes(1);
+        NANOCCL_ASSIGN_OR_RETURN(oneSocketSeconds, allShards(ctxs.oneSocket.get(),
+                                                             kNodeBulkTag + 2));
       }
-      NANOCCL_CHECK(sync());
-      nodeSeconds = std::max(secondsSince(t0) - empty, 1e-6);
     }
     NANOCCL_CHECK(sync());
     if (t.rank == 0) {
       NANOCCL_ASSIGN_OR_RETURN(out.inter, collectPair(store, "inter", kInterBulkBytes, deadline));
-      if (shards > 1) {
-        out.inter.nodeMBps = static_cast<double>(nodeBytes) * shards / nodeSeconds / 1e6;
-      }
+      const double moved = static_cast<double>(nodeBytes) * shards / 1e6;
+      if (shards > 1 || sockets) out.inter.nodeMBps = moved / nodeSeconds;
+      if (sockets) out.inter.oneSocketMBps = moved / oneSocketSeconds;
     }
   }
   // Intra-node: local ranks 0 and 1 of the first node with two ranks, over the transport the
@@ -414,6 +425,9 @@ std::string LinkProfile::toText() const {
   s += "nsocks " + std::to_string(nsocks) + "\n";
   s += "measured " + measured + "\n";
   s += classLine("inter", inter);
+  if (inter.present && inter.oneSocketMBps > 0) {
+    s += "inter_one_socket_MBps " + number(inter.oneSocketMBps) + "\n";
+  }
   s += classLine("intra", intra);
   s += "reduce_MBps " + number(reduceMBps) + "\n";
   s += "cpu_share " + number(cpuShare) + "\n";
@@ -473,6 +487,10 @@ Result<LinkProfile> LinkProfile::parse(const std::string& text, const std::strin
                               at));
       continue;
     }
+    if (key == "inter_one_socket_MBps") {
+      NANOCCL_CHECK(readRates(tok, 0, {{"inter_one_socket_MBps", &p.inter.oneSocketMBps}}, at));
+      continue;
+    }
     if (key == "reduce_MBps") {
       NANOCCL_CHECK(readRates(tok, 0, {{"reduce_MBps", &p.reduceMBps}}, at));
       continue;
@@ -514,6 +532,9 @@ Result<LinkProfile> LinkProfile::parse(const std::string& text, const std::strin
     if (std::find(seen.begin(), seen.end(), required) == seen.end()) {
       return invalidArgument(where + ": no '" + required + "' record (not a link profile?)");
     }
+  }
+  if (p.inter.oneSocketMBps > 0 && !p.inter.present) {
+    return invalidArgument(where + ": 'inter_one_socket_MBps' with 'inter none'");
   }
   return p;
 }
@@ -657,7 +678,8 @@ std::string planningSettings(const Config& c) {
   return "NANOCCL_TUNING=" + c.tuning + " NANOCCL_COMPRESSION=" + c.compression +
          " NANOCCL_COMPRESSION_ALLOW=" + c.compressionAllow +
          " NANOCCL_COMPRESSION_BLOCK=" + std::to_string(c.compressionBlock) +
-         " NANOCCL_CHUNK_BYTES=" + std::to_string(c.chunkBytes);
+         " NANOCCL_CHUNK_BYTES=" + (c.chunkBytesSet ? std::to_string(c.chunkBytes) : "(planned)") +
+         " NANOCCL_NSOCKS=" + (c.nsocksSet ? std::to_string(c.nsocks) : "(planned)");
 }
 
 // Rank 0, when measuring: the profile's text, from what every rank probed.

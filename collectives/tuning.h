@@ -25,6 +25,7 @@
 //   nsocks 2
 //   measured 2026-11-24T15:02:11Z
 //   inter alpha_us 61.2 pair_MBps 117.5 node_MBps 118.1     (or: inter none)
+//   inter_one_socket_MBps 119.0    node_MBps over one connection a peer (optional)
 //   intra alpha_us 9.1 pair_MBps 3100 node_MBps 3100        (or: intra none)
 //   reduce_MBps 5200                float32 sum, one core, per byte of input
 //   cpu_share 0.5                   cores of rank 0's host / ranks of the job on it, at most 1
@@ -53,6 +54,10 @@ struct LinkClassProfile {
   // inter: every shard of node 0 (local ranks below the smallest node's size) sending to its
   // peer on node 1 at once; intra: the pair's rate (not measured separately yet)
   double nodeMBps = 0;
+  // inter over tcp with nsocks > 1: the same as nodeMBps over one connection a peer (0: not
+  // measured). The planner's socket count weighs the two; there nodeMBps comes from the same
+  // probe on all connections, also on flat topologies (one shard), where it was the pair's.
+  double oneSocketMBps = 0;
 };
 
 struct CodecRates {

@@ -115,7 +115,14 @@ const std::vector<Field>& fields() {
          return Status::ok();
        },
        [](const Config& c) { return c.tcpEngine; }},
-      intField("nsocks", &Config::nsocks, 1, 64),
+      {"nsocks",
+       [](Config& c, const std::string& v) {
+         NANOCCL_ASSIGN_OR_RETURN(const int64_t x, parseInt("nsocks", v, 1, 64));
+         c.nsocks = static_cast<int>(x);
+         c.nsocksSet = true;  // forced: the planner does not choose the sockets
+         return Status::ok();
+       },
+       [](const Config& c) { return std::to_string(c.nsocks); }},
       intField("stripe_min_bytes", &Config::stripeMinBytes, 1),
       {"algo",
        [](Config& c, const std::string& v) {
@@ -123,7 +130,15 @@ const std::vector<Field>& fields() {
          return Status::ok();
        },
        [](const Config& c) { return c.algo; }},
-      intField("chunk_bytes", &Config::chunkBytes, 1024),
+      {"chunk_bytes",
+       [](Config& c, const std::string& v) {
+         NANOCCL_ASSIGN_OR_RETURN(const int64_t x, parseInt("chunk_bytes", v, 1024,
+                                                            std::numeric_limits<int64_t>::max()));
+         c.chunkBytes = static_cast<size_t>(x);
+         c.chunkBytesSet = true;  // forced: the planner does not choose the chunk
+         return Status::ok();
+       },
+       [](const Config& c) { return std::to_string(c.chunkBytes); }},
       intField("small_message_bytes", &Config::smallMessageBytes, 0),
       intField("spin_us", &Config::spinUs, 0, 1000000),
       intField("timeout_ms", &Config::timeoutMs, 1),

@@ -22,13 +22,19 @@ struct Config {
   // "auto" (io_uring when the kernel allows it, else epoll), "uring" or "epoll".
   std::string tcpEngine = "auto";
   // TCP connections per peer; messages of at least stripeMinBytes are striped across them.
+  // With a link profile that measured one connection a peer as fast, every call the planner
+  // plans travels on one (OpFingerprint::lanes) unless this was set (nsocksSet).
   int nsocks = 2;
+  bool nsocksSet = false;  // nsocks given by the environment or the Options
   size_t stripeMinBytes = 256 * 1024;
   // Collective algorithm: "auto", or a name from the algorithm table (ring, recursive_doubling,
   // tree, ...). Forcing one that cannot run the call is an error.
   std::string algo = "auto";
-  // Pipelining unit of the ring algorithms, in bytes.
+  // Pipelining unit of the ring algorithms and of the compressed exchange, in bytes. With a
+  // link profile, the planner picks the compressed exchange's chunk per call from its
+  // candidates (collectives/planner.h) unless this was set (chunkBytesSet).
   size_t chunkBytes = 1 << 20;
+  bool chunkBytesSet = false;  // chunk_bytes given by the environment or the Options
   // Messages up to this size use the small-message (latency) algorithms under "auto".
   size_t smallMessageBytes = 64 * 1024;
   // How long a thread waiting on a call in flight polls before it sleeps, in microseconds

@@ -27,6 +27,7 @@ std::string OpFingerprint::describe() const {
     s += codec < kNumCodecNames ? kCodecNames[codec] : "unknown codec";
     s += " across nodes";
   }
+  if (lanes != 0) s += ", " + std::to_string(lanes) + (lanes == 1 ? " socket" : " sockets") + " a peer";
   s += ")";
   return s;
 }

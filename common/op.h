@@ -44,15 +44,18 @@ struct OpFingerprint {
                        // (0 where counts are per peer pair, e.g. alltoall)
   uint64_t seq = 0;    // the communicator's collective sequence number (0 for p2p)
   uint8_t codec = 0;   // the inter-node codec's wire id (kCodecNames); 0: lossless
+  // How many of a peer's connections the call's large messages are striped over (tcp; the
+  // planner's socket count, collectives/planner.h); 0: all of them.
+  uint8_t lanes = 0;
 
   bool operator==(const OpFingerprint& o) const {
     return op == o.op && dtype == o.dtype && redop == o.redop && root == o.root &&
-           count == o.count && seq == o.seq && codec == o.codec;
+           count == o.count && seq == o.seq && codec == o.codec && lanes == o.lanes;
   }
   bool operator!=(const OpFingerprint& o) const { return !(*this == o); }
 
   // "allreduce #7 (float32 x 1024, sum)", "broadcast #3 (int64 x 8, root 1)",
-  // "allreduce #9 (float32 x 4096, sum, int8 across nodes)".
+  // "allreduce #9 (float32 x 4096, sum, int8 across nodes)", "... 1 socket a peer)".
   std::string describe() const;
 };
 

@@ -124,6 +124,7 @@ py::dict linkClassDict(const nanoccl::LinkClassProfile& c) {
   d["alpha_us"] = c.alphaUs;
   d["pair_MBps"] = c.pairMBps;
   d["node_MBps"] = c.nodeMBps;
+  d["one_socket_MBps"] = c.oneSocketMBps > 0 ? py::object(py::float_(c.oneSocketMBps)) : py::none();
   return d;
 }
 

@@ -21,6 +21,7 @@ constexpr uint16_t kVersion = 1;
 constexpr uint64_t kMaxMessageBytes = uint64_t{1} << 40;
 // Largest abort text.
 constexpr uint32_t kMaxAbortText = 4096;
+constexpr uint8_t kMaxFrameLanes = 64;  // OpFingerprint::lanes, at most (tcp's sockets a peer)
 
 enum class FrameKind : uint8_t {
   kData = 1,
@@ -37,7 +38,7 @@ struct FrameHeader {
   DataType dtype;
   ReduceOp redop;
   uint8_t codec;  // OpFingerprint::codec
-  uint8_t reserved0;
+  uint8_t lanes;  // OpFingerprint::lanes
   int32_t root;
   uint32_t tag;
   uint32_t reserved1;
@@ -61,6 +62,7 @@ inline FrameHeader dataFrameHeader(const OpFingerprint& fp, uint32_t tag, uint64
   h.dtype = fp.dtype;
   h.redop = fp.redop;
   h.codec = fp.codec;
+  h.lanes = fp.lanes;
   h.root = fp.root;
   h.tag = tag;
   h.seq = seq;
@@ -91,6 +93,7 @@ inline OpFingerprint fingerprintOf(const FrameHeader& h) {
   fp.count = h.count;
   fp.seq = h.op == OpType::kSendRecv ? 0 : h.seq;
   fp.codec = h.codec;
+  fp.lanes = h.lanes;
   return fp;
 }
 
@@ -112,6 +115,7 @@ inline Status validateFrameHeader(const FrameHeader& h) {
     return protocolError("bad op in frame");
   }
   if (h.codec >= kNumCodecNames) return protocolError("bad codec in frame");
+  if (h.lanes > kMaxFrameLanes) return protocolError("bad socket count in frame");
   if (static_cast<uint32_t>(h.dtype) >= static_cast<uint32_t>(DataType::kNumTypes)) {
     return protocolError("bad dtype in frame");
   }

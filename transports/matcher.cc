@@ -22,14 +22,15 @@ uint64_t Matcher::wireSeq(const BasicRequest& send) {
 }
 
 std::vector<Part> Matcher::partsOf(const FrameHeader& h) const {
-  return o_.parts(h.op, h.seq, h.tag, h.total);
+  return o_.parts(h.op, h.seq, h.tag, h.total, h.lanes);
 }
 
 std::vector<Part> Matcher::partsOf(const BasicRequest& recv) const {
   const OpFingerprint& fp = recv.env.fingerprint;
   // A point-to-point receive does not know the sender's message number; its lanes do not
   // depend on it.
-  return o_.parts(fp.op, fp.op == OpType::kSendRecv ? 0 : fp.seq, recv.env.tag, recv.bytes);
+  return o_.parts(fp.op, fp.op == OpType::kSendRecv ? 0 : fp.seq, recv.env.tag, recv.bytes,
+                  fp.lanes);
 }
 
 Status Matcher::matchCheck(const BasicRequest& req, const FrameHeader& h, int from) const {

@@ -50,7 +50,10 @@ struct MatcherOptions {
   // Which lanes carry which bytes of a message: every byte on exactly one lane, in offset
   // order, one part (lane 0 from offset 0) for an empty message. `op` is kSendRecv for
   // point-to-point messages, whose `seq` is the sender's message number.
-  std::function<std::vector<Part>(OpType op, uint64_t seq, uint32_t tag, uint64_t total)> parts;
+  // `lanes` is the message's OpFingerprint::lanes (0: every lane).
+  std::function<std::vector<Part>(OpType op, uint64_t seq, uint32_t tag, uint64_t total,
+                                  int lanes)>
+      parts;
   // Frames land synchronously and in order (shm copies them as they come): a receive that
   // meets a partly arrived message takes the bytes held so far and the rest lands directly in
   // its buffer. Otherwise (tcp, where a held part may still be in flight) it is copied out

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 
 #include "collectives/codec/codec.h"
 #include "collectives/planner.h"
@@ -73,6 +75,14 @@ Plan planned(CallArgs args, const LinkProfile* p, Config c = Config()) {
 }
 
 std::string codecName(const Plan& p) { return p.codec == nullptr ? "none" : p.codec->name; }
+
+// The allreduce row of that name on k2x2, as NANOCCL_ALGO names one (null: none).
+const detail::AlgorithmRow* allreduceRow(const char* name) {
+  Config c;
+  c.algo = name;
+  Result<const detail::AlgorithmRow*> row = detail::planAlgorithm(allreduce(64 << 20), k2x2, c);
+  return row.isOk() ? row.value() : nullptr;
+}
 
 TEST(CostModel, SlowLinksTakeTheCodecForLargeMessagesAndLosslessForSmallOnes) {
   const LinkProfile p = slowLinks();
@@ -265,6 +275,39 @@ TEST_F(AutoWorld, SlowLinksCompressAndStatsShowPredictedAndMeasured) {
   }
 }
 
+// One connection a peer as fast as all of them (the emulated 1 Gbit/s link): the planned calls
+// carry lanes 1 in their fingerprint (an error names it) and give the same results everywhere.
+TEST_F(AutoWorld, OneSocketAsFastAsAllCarriesThePlannedCalls) {
+  LinkProfile p = slowLinks();
+  p.inter.oneSocketMBps = p.inter.nodeMBps;
+  std::vector<std::shared_ptr<Communicator>> comms;
+  makeWorld(p, comms);
+  if (comms.empty()) return;
+  const size_t count = size_t{2} << 20;  // 8 MB
+  const auto bufs = run(comms, count);
+  for (size_t i = 0; i < count; i += 997) {
+    for (size_t r = 1; r < bufs.size(); ++r) ASSERT_EQ(bufs[r][i], bufs[0][i]) << r << " " << i;
+  }
+  EXPECT_NEAR(bufs[0][1234], std::sin(1.234f) * 10.0f, 0.05);
+  // The nodes disagree about the next call's size: the mismatch shows the calls as stamped.
+  std::vector<std::vector<float>> wrong = {std::vector<float>(count), std::vector<float>(count),
+                                           std::vector<float>(count + 4096),
+                                           std::vector<float>(count + 4096)};
+  std::vector<std::shared_ptr<Task>> tasks;
+  for (size_t r = 0; r < comms.size(); ++r) {
+    tasks.push_back(comms[r]->allreduce(wrong[r].data(), wrong[r].size(), DataType::kFloat32,
+                                        ReduceOp::kSum));
+  }
+  const std::vector<Status> st = colltest::waitAll(tasks, std::chrono::seconds(40));
+  bool named = false;
+  for (size_t r = 0; r < st.size(); ++r) {
+    EXPECT_FALSE(st[r].isOk()) << "rank " << r;
+    named = named || (st[r].code() == StatusCode::kMismatch &&
+                      st[r].message().find("1 socket a peer") != std::string::npos);
+  }
+  EXPECT_TRUE(named) << st[0].toString() << "\n" << st[2].toString();
+}
+
 TEST_F(AutoWorld, FastLinksStayLossless) {
   std::vector<std::shared_ptr<Communicator>> comms;
   makeWorld(fastLinks(), comms);
@@ -276,6 +319,98 @@ TEST_F(AutoWorld, FastLinksStayLossless) {
   const CommStats s = comms[0]->stats();
   ASSERT_EQ(s.modelled.size(), 1u);
   EXPECT_EQ(s.modelled[0].what, "allreduce/hierarchical");
+}
+
+// The chunk of the compressed exchange: weighed per call from the candidates, the same for
+// every size where the candidates cut a round's segments alike, and the user's when set.
+TEST(CostModel, TheCompressedChunkIsPlannedUnlessSet) {
+  const LinkProfile p = slowLinks();
+  for (size_t bytes : {size_t{1} << 20, size_t{64} << 20, size_t{256} << 20}) {
+    CallArgs a = allreduce(bytes);
+    a.codecAuto = true;
+    const Plan plan = planned(a, &p);
+    ASSERT_EQ(codecName(plan), "int8") << bytes;
+    const auto& c = detail::kCodecChunkCandidates;
+    EXPECT_NE(std::find(std::begin(c), std::end(c), plan.codecChunkBytes), std::end(c)) << bytes;
+    // No candidate is predicted faster than the one chosen.
+    for (size_t chunk : c) {
+      CallArgs t = a;
+      t.codec = plan.codec;
+      t.codecParams = plan.codecParams;
+      t.codecChunkBytes = chunk;
+      EXPECT_GE(detail::predictSeconds(*plan.row, t, k2x2, p, Config().chunkBytes),
+                plan.predictedSeconds) << bytes << " " << chunk;
+    }
+  }
+  // 1 MB: every round's segment (256 KiB of float32 a rank) fits one chunk of any candidate,
+  // so the default wins the tie.
+  CallArgs small = allreduce(1 << 20);
+  small.codecAuto = true;
+  EXPECT_EQ(planned(small, &p).codecChunkBytes, Config().chunkBytes);
+  // Set by the user: kept, at every size; lossless calls carry no codec chunk.
+  Config c;
+  ASSERT_TRUE(c.set("chunk_bytes", "65536").isOk());
+  EXPECT_TRUE(c.chunkBytesSet);
+  CallArgs big = allreduce(256 << 20);
+  big.codecAuto = true;
+  EXPECT_EQ(planned(big, &p, c).codecChunkBytes, 65536u);
+  EXPECT_EQ(planned(allreduce(256 << 20), &p).codecChunkBytes, 0u);
+  EXPECT_FALSE(Config().chunkBytesSet);
+}
+
+// The socket count: one connection a peer unless all of them measured 10% faster; never
+// where the user set nsocks or the profile did not measure one.
+TEST(CostModel, OneSocketUnlessAllAreClearlyFaster) {
+  LinkProfile p = slowLinks();
+  const Config defaults;
+  EXPECT_EQ(detail::plannedLanes(defaults, p), 0);  // not measured
+  p.inter.oneSocketMBps = p.inter.nodeMBps / 1.05;
+  EXPECT_EQ(detail::plannedLanes(defaults, p), 1);
+  CallArgs a = allreduce(64 << 20);
+  a.codecAuto = true;
+  EXPECT_EQ(planned(a, &p).lanes, 1);
+  EXPECT_EQ(planned(allreduce(4), &p).lanes, 1);  // every planned call alike
+  EXPECT_EQ(planned(a, nullptr).lanes, 0);         // no profile: all of them
+  Config forced;
+  ASSERT_TRUE(forced.set("nsocks", "2").isOk());
+  EXPECT_EQ(detail::plannedLanes(forced, p), 0);
+  Config one;
+  one.nsocks = 1;
+  EXPECT_EQ(detail::plannedLanes(one, p), 0);
+  p.inter.oneSocketMBps = p.inter.nodeMBps / 1.5;  // one connection cannot fill the link
+  EXPECT_EQ(detail::plannedLanes(defaults, p), 0);
+  // The model prices one connection at its own measured rate.
+  CallArgs m = allreduce(64 << 20);
+  const detail::AlgorithmRow* ring = allreduceRow("ring");
+  ASSERT_NE(ring, nullptr);
+  const double all = detail::predictSeconds(*ring, m, k2x2, p, 1 << 20);
+  m.lanes = 1;
+  EXPECT_GT(detail::predictSeconds(*ring, m, k2x2, p, 1 << 20), 1.3 * all);
+}
+
+// More chunks a round pay more messages and hide more of the turn: chunks far smaller than the
+// candidates cost more than they hide, and one chunk a round exposes the turn.
+TEST(CostModel, TinyChunksPayForTheirMessages) {
+  LinkProfile p = slowLinks();
+  CallArgs a = allreduce(64 << 20);
+  a.codec = codec::findCodec("int8").value();
+  const detail::AlgorithmRow* row = allreduceRow("hierarchical");
+  ASSERT_NE(row, nullptr);
+  auto at = [&](size_t chunk) {
+    CallArgs t = a;
+    t.codecChunkBytes = chunk;
+    return detail::predictSeconds(*row, t, k2x2, p, 1 << 20);
+  };
+  EXPECT_GT(at(4 << 10), at(256 << 10));
+  EXPECT_GT(at(16 << 10), at(256 << 10));
+  // A slow turn (a slow codec): chunks whose wire time covers it win over one chunk a round.
+  for (CodecRates& c : p.codecs) c = {c.name, 500, 500, 500};
+  CallArgs big = allreduce(256 << 20);
+  big.codec = a.codec;
+  big.codecChunkBytes = 1 << 20;
+  const double one = detail::predictSeconds(*row, big, k2x2, p, 1 << 20);
+  big.codecChunkBytes = 256 << 10;
+  EXPECT_LT(detail::predictSeconds(*row, big, k2x2, p, 1 << 20), one);
 }
 
 TEST(CostModelSettings, CompressionAllowIsChecked) {

@@ -69,6 +69,7 @@ TEST(LinkProfileText, RoundTrips) {
   EXPECT_TRUE(back.value().inter.present);
   EXPECT_DOUBLE_EQ(back.value().inter.alphaUs, 61.25);
   EXPECT_DOUBLE_EQ(back.value().intra.nodeMBps, 3000);
+  EXPECT_DOUBLE_EQ(back.value().inter.oneSocketMBps, 0);  // optional, and absent here
   ASSERT_EQ(back.value().codecs.size(), 2u);
   EXPECT_EQ(back.value().codecs[0].name, "int8");
   EXPECT_DOUBLE_EQ(back.value().codecs[0].accumulateMBps, 3000);
@@ -76,6 +77,34 @@ TEST(LinkProfileText, RoundTrips) {
   EXPECT_FALSE(back.value().fits("2x2", "tcp", 1));
   EXPECT_FALSE(back.value().fits("2x1", "tcp", 2));
   EXPECT_FALSE(back.value().fits("2x2", "fabric", 2));
+}
+
+TEST(LinkProfileText, TheOneSocketRateRoundTrips) {
+  LinkProfile p = sampleProfile();
+  p.inter.oneSocketMBps = 116.5;
+  const std::string text = p.toText();
+  EXPECT_NE(text.find("inter_one_socket_MBps 116.5\n"), std::string::npos) << text;
+  Result<LinkProfile> back = LinkProfile::parse(text, "test");
+  ASSERT_TRUE(back.isOk()) << back.status().toString();
+  EXPECT_DOUBLE_EQ(back.value().inter.oneSocketMBps, 116.5);
+  EXPECT_EQ(back.value().toText(), text);
+  const std::string without = sampleProfile().toText();
+  for (const auto& [bad, why] : std::vector<std::pair<std::string, std::string>>{
+           {"inter_one_socket_MBps 0", "expected a number > 0"},
+           {"inter_one_socket_MBps x", "expected a number > 0"},
+           {"inter_one_socket_MBps 5 node_MBps 5", "takes inter_one_socket_MBps"}}) {
+    Result<LinkProfile> r = LinkProfile::parse(without + bad + "\n", "f.txt");
+    EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << bad;
+    EXPECT_NE(r.status().message().find(why), std::string::npos) << r.status().toString();
+  }
+  Result<LinkProfile> twice = LinkProfile::parse(text + "inter_one_socket_MBps 5\n", "f.txt");
+  EXPECT_NE(twice.status().message().find("given twice"), std::string::npos);
+  LinkProfile flat = sampleProfile();
+  flat.inter = LinkClassProfile{};
+  Result<LinkProfile> orphan =
+      LinkProfile::parse(flat.toText() + "inter_one_socket_MBps 5\n", "f.txt");
+  EXPECT_NE(orphan.status().message().find("with 'inter none'"), std::string::npos)
+      << orphan.status().toString();
 }
 
 TEST(LinkProfileText, AbsentLinkClassesRoundTrip) {
@@ -257,6 +286,9 @@ TEST_P(MeasuredProfile, EveryRankHoldsRankZerosMeasurement) {
     EXPECT_GT(cls->pairMBps, 0);
     EXPECT_GT(cls->nodeMBps, 0);
   }
+  // Two connections a peer (the default): the one-socket probe ran too.
+  EXPECT_EQ(p.inter.oneSocketMBps > 0, c.inter);
+  EXPECT_EQ(p.intra.oneSocketMBps, 0);
   EXPECT_EQ(p.codecs.size(), 4u);
   EXPECT_GT(p.cpuShare, 0);
   EXPECT_LE(p.cpuShare, 1);

@@ -160,7 +160,8 @@ def test_predictions_and_the_ddp_bucket_follow_the_profile(tmp_path: Path) -> No
     assert all(o == outs[0] for o in outs), outs  # every rank, the same answers
     o = outs[0]
     assert o["auto"][:2] == ["hierarchical", "int8"] and o["auto"][2] > 0
-    assert o["small"][:2] == ["recursive_doubling", "none"]
+    assert o["auto"][3] in (256 << 10, 1 << 20, 4 << 20)  # the compressed exchange's chunk
+    assert o["small"][:2] == ["recursive_doubling", "none"] and o["small"][3] == 0
     assert o["bf16"][1] == "int8"
     # Communication-bound: the fewest buckets, so the smallest candidate that holds all
     # 48.05 MiB of gradients; compute-bound (30 s of backward): the smallest candidate, whose
@@ -171,6 +172,58 @@ def test_predictions_and_the_ddp_bucket_follow_the_profile(tmp_path: Path) -> No
     # Fusion threshold from the profile: a size where a call's fixed cost is at most a tenth.
     assert o["fuse"] in [1 << k for k in range(14, 27)] and o["fuse_plain"] == 0
     assert "needs a link profile" in o["refused"]
+
+
+# Two nodes of one rank, codecs far slower than the link: the owner's turn is long, so the
+# model cuts each segment in small chunks (the flat compressed row: one round, no blocks).
+SLOW_CODEC_PROFILE = """version 1
+shape 2x1
+transport tcp
+nsocks 2
+measured 2026-11-24T00:00:00Z
+inter alpha_us 60 pair_MBps 117 node_MBps 117
+intra none
+reduce_MBps 8000
+cpu_share 1
+codec int8 encode_MBps 300 decode_MBps 300 accumulate_MBps 300
+"""
+
+CHUNKED = """
+import datetime, json, torch, torch.distributed as dist, nanoccl
+dist.init_process_group('nanoccl', timeout=datetime.timedelta(seconds=60))
+x = torch.arange(1 << 20, dtype=torch.float32).sin()  # 4 MB
+out = {'chunk': nanoccl.get_backend().predict_allreduce(x.numel(), torch.float32)[3]}
+for chunk in (None, 262144, 1048576):
+    g = None if chunk is None else dist.new_group(
+        backend='nanoccl', pg_options=nanoccl.Options(chunk_bytes=chunk))
+    y = x.clone()
+    before = nanoccl.stats(g)['bytes_sent']
+    dist.all_reduce(y, group=g)
+    out[str(chunk)] = [nanoccl.stats(g)['bytes_sent'] - before, float((y - 2 * x).abs().max())]
+print('RESULT', json.dumps(out))
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.timeout(180)
+def test_the_planned_chunk_is_the_one_the_exchange_runs(tmp_path: Path) -> None:
+    """The chunk the model picks reaches compressed.cc: the planned group sends what a group
+    forced to that chunk sends (every chunk is a stream with a header of its own, so other
+    chunks send other byte counts), with a correct result."""
+    import json
+    path = tmp_path / "slow_codec.txt"
+    path.write_text(SLOW_CODEC_PROFILE)
+    results = run_ranks([sys.executable, "-c", CHUNKED], ["a", "b"],
+                        env={"NANOCCL_COMPRESSION": "int8", "NANOCCL_TUNING": "cached",
+                             "NANOCCL_TUNING_FILE": str(path)})
+    for r in results:
+        assert r.returncode == 0, r.stdout + r.stderr
+    o = json.loads([ln for ln in results[0].stdout.splitlines()
+                    if ln.startswith("RESULT ")][0][len("RESULT "):])
+    assert o["chunk"] == 262144, o
+    assert o["None"][0] == o["262144"][0] != o["1048576"][0], o
+    for key in ("None", "262144", "1048576"):
+        assert o[key][1] < 0.05, o  # int8 of sums in [-2, 2]: within ~2/127 per element
 
 
 @pytest.mark.parametrize("layout", ["one dtype", "two dtypes", "large layers"])

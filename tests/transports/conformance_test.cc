@@ -268,6 +268,57 @@ TEST_P(Conformance, MismatchedCallsFailOnBothRanksNamingBoth) {
   (void)s1->wait(soon());
 }
 
+// OpFingerprint::lanes: a call's messages on only some of a peer's connections (tcp; other
+// transports carry it in the fingerprint and have one path anyway). Every size arrives whole,
+// whether the message is striped or not, early or late.
+TEST_P(Conformance, ACallOnFewerLanesDeliversEverySize) {
+  auto ts = mesh(2);
+  ASSERT_EQ(ts.size(), 2u);
+  uint32_t tag = 0;
+  for (uint8_t lanes : {1, 2, 64}) {
+    for (size_t n : {size_t{0}, size_t{5}, size_t{300000}, size_t{(3 << 20) + 7}}) {
+      const auto src = pattern(n, n + lanes);
+      std::vector<uint8_t> dst(n, 0);
+      Envelope env = collectiveEnvelope(1, tag++, 1);
+      env.fingerprint.lanes = lanes;
+      // Half of them sent before the receive is posted.
+      std::shared_ptr<Request> r, s;
+      if (tag % 2 == 0) r = ts[1]->irecv(0, env, dst.data(), n);
+      s = ts[0]->isend(1, env, src.data(), n);
+      ASSERT_TRUE(s->wait(soon()).isOk());
+      if (tag % 2 == 1) r = ts[1]->irecv(0, env, dst.data(), n);
+      const Status st = r->wait(soon());
+      ASSERT_TRUE(st.isOk()) << st.toString();
+      EXPECT_TRUE(src == dst) << "size " << n << ", lanes " << int{lanes};
+    }
+  }
+}
+
+// Ranks that planned a call on different socket counts fail it as a mismatch naming it, on
+// both ranks, at once: never a receive waiting on a connection the sender did not use.
+TEST_P(Conformance, RanksThatDisagreeAboutACallsLanesFailNamingIt) {
+  auto ts = mesh(2);
+  ASSERT_EQ(ts.size(), 2u);
+  const size_t n = size_t{1} << 20;  // striped where there are several connections
+  std::vector<uint8_t> a(n, 1), b(n), c(n, 2), d(n);
+  Envelope one = collectiveEnvelope(4, 0, n);
+  one.fingerprint.lanes = 1;
+  const Envelope all = collectiveEnvelope(4, 0, n);
+  auto r0 = ts[0]->irecv(1, one, b.data(), n);
+  auto s0 = ts[0]->isend(1, one, a.data(), n);
+  auto r1 = ts[1]->irecv(0, all, d.data(), n);
+  auto s1 = ts[1]->isend(0, all, c.data(), n);
+  for (auto* r : {&r0, &r1}) {
+    const Status st = (*r)->wait(soon());
+    ASSERT_FALSE(st.isOk());
+    EXPECT_TRUE(st.code() == StatusCode::kMismatch || st.code() == StatusCode::kPeerError)
+        << st.toString();
+    EXPECT_NE(st.message().find("1 socket a peer"), std::string::npos) << st.message();
+  }
+  (void)s0->wait(soon());
+  (void)s1->wait(soon());
+}
+
 TEST_P(Conformance, DifferentOpsAtTheSameCallFailAtOnceWhateverTheTags) {
   for (bool receiveFirst : {true, false}) {
     auto ts = mesh(2);

@@ -23,7 +23,7 @@ MatcherOptions twoLanes(bool inOrder = false) {
   o.size = 3;
   o.lanes = 2;
   o.landsInOrder = inOrder;
-  o.parts = [](OpType op, uint64_t seq, uint32_t tag, uint64_t total) {
+  o.parts = [](OpType op, uint64_t seq, uint32_t tag, uint64_t total, int) {
     if (op == OpType::kSendRecv) return std::vector<Part>{{0, 0, total}};
     if (total < 8) return std::vector<Part>{{static_cast<int>((seq + tag) % 2), 0, total}};
     return std::vector<Part>{{0, 0, total / 2}, {1, total / 2, total - total / 2}};

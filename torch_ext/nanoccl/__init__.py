@@ -283,7 +283,8 @@ def link_profile(group: dist.ProcessGroup | None = None) -> dict[str, Any] | Non
     cached) and on a one-rank group. Otherwise a dict:
     shape ("2x2": nodes x ranks per node), transport, nsocks, measured (UTC time), "inter" and
     "intra" (alpha_us: one-way latency of a small message; pair_MBps: one rank pair;
-    node_MBps: every local rank of a node at once; None where the topology has no such link),
+    node_MBps: every local rank of a node at once; one_socket_MBps: the same over one
+    connection a peer, or None where not measured; None where the topology has no such link),
     reduce_MBps (float32 sum, one core), cpu_share (the share of a core each rank counts on:
     the host's cores over its ranks, at most 1), codecs ({name: encode/decode/accumulate_MBps}, per
     byte of float32 input) and text (the profile file's text). Rates are in 10^6 bytes/s.

@@ -184,6 +184,9 @@ def format_profile(p: dict[str, Any]) -> str:
         else:
             lines.append(f"{name:<11} {c['alpha_us']:>7.1f} us {c['pair_MBps']:>7.0f} MB/s "
                          f"{c['node_MBps']:>7.0f} MB/s")
+            if c.get("one_socket_MBps"):
+                lines.append(f"{'':<11} {'one socket a peer:':>23} {c['one_socket_MBps']:>7.0f} MB/s"
+                             "  (used unless all sockets are 10% faster)")
     lines.append(f"float32 reduce (one core): {p['reduce_MBps']:.0f} MB/s; each rank counts on "
                  f"{p['cpu_share']:.2f} of a core")
     lines.append(f"{'codec':<11} {'encode':>10} {'decode':>12} {'decode+add':>12}   "

@@ -350,7 +350,7 @@ class FabricTransport : public Transport {
   MatcherOptions matcherOptions() {
     MatcherOptions mo = matcherOptionsFor(o_, &counters_);
     mo.lanes = 1;  // a peer's frames are handled in its sending order
-    mo.parts = [](OpType, uint64_t, uint32_t, uint64_t total) {
+    mo.parts = [](OpType, uint64_t, uint32_t, uint64_t total, int) {
       return std::vector<Part>{{0, 0, total}};
     };
     mo.landsInOrder = true;

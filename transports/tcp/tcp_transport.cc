@@ -232,8 +232,8 @@ class TcpTransport : public Transport {
   MatcherOptions matcherOptions() {
     MatcherOptions mo = matcherOptionsFor(o_, &counters_);
     mo.lanes = std::clamp(o_.config.nsocks, 1, kMaxSocketsPerPeer);
-    mo.parts = [this](OpType op, uint64_t seq, uint32_t tag, uint64_t total) {
-      return layout(seq, tag, op, total);
+    mo.parts = [this](OpType op, uint64_t seq, uint32_t tag, uint64_t total, int lanes) {
+      return layout(seq, tag, op, total, lanes);
     };
     return mo;
   }
@@ -311,9 +311,12 @@ class TcpTransport : public Transport {
   }
 
   // The connections a message travels on: whole on one chosen from (seq, tag), or one stripe
-  // per connection; point-to-point always on connection 0.
-  std::vector<Part> layout(uint64_t seq, uint32_t tag, OpType op, uint64_t total) const {
-    const int nsocks = std::clamp(o_.config.nsocks, 1, kMaxSocketsPerPeer);
+  // per connection; point-to-point always on connection 0. `lanes` (the call's
+  // OpFingerprint::lanes, 0: all): only the first `lanes` connections carry the call.
+  std::vector<Part> layout(uint64_t seq, uint32_t tag, OpType op, uint64_t total,
+                           int lanes) const {
+    int nsocks = std::clamp(o_.config.nsocks, 1, kMaxSocketsPerPeer);
+    if (lanes > 0) nsocks = std::min(nsocks, lanes);
     if (op == OpType::kSendRecv) return {{0, 0, total}};
     if (nsocks == 1 || total < o_.config.stripeMinBytes) {
       return {{static_cast<int>((seq + tag) % static_cast<uint64_t>(nsocks)), 0, total}};
@@ -332,7 +335,7 @@ class TcpTransport : public Transport {
     if (!failed_.isOk()) return req->complete(failed_, -1);
     const OpFingerprint& fp = req->env.fingerprint;
     const uint64_t seq = matcher_.wireSeq(*req);
-    const auto stripes = layout(seq, req->env.tag, fp.op, req->bytes);
+    const auto stripes = layout(seq, req->env.tag, fp.op, req->bytes, fp.lanes);
     for (const Part& s : stripes) {
       if (peers_[req->peer][s.lane]->closed) {
         return failOnClose(connectionError(*peers_[req->peer][s.lane], 0), req);
