@@ -272,6 +272,25 @@ TEST_P(HandshakeTest, AReplayedHandshakeIsTurnedAway) {
   ASSERT_TRUE(setup0.get().isOk());
 }
 
+TEST_P(HandshakeTest, TheTimeoutNamesTheCauseNotALaterBareClose) {
+  // A rank holding another secret is turned away, then hangs up its other connection before
+  // saying anything: rank 0's timeout still names the secret, not the bare close.
+  const Config cfg = loopbackConfig(GetParam(), 1);
+  auto t0 = createTransport("tcp", optionsFor(0, 2, cfg)).value();
+  const std::string a0 = t0->listen().value();
+  auto setup = std::async(std::launch::async,
+                          [&] { return t0->connect({a0, "127.0.0.1:1"}, soon(3)); });
+  const int wrong = dial(a0);
+  EXPECT_FALSE(handshake(wrong, helloFor(1, 2), keyOf("not-the-secret")).ack.has_value());
+  EXPECT_TRUE(closedByPeer(wrong));
+  close(wrong);
+  const int bare = dial(a0);
+  close(bare);
+  const Status st = setup.get();
+  ASSERT_EQ(st.code(), StatusCode::kTimeout) << st.toString();
+  EXPECT_NE(st.message().find("no proof of the job secret"), std::string::npos) << st.message();
+}
+
 TEST_P(HandshakeTest, TheAcceptorMustProveTheSecretToo) {
   // Something else answers at rank 0's address with a Challenge it cannot sign: rank 1 fails
   // at once, naming it, and never sends a Proof an impostor could use.

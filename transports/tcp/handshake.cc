@@ -156,7 +156,7 @@ class MeshBuilder {
     return "rank " + std::to_string(p_.rank) + ": connection setup timed out waiting for rank(s) " +
            missing + " (listening on " + listener_.address.toString() + " via " +
            listener_.ifname + "; check NANOCCL_SOCKET_IFNAME and that every rank started" +
-           (lastRejection_.empty() ? "" : "; last connection turned away: " + lastRejection_) +
+           (rejection_.empty() ? "" : "; last connection turned away: " + rejection_) +
            ")";
   }
 
@@ -238,9 +238,17 @@ class MeshBuilder {
     }
   }
 
-  void drop(Pending& pc, const std::string& why) {
-    lastRejection_ = peerName(pc.fd) + ": " + why;
-    NANOCCL_WARN("rank " << p_.rank << ": rejected a connection from " << lastRejection_);
+  // Closes a connection that did not get in. `why` names a cause (a wrong secret, another
+  // communicator) unless `bare` (a peer that hung up): the timeout's message keeps the latest
+  // cause, which a bare close never overwrites; a rank with another secret hangs up its other
+  // connections too, and those may reach us first or last.
+  void drop(Pending& pc, const std::string& why, bool bare = false) {
+    const std::string rejection = peerName(pc.fd) + ": " + why;
+    if (!bare || !rejectionNamesCause_) {
+      rejection_ = rejection;
+      rejectionNamesCause_ = !bare;
+    }
+    NANOCCL_WARN("rank " << p_.rank << ": rejected a connection from " << rejection);
     close(pc.fd);
     pc.fd = -1;
   }
@@ -277,7 +285,7 @@ class MeshBuilder {
         } else if (pc.outgoing) {
           return peerError(outgoingWho(pc) + " closed the connection during setup");
         } else {
-          drop(pc, "closed before our answer was sent");
+          drop(pc, "closed before our answer was sent", /*bare=*/true);
           return Status::ok();
         }
       }
@@ -309,9 +317,12 @@ class MeshBuilder {
                            "different job, with another secret or communicator id?)");
         } else {
           // After our Challenge, a peer that cannot verify it (another secret) hangs up.
-          drop(pc, pc.phase == 0 ? "closed during the handshake"
-                                 : "closed after our challenge instead of proving the job "
-                                   "secret (a rank holding a different secret, or a stranger)");
+          if (pc.phase == 0) {
+            drop(pc, "closed during the handshake", /*bare=*/true);
+          } else {
+            drop(pc, "closed after our challenge instead of proving the job secret (a rank "
+                     "holding a different secret, or a stranger)");
+          }
           return Status::ok();
         }
       }
@@ -452,7 +463,8 @@ class MeshBuilder {
   std::vector<Pending> pending_;
   std::vector<std::tuple<int, int, Clock::time_point>> refused_;
   std::vector<std::vector<MeshLink>> links_;
-  std::string lastRejection_;
+  std::string rejection_;  // drop()'s: the last connection turned away, by cause first
+  bool rejectionNamesCause_ = false;
   int outgoingDone_ = 0;
   int incomingDone_ = 0;
   int expectedIncoming_ = 0;
