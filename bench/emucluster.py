@@ -9,13 +9,24 @@ line rate, like a full-duplex Ethernet link. Ranks within a node talk over
 that node's loopback (the kernel routes a node's own address through lo);
 ranks in different nodes cross two shaped links and the bridge.
 
+With ``--rails R`` every node has R such links, eth0..eth<R-1>, and rail k is
+a network of its own, as real rails are: its own bridge (br<k>) in the switch
+namespace and its own subnet, the third octet of --subnet plus k (10.77.0.x,
+10.77.1.x, ...). Each rail runs at --rate, or at its entry of --rail-rates
+(e.g. ``--rails 2 --rail-rates 1gbit,100mbit``). Rail 0 is the one a
+single-rail cluster has: the nodes' names, torchrun's master address and
+netcheck use it; GLOO_SOCKET_IFNAME and NANOCCL_SOCKET_IFNAME list every rail
+("eth0,eth1"), so both backends can spread their connections over all of them.
+
 Everything lives in namespaces this tool creates, named after a per-run id
-(``ncl<pid>`` + ``n<i>`` / ``sw``), with addresses in 10.77.0.0/24 that
-exist only inside them. Nothing is added to the root namespace.
+(``ncl<pid>`` + ``n<i>`` / ``sw``), with addresses in 10.77.0.0/24 (one /24 per
+rail) that exist only inside them. Nothing is added to the root namespace, and
+deleting the namespaces removes every bridge and veth.
 
 CLI::
 
     python bench/emucluster.py --nodes 2 --procs-per-node 2 --rate 1gbit -- script.py [args]
+    python bench/emucluster.py --nodes 2 --rails 2 --rail-rates 1gbit,100mbit -- script.py
     python bench/emucluster.py netcheck --nodes 2 --rate 1gbit   # TCP goodput per link
     python bench/emucluster.py cleanup                            # leftovers of crashed runs
 
@@ -23,12 +34,14 @@ Python::
 
     with EmuCluster(nodes=2, procs_per_node=2, rate="1gbit") as cluster:
         rc = cluster.run(["bench/ab_ddp.py", "--steps", "40"])
-        print(cluster.link_bytes())
+        print(cluster.link_bytes())   # per node, all rails together
+        print(cluster.rail_bytes())   # per (node, rail)
 
 Without the privileges namespaces need (root or CAP_NET_ADMIN), ``up()``
 raises NoPrivilegeError and the CLI says so; ``--no-shaping`` runs the same
 launch (N torchrun agents, --nnodes N) on the host's loopback instead, with
-NANOCCL_NODE_ID set per node.
+NANOCCL_NODE_ID set per node (a single rail only: there are no links to
+multiply).
 """
 
 from __future__ import annotations
@@ -51,8 +64,8 @@ from types import FrameType, TracebackType
 from typing import Sequence, TextIO
 
 PREFIX = "ncl"
-NODE_IFNAME = "eth0"
-BRIDGE_NAME = "br0"
+NODE_IFNAME = "eth0"  # rail 0; rail k is eth<k> (rail_ifname)
+BRIDGE_NAME = "br0"   # rail 0; rail k is br<k> (rail_bridge)
 DEFAULT_SUBNET = "10.77.0"
 DEFAULT_RATE = "1gbit"
 DEFAULT_MASTER_PORT = 29500
@@ -104,6 +117,26 @@ def parse_rate(text: str) -> int | None:
     if bits < 8000:
         raise ValueError(f"rate {text!r} is too low")
     return bits
+
+
+def parse_rail_rates(text: str) -> list[str]:
+    """Splits a comma-separated --rail-rates value, checking every rate (ValueError if bad)."""
+    rates = [part.strip() for part in text.split(",")]
+    for rate in rates:
+        if not rate:
+            raise ValueError(f"empty rate in {text!r}: give one rate per rail, e.g. 1gbit,100mbit")
+        parse_rate(rate)
+    return rates
+
+
+def rail_ifname(rail: int) -> str:
+    """A node's interface on rail: eth0 (NODE_IFNAME), eth1, ..."""
+    return NODE_IFNAME if rail == 0 else f"eth{rail}"
+
+
+def rail_bridge(rail: int) -> str:
+    """Rail's bridge in the switch namespace: br0 (BRIDGE_NAME), br1, ..."""
+    return BRIDGE_NAME if rail == 0 else f"br{rail}"
 
 
 def format_rate(bits: int) -> str:
@@ -200,8 +233,16 @@ def cleanup_leftovers(force: bool = False, out: TextIO = sys.stdout) -> list[str
 class Node:
     index: int
     netns: str | None  # None: the host namespace (--no-shaping)
-    ifname: str
-    address: str
+    ifname: str   # rail 0's interface
+    address: str  # rail 0's address: the node's name, torchrun's master address
+    ifnames: tuple[str, ...] = ()    # every rail's interface, rail 0 first
+    addresses: tuple[str, ...] = ()  # every rail's address, in the same order
+
+    def __post_init__(self) -> None:
+        if not self.ifnames:
+            object.__setattr__(self, "ifnames", (self.ifname,))
+        if not self.addresses:
+            object.__setattr__(self, "addresses", (self.address,))
 
 
 @dataclass
@@ -249,7 +290,9 @@ class EmuCluster:
     procs_per_node: int = 1
     rate: str = DEFAULT_RATE
     shaping: bool = True  # False: no namespaces, everything on the host loopback
-    subnet: str = DEFAULT_SUBNET
+    subnet: str = DEFAULT_SUBNET  # rail 0's; rail k adds k to the third octet
+    rails: int = 1  # links per node, each on its own bridge and subnet
+    rail_rates: Sequence[str] | None = None  # one rate per rail; None: every rail at rate
     latency_ms: float = DEFAULT_LATENCY_MS
     burst_bytes: int | None = None
     wire_overhead: int = ETH_WIRE_OVERHEAD
@@ -268,28 +311,56 @@ class EmuCluster:
             raise ValueError("nodes and procs_per_node must be >= 1")
         if self.nodes > 250:
             raise ValueError("at most 250 nodes fit the /24")
-        self.rate_bits = parse_rate(self.rate)
+        if self.rails < 1:
+            raise ValueError("rails must be >= 1")
+        if self.rails > 1 and not self.shaping:
+            raise ValueError(f"{self.rails} rails need the emulated links: without shaping "
+                             "every node is the host loopback, there are no links to multiply")
+        if self.rail_rates is not None:
+            self.rail_rates = list(self.rail_rates)
+            if len(self.rail_rates) != self.rails:
+                raise ValueError(f"{len(self.rail_rates)} rail rate(s) "
+                                 f"({','.join(self.rail_rates)}) for {self.rails} rail(s): "
+                                 "give one rate per rail")
+        # Rail k's line rate (None: unshaped); rate_bits is rail 0's.
+        self.rail_rate_bits = [parse_rate(r) for r in (self.rail_rates or [self.rate] * self.rails)]
+        self.rate_bits = self.rail_rate_bits[0]
+        self.rail_subnets = [self._rail_subnet(k) for k in range(self.rails)]
         if not self.run_id:
             with _instances_lock:
                 k = _instances
                 _instances += 1
             self.run_id = f"{PREFIX}{os.getpid()}" + (f"_{k}" if k else "")
 
+    def _rail_subnet(self, rail: int) -> str:
+        """The first three octets of rail's /24: --subnet with rail added to its third octet."""
+        if rail == 0:
+            return self.subnet
+        parts = self.subnet.split(".")
+        if len(parts) != 3 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"subnet {self.subnet!r}: give the first three octets, e.g. 10.77.0")
+        third = int(parts[2]) + rail
+        if third > 255:
+            raise ValueError(f"subnet {self.subnet} with {self.rails} rails needs the third octet "
+                             f"up to {int(parts[2]) + self.rails - 1} (> 255): pick a lower one")
+        return f"{parts[0]}.{parts[1]}.{third}"
+
     # ----------------------------------------------------------------- set-up
     @property
     def switch_ns(self) -> str:
         return f"{self.run_id}sw"
 
-    def tbf_params(self) -> dict[str, int | float]:
-        """The tbf rate, burst and limit applied to each direction of each link.
+    def tbf_params(self, rail: int = 0) -> dict[str, int | float]:
+        """The tbf rate, burst and limit applied to each direction of each link of rail.
 
         The rate is lowered by the Ethernet framing tbf does not count
         (24 bytes per full frame), so that '1gbit' gives the TCP goodput of a
         real 1 GbE port (~941 Mbit/s with MTU 1500) rather than ~956.
         """
-        assert self.rate_bits is not None
+        rate_bits = self.rail_rate_bits[rail]
+        assert rate_bits is not None
         frame = self.mtu + 14
-        tbf_rate = int(self.rate_bits * frame / (frame + self.wire_overhead))
+        tbf_rate = int(rate_bits * frame / (frame + self.wire_overhead))
         burst = self.burst_bytes or max(MIN_BURST_BYTES, tbf_rate // 8 // 1000)  # >= 1 ms
         limit = int(tbf_rate / 8 * self.latency_ms / 1000) + burst
         return {"rate_bit": tbf_rate, "burst": burst, "limit": limit,
@@ -301,8 +372,8 @@ class EmuCluster:
             print("+", " ".join(argv), file=sys.stderr)
         _run_cmd(argv)
 
-    def _shape(self, netns: str, dev: str) -> None:
-        params = self.tbf_params()
+    def _shape(self, netns: str, dev: str, rail: int) -> None:
+        params = self.tbf_params(rail)
         argv = ["tc", "-n", netns, "qdisc", "replace", "dev", dev, "root", "tbf",
                 "rate", f"{params['rate_bit']}bit", "burst", str(params["burst"]),
                 "limit", str(params["limit"])]
@@ -328,31 +399,40 @@ class EmuCluster:
         try:
             self._add_netns(self.switch_ns)
             self._ip("link", "set", "lo", "up", netns=self.switch_ns)
-            self._ip("link", "add", BRIDGE_NAME, "type", "bridge", netns=self.switch_ns)
-            self._ip("link", "set", BRIDGE_NAME, "up", netns=self.switch_ns)
+            for rail in range(self.rails):
+                self._ip("link", "add", rail_bridge(rail), "type", "bridge", netns=self.switch_ns)
+                self._ip("link", "set", rail_bridge(rail), "up", netns=self.switch_ns)
             for i in range(self.nodes):
                 node_ns = f"{self.run_id}n{i}"
-                address = f"{self.subnet}.{i + 1}"
-                port = f"n{i}"
                 self._add_netns(node_ns)
                 self._ip("link", "set", "lo", "up", netns=node_ns)
-                self._ip("link", "add", port, "mtu", str(self.mtu), "type", "veth",
-                         "peer", "name", NODE_IFNAME, "mtu", str(self.mtu), "netns", node_ns,
-                         netns=self.switch_ns)
-                self._ip("link", "set", port, "master", BRIDGE_NAME, netns=self.switch_ns)
-                self._ip("link", "set", port, "up", netns=self.switch_ns)
-                self._ip("addr", "add", f"{address}/24", "dev", NODE_IFNAME, netns=node_ns)
-                self._ip("link", "set", NODE_IFNAME, "up", netns=node_ns)
-                if self.rate_bits is not None:
-                    self._shape(node_ns, NODE_IFNAME)   # the node's upload
-                    self._shape(self.switch_ns, port)   # the node's download
-                self.node_list.append(Node(i, node_ns, NODE_IFNAME, address))
+                addresses = [f"{subnet}.{i + 1}" for subnet in self.rail_subnets]
+                for rail, address in enumerate(addresses):
+                    self._add_link(node_ns, i, rail, address)
+                ifnames = tuple(rail_ifname(k) for k in range(self.rails))
+                self.node_list.append(Node(i, node_ns, NODE_IFNAME, addresses[0],
+                                           ifnames, tuple(addresses)))
             self._write_hosts()
             self._wait_links_up()
         except BaseException:
             self.down()
             raise
         return self
+
+    def _add_link(self, node_ns: str, index: int, rail: int, address: str) -> None:
+        """Node index's link on rail: a veth from its namespace to the rail's bridge."""
+        ifname, bridge = rail_ifname(rail), rail_bridge(rail)
+        port = f"n{index}" if rail == 0 else f"n{index}r{rail}"
+        self._ip("link", "add", port, "mtu", str(self.mtu), "type", "veth",
+                 "peer", "name", ifname, "mtu", str(self.mtu), "netns", node_ns,
+                 netns=self.switch_ns)
+        self._ip("link", "set", port, "master", bridge, netns=self.switch_ns)
+        self._ip("link", "set", port, "up", netns=self.switch_ns)
+        self._ip("addr", "add", f"{address}/24", "dev", ifname, netns=node_ns)
+        self._ip("link", "set", ifname, "up", netns=node_ns)
+        if self.rail_rate_bits[rail] is not None:
+            self._shape(node_ns, ifname, rail)          # the node's upload
+            self._shape(self.switch_ns, port, rail)     # the node's download
 
     def _write_hosts(self) -> None:
         try:
@@ -363,6 +443,11 @@ class EmuCluster:
         names = "::1 localhost ip6-localhost\n::ffff:127.0.0.1 localhost\n" + "".join(
             f"{n.address} {n.netns} node{n.index}\n::ffff:{n.address} {n.netns} node{n.index}\n"
             for n in self.node_list)
+        # The other rails' addresses get names of their own (node0-rail1), so that the
+        # node names keep resolving to rail 0 alone and reverse lookups still succeed.
+        names += "".join(
+            f"{address} node{n.index}-rail{rail}\n::ffff:{address} node{n.index}-rail{rail}\n"
+            for n in self.node_list for rail, address in enumerate(n.addresses) if rail > 0)
         for node in self.node_list:
             assert node.netns is not None
             try:
@@ -373,20 +458,24 @@ class EmuCluster:
                 return  # cosmetic only: c10d then warns that it cannot name peers
 
     def _wait_links_up(self) -> None:
-        """The bridge forwards only after its ports leave the listening state."""
+        """The bridges forward only after their ports leave the listening state."""
         deadline = time.monotonic() + 15.0
+        pending = [rail_bridge(rail) for rail in range(self.rails)]
         while time.monotonic() < deadline:
             proc = _run_cmd(["ip", "-n", self.switch_ns, "-j", "link", "show",
-                             "master", BRIDGE_NAME], check=False)
+                             "master", pending[0]], check=False)
             try:
                 links = json.loads(proc.stdout or "[]")
             except json.JSONDecodeError:
                 links = []
             if len(links) == self.nodes and all(
                     "LOWER_UP" in link.get("flags", []) for link in links):
-                return
+                pending.pop(0)
+                if not pending:
+                    return
+                continue
             time.sleep(0.05)
-        raise EmuClusterError("bridge ports did not come up within 15 s")
+        raise EmuClusterError(f"ports of bridge {pending[0]} did not come up within 15 s")
 
     def down(self) -> None:
         """Stops every process of this cluster and deletes what up() created. Idempotent."""
@@ -418,8 +507,9 @@ class EmuCluster:
         # torchrun's own default (it sets 1 for every worker), minus its banner.
         env.setdefault("OMP_NUM_THREADS", "1")
         if node.netns is not None:
-            env["GLOO_SOCKET_IFNAME"] = node.ifname
-            env["NANOCCL_SOCKET_IFNAME"] = node.ifname
+            # Several rails: every one of them ("eth0,eth1"); both backends take such a list.
+            env["GLOO_SOCKET_IFNAME"] = ",".join(node.ifnames)
+            env["NANOCCL_SOCKET_IFNAME"] = ",".join(node.ifnames)
         else:
             # One host stands in for all nodes: say which node each rank is on.
             env["NANOCCL_NODE_ID"] = str(node.index)
@@ -498,29 +588,51 @@ class EmuCluster:
 
     # ----------------------------------------------------------- measurements
     def link_bytes(self) -> dict[int, LinkStats]:
-        """Byte and packet counters of each node's eth0 (what crossed the emulated wire)."""
+        """Byte and packet counters of each node's links (what crossed the emulated wire).
+
+        With several rails these are the sums over all of a node's rails (eth0 + eth1 + ...),
+        so that "what a job sent between the nodes" stays whole; rail_bytes() has them
+        per rail. With one rail: the counters of eth0. Empty without shaping.
+        """
         stats: dict[int, LinkStats] = {}
+        for (index, _), rail in self.rail_bytes().items():
+            total = stats.setdefault(index, LinkStats(0, 0, 0, 0))
+            total.tx_bytes += rail.tx_bytes
+            total.rx_bytes += rail.rx_bytes
+            total.tx_packets += rail.tx_packets
+            total.rx_packets += rail.rx_packets
+        return stats
+
+    def rail_bytes(self) -> dict[tuple[int, int], LinkStats]:
+        """Byte and packet counters of each link, keyed (node index, rail)."""
+        stats: dict[tuple[int, int], LinkStats] = {}
         for node in self.node_list:
             if node.netns is None:
                 continue
-            proc = _run_cmd(["ip", "-n", node.netns, "-s", "-j", "link", "show", node.ifname])
-            entry = json.loads(proc.stdout)[0]["stats64"]
-            stats[node.index] = LinkStats(entry["tx"]["bytes"], entry["rx"]["bytes"],
-                                          entry["tx"]["packets"], entry["rx"]["packets"])
+            proc = _run_cmd(["ip", "-n", node.netns, "-s", "-j", "link", "show"])
+            links = {link["ifname"]: link["stats64"] for link in json.loads(proc.stdout)}
+            for rail, ifname in enumerate(node.ifnames):
+                entry = links[ifname]
+                stats[(node.index, rail)] = LinkStats(
+                    entry["tx"]["bytes"], entry["rx"]["bytes"],
+                    entry["tx"]["packets"], entry["rx"]["packets"])
         return stats
 
     def netcheck(self, seconds: float = 3.0, both_directions: bool = True,
-                 port: int = 5201) -> dict[str, float]:
-        """TCP goodput (Mbit/s) between node 1 and node 0 with a Python socket stream."""
+                 port: int = 5201, rail: int = 0) -> dict[str, float]:
+        """TCP goodput (Mbit/s) between node 1 and node 0 over rail, with a Python socket stream."""
         if self.nodes < 2 or not self.shaping:
             raise EmuClusterError("netcheck needs >= 2 namespaced nodes")
+        if not 0 <= rail < self.rails:
+            raise EmuClusterError(f"no rail {rail}: the cluster has {self.rails}")
         a, b = self.node_list[0], self.node_list[1]
         pairs = [(b, a)] + ([(a, b)] if both_directions else [])
         servers = [self.popen(dst, [sys.executable, __file__, "_stream-server", "--port", str(port),
                                     "--timeout", str(seconds + 20)],
                               stdout=subprocess.PIPE) for _, dst in pairs]
         clients = [self.popen(src, [sys.executable, __file__, "_stream-client", "--host",
-                                    dst.address, "--port", str(port), "--seconds", str(seconds)])
+                                    dst.addresses[rail], "--port", str(port),
+                                    "--seconds", str(seconds)])
                    for src, dst in pairs]
         results: dict[str, float] = {}
         try:
@@ -648,6 +760,23 @@ Run as root (sudo -E env PATH=$PATH ...), or add --no-shaping to run the same la
 without any rate limit."""
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} is not >= 1")
+    return value
+
+
+def _rail_rates_arg(text: str) -> list[str]:
+    try:
+        return parse_rail_rates(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="emucluster.py",
@@ -667,7 +796,16 @@ def _build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--burst", type=int, default=None, help="tbf bucket in bytes")
     parser.add_argument("--wire-overhead", type=int, default=ETH_WIRE_OVERHEAD,
                         help="bytes per frame tbf should add for preamble/FCS/IFG (default 24)")
-    parser.add_argument("--subnet", default=DEFAULT_SUBNET, help="first 3 octets (default 10.77.0)")
+    parser.add_argument("--subnet", default=DEFAULT_SUBNET,
+                        help="first 3 octets of rail 0's /24; rail k adds k to the third "
+                             "(default 10.77.0)")
+    parser.add_argument("--rails", type=_positive_int, default=1,
+                        help="links per node (eth0..eth<N-1>), each rail on its own bridge "
+                             "and subnet (default 1)")
+    parser.add_argument("--rail-rates", type=_rail_rates_arg, default=None,
+                        metavar="RATE[,RATE...]",
+                        help="line rate of each rail, tc syntax, one per rail (e.g. "
+                             "1gbit,100mbit); default: every rail at --rate")
     parser.add_argument("--no-shaping", action="store_true",
                         help="no namespaces: N torchrun agents on the host loopback")
     parser.add_argument("--timeout", type=float, default=3600.0, help="seconds (default 3600)")
@@ -712,25 +850,38 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command == "run" and not script:
         parser.error("give the script after '--', e.g. -- bench/ab_ddp.py --steps 20")
 
-    cluster = EmuCluster(nodes=args.nodes, procs_per_node=args.procs_per_node, rate=args.rate,
-                         shaping=not args.no_shaping, subnet=args.subnet,
-                         latency_ms=args.latency_ms, burst_bytes=args.burst,
-                         wire_overhead=args.wire_overhead, verbose=args.verbose)
+    if args.rails > 1 and args.no_shaping:
+        parser.error(f"--rails {args.rails} needs the emulated links, and --no-shaping has "
+                     "none: every node is the host loopback (drop one of the two)")
+    if args.rail_rates is not None and len(args.rail_rates) != args.rails:
+        parser.error(f"--rail-rates gives {len(args.rail_rates)} rate(s) for --rails "
+                     f"{args.rails}: give one rate per rail")
+    try:
+        cluster = EmuCluster(nodes=args.nodes, procs_per_node=args.procs_per_node,
+                             rate=args.rate, shaping=not args.no_shaping, subnet=args.subnet,
+                             rails=args.rails, rail_rates=args.rail_rates,
+                             latency_ms=args.latency_ms, burst_bytes=args.burst,
+                             wire_overhead=args.wire_overhead, verbose=args.verbose)
+    except ValueError as exc:
+        parser.error(str(exc))
     try:
         with cluster:
             _describe(cluster)
             if command == "netcheck":
-                for direction, mbit in cluster.netcheck(seconds=args.seconds).items():
-                    print(f"emucluster: TCP goodput {direction}: {mbit:.1f} Mbit/s "
-                          "(both directions at once)")
+                for rail in range(cluster.rails):
+                    where = f" on {rail_ifname(rail)}" if cluster.rails > 1 else ""
+                    for direction, mbit in cluster.netcheck(seconds=args.seconds,
+                                                            rail=rail).items():
+                        print(f"emucluster: TCP goodput {direction}{where}: {mbit:.1f} Mbit/s "
+                              "(both directions at once)")
                 return 0
-            before = cluster.link_bytes()
+            before = cluster.rail_bytes()
             status = cluster.run(script, timeout_s=args.timeout)
-            after = cluster.link_bytes()
-            for index, stats in after.items():
-                tx = stats.tx_bytes - before[index].tx_bytes
-                rx = stats.rx_bytes - before[index].rx_bytes
-                print(f"emucluster: n{index} {NODE_IFNAME} sent {tx / 1e6:.1f} MB, "
+            after = cluster.rail_bytes()
+            for (index, rail), stats in after.items():
+                tx = stats.tx_bytes - before[(index, rail)].tx_bytes
+                rx = stats.rx_bytes - before[(index, rail)].rx_bytes
+                print(f"emucluster: n{index} {rail_ifname(rail)} sent {tx / 1e6:.1f} MB, "
                       f"received {rx / 1e6:.1f} MB")
             print(f"emucluster: exit status {status}")
             return status
@@ -748,15 +899,25 @@ def _describe(cluster: EmuCluster) -> None:
               "loopback, unshaped (--no-shaping)")
         return
     nodes = ", ".join(f"{n.netns}={n.address}" for n in cluster.node_list)
-    if cluster.rate_bits is None:
-        shaping = "unshaped links"
-    else:
-        p = cluster.tbf_params()
-        shaping = (f"links {format_rate(cluster.rate_bits)} each way (tbf rate "
-                   f"{format_rate(int(p['rate_bit']))}, burst {p['burst']} B, "
-                   f"limit {p['limit']} B)")
+    if cluster.rails == 1:
+        print(f"emucluster: {cluster.nodes} node(s) x {cluster.procs_per_node} rank(s): {nodes}; "
+              f"bridge in {cluster.switch_ns}; {_describe_shaping(cluster, 0)}")
+        return
+    rails = "; ".join(
+        f"rail {rail} {rail_ifname(rail)} {cluster.rail_subnets[rail]}.0/24: "
+        f"{_describe_shaping(cluster, rail)}" for rail in range(cluster.rails))
     print(f"emucluster: {cluster.nodes} node(s) x {cluster.procs_per_node} rank(s): {nodes}; "
-          f"bridge in {cluster.switch_ns}; {shaping}")
+          f"{cluster.rails} rails, bridges in {cluster.switch_ns}; {rails}")
+
+
+def _describe_shaping(cluster: EmuCluster, rail: int) -> str:
+    rate_bits = cluster.rail_rate_bits[rail]
+    if rate_bits is None:
+        return "unshaped links"
+    p = cluster.tbf_params(rail)
+    return (f"links {format_rate(rate_bits)} each way (tbf rate "
+            f"{format_rate(int(p['rate_bit']))}, burst {p['burst']} B, "
+            f"limit {p['limit']} B)")
 
 
 if __name__ == "__main__":

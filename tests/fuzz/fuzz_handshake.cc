@@ -31,15 +31,16 @@ int dial(const nanoccl::tcp::SocketAddress& a) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using namespace nanoccl;
-  static auto listener = tcp::openListener("lo");
-  if (!listener.isOk()) __builtin_trap();
+  static auto listeners = tcp::openListeners("lo");
+  if (!listeners.isOk() || listeners->size() != 1) __builtin_trap();
+  const tcp::Listener& listener = listeners->front();
   tcp::MeshParams p{CommIdentity("fuzz-job-secret-0123456789", "fuzz")};
   p.rank = 0;
   p.size = 2;
   p.nsocks = 1;
   p.stripeMinBytes = 65536;
   std::thread stranger([&] {
-    const int fd = dial(listener->address);
+    const int fd = dial(listener.address);
     if (fd < 0) return;
     (void)send(fd, data, size, MSG_NOSIGNAL);
     pollfd pf{fd, POLLIN, 0};
@@ -49,7 +50,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     }
     close(fd);
   });
-  auto mesh = tcp::buildMesh(listener.value(), {listener->address.toString(), "127.0.0.1:1"}, p,
+  auto mesh = tcp::buildMesh(listeners.value(), {listener.address.toString(), "127.0.0.1:1"}, p,
                              Deadline::after(std::chrono::milliseconds(20)));
   stranger.join();
   if (mesh.isOk()) __builtin_trap();  // admitted without proving the secret

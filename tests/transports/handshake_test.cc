@@ -20,6 +20,7 @@
 #include "tests/transports/mesh.h"
 #include "tests/transports/raw_peer.h"
 #include "transports/tcp/address.h"
+#include "transports/tcp/handshake.h"
 #include "transports/tcp/wire.h"
 
 namespace nanoccl::testing {
@@ -435,6 +436,123 @@ TEST(SocketAddress, ParsesWhatItPrints) {
   for (const std::string s : {"", "1.2.3.4", "1.2.3.4:0", "1.2.3.4:70000", "nohost:1", "[::1:3"}) {
     EXPECT_FALSE(tcp::SocketAddress::parse(s).isOk()) << s;
   }
+}
+
+// An interface as upInterfaces() lists it (port 0).
+tcp::InterfaceAddress iface(const std::string& name, const std::string& address) {
+  tcp::InterfaceAddress out{name, tcp::SocketAddress::parse(address + ":1").value()};
+  out.address.setPort(0);
+  return out;
+}
+
+std::vector<std::string> railNames(const std::string& spec,
+                                   const std::vector<tcp::InterfaceAddress>& seen) {
+  auto rails = tcp::pickRails(spec, seen);
+  EXPECT_TRUE(rails.isOk()) << spec << ": " << rails.status().toString();
+  std::vector<std::string> out;
+  if (rails.isOk()) {
+    for (const auto& r : *rails) out.push_back(r.name + "=" + r.address.toString());
+  }
+  return out;
+}
+
+TEST(Rails, AnIncludingListIsOneRailPerInterfaceInItsOrder) {
+  const std::vector<tcp::InterfaceAddress> seen = {
+      iface("lo", "127.0.0.1"),  iface("eth1", "10.0.1.1"), iface("eth0", "10.0.0.1"),
+      iface("eth0", "10.0.9.9"), iface("ens5", "10.0.2.1"), iface("docker0", "172.17.0.1")};
+  using V = std::vector<std::string>;
+  EXPECT_EQ(railNames("eth0,eth1", seen), (V{"eth0=10.0.0.1:0", "eth1=10.0.1.1:0"}));
+  EXPECT_EQ(railNames("eth1,eth0", seen), (V{"eth1=10.0.1.1:0", "eth0=10.0.0.1:0"}));
+  EXPECT_EQ(railNames("eth", seen), (V{"eth0=10.0.0.1:0", "eth1=10.0.1.1:0"}));
+  EXPECT_EQ(railNames("=eth1,ens", seen), (V{"eth1=10.0.1.1:0"}));  // '=' : exact names
+  EXPECT_EQ(railNames("ens,eth0,eth", seen),
+            (V{"ens5=10.0.2.1:0", "eth0=10.0.0.1:0", "eth1=10.0.1.1:0"}));
+  EXPECT_EQ(railNames("eth0,,eth0", seen), (V{"eth0=10.0.0.1:0"}));
+  // Excluding or empty specs keep one interface, as before rails.
+  EXPECT_EQ(railNames("^docker,lo", seen), (V{"eth1=10.0.1.1:0"}));
+  EXPECT_EQ(railNames("", seen), (V{"eth1=10.0.1.1:0"}));
+  EXPECT_EQ(railNames("", {iface("lo", "127.0.0.1")}), (V{"lo=127.0.0.1:0"}));
+  const auto none = tcp::pickRails("ib,eth7", seen);
+  ASSERT_EQ(none.status().code(), StatusCode::kUnavailable);
+  EXPECT_NE(none.status().message().find("'ib,eth7'"), std::string::npos);
+  EXPECT_NE(none.status().message().find("eth0"), std::string::npos) << "names what is there";
+}
+
+TEST(Rails, PublishedAddressesRoundTrip) {
+  auto a = tcp::parseRails("10.0.0.1:4000,[::1]:4001");
+  ASSERT_TRUE(a.isOk());
+  ASSERT_EQ(a->size(), 2u);
+  EXPECT_EQ(tcp::formatRails(*a), "10.0.0.1:4000,[::1]:4001");
+  EXPECT_EQ(tcp::parseRails("127.0.0.1:9")->size(), 1u);
+  for (const std::string s : {"", ",", "10.0.0.1:4000,", ",10.0.0.1:4000", "10.0.0.1:4000;x:1"}) {
+    EXPECT_EQ(tcp::parseRails(s).status().code(), StatusCode::kInvalidArgument) << s;
+  }
+}
+
+// Two rails on loopback (two listeners of 127.0.0.1): connection s of every pair goes to the
+// peer's rail s % 2 listener.
+TEST(Rails, ConnectionSRunsOnRailSModuloRails) {
+  auto lo = iface("lo", "127.0.0.1");
+  std::vector<std::vector<tcp::Listener>> listeners(2);
+  std::vector<std::string> addresses;
+  for (auto& l : listeners) {
+    for (int rail = 0; rail < 2; ++rail) l.push_back(tcp::openListener(lo).value());
+    addresses.push_back(tcp::formatRails({l[0].address, l[1].address}));
+  }
+  auto params = [](int rank) {
+    tcp::MeshParams p{keyOf("test-secret")};
+    p.rank = rank;
+    p.size = 2;
+    p.nsocks = 4;
+    p.stripeMinBytes = 65536;
+    return p;
+  };
+  const tcp::MeshParams p0 = params(0), p1 = params(1);
+  auto mesh0 = std::async(std::launch::async,
+                          [&] { return tcp::buildMesh(listeners[0], addresses, p0, soon(20)); });
+  auto mesh1 = tcp::buildMesh(listeners[1], addresses, p1, soon(20));
+  auto links0 = mesh0.get();
+  ASSERT_TRUE(links0.isOk()) << links0.status().toString();
+  ASSERT_TRUE(mesh1.isOk()) << mesh1.status().toString();
+  ASSERT_EQ((*links0)[1].size(), 4u);
+  for (int s = 0; s < 4; ++s) {
+    // Rank 0 accepted rank 1's connection s on its rail s % 2.
+    tcp::SocketAddress local;
+    local.length = sizeof(local.storage);
+    getsockname((*links0)[1][s].fd, reinterpret_cast<sockaddr*>(&local.storage), &local.length);
+    EXPECT_EQ(local.toString(), listeners[0][s % 2].address.toString()) << "connection " << s;
+  }
+  for (auto* links : {&*links0, &mesh1.value()}) {
+    for (auto& row : *links) {
+      for (auto& l : row) close(l.fd);
+    }
+  }
+  for (auto& ls : listeners) {
+    for (auto& l : ls) close(l.fd);
+  }
+}
+
+TEST(Rails, RanksWithDifferentRailCountsFailAlike) {
+  auto lo = iface("lo", "127.0.0.1");
+  std::vector<tcp::Listener> two = {tcp::openListener(lo).value(), tcp::openListener(lo).value()};
+  std::vector<tcp::Listener> one = {tcp::openListener(lo).value()};
+  const std::vector<std::string> addresses = {
+      tcp::formatRails({two[0].address, two[1].address}), tcp::formatRails({one[0].address})};
+  tcp::MeshParams p{keyOf("test-secret")};
+  p.size = 2;
+  p.nsocks = 2;
+  for (int rank : {0, 1}) {
+    p.rank = rank;
+    const auto mesh = tcp::buildMesh(rank == 0 ? two : one, addresses, p, soon(5));
+    ASSERT_EQ(mesh.status().code(), StatusCode::kMismatch) << mesh.status().toString();
+    EXPECT_NE(mesh.status().message().find("NANOCCL_SOCKET_IFNAME"), std::string::npos)
+        << mesh.status().message();
+    EXPECT_NE(mesh.status().message().find(rank == 0 ? "listens on 1 rail" : "listens on 2 rail"),
+              std::string::npos)
+        << mesh.status().message();
+  }
+  for (auto& l : two) close(l.fd);
+  close(one[0].fd);
 }
 
 }  // namespace

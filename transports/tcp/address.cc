@@ -5,6 +5,7 @@
 #include <net/if.h>
 #include <netinet/in.h>
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
@@ -91,37 +92,114 @@ bool interfaceMatches(const std::string& name, const std::string& spec) {
   return exclude ? !listed : listed;
 }
 
-Result<InterfaceAddress> pickInterface(const std::string& spec) {
+Result<std::vector<InterfaceAddress>> upInterfaces() {
   ifaddrs* raw = nullptr;
   if (getifaddrs(&raw) != 0) return systemError("getifaddrs", errno);
   std::unique_ptr<ifaddrs, decltype(&freeifaddrs)> list(raw, freeifaddrs);
-
-  // Without a spec, loopback and docker bridges are the last resort, as in NCCL.
-  const std::string effective = spec.empty() ? "^docker,lo" : spec;
-  std::string seen;
+  std::vector<InterfaceAddress> out;
   for (const int family : {AF_INET, AF_INET6}) {
     for (const ifaddrs* i = raw; i != nullptr; i = i->ifa_next) {
       if (i->ifa_addr == nullptr || i->ifa_addr->sa_family != family) continue;
       if ((i->ifa_flags & IFF_UP) == 0) continue;
-      if (family == AF_INET) seen += std::string(seen.empty() ? "" : ", ") + i->ifa_name;
-      if (!interfaceMatches(i->ifa_name, effective)) continue;
       if (family == AF_INET6) {
         // Link-local IPv6 needs a scope and is rarely what a cluster wants.
         const auto* a6 = reinterpret_cast<const sockaddr_in6*>(i->ifa_addr);
         if (IN6_IS_ADDR_LINKLOCAL(&a6->sin6_addr)) continue;
       }
-      InterfaceAddress out;
-      out.name = i->ifa_name;
+      InterfaceAddress a;
+      a.name = i->ifa_name;
       const socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
-      std::memcpy(&out.address.storage, i->ifa_addr, len);
-      out.address.length = len;
-      out.address.setPort(0);
-      return out;
+      std::memcpy(&a.address.storage, i->ifa_addr, len);
+      a.address.length = len;
+      a.address.setPort(0);
+      out.push_back(std::move(a));
     }
   }
-  if (spec.empty()) return pickInterface("=lo");
+  return out;
+}
+
+namespace {
+
+Result<InterfaceAddress> pickFrom(const std::string& spec,
+                                  const std::vector<InterfaceAddress>& seen) {
+  // Without a spec, loopback and docker bridges are the last resort, as in NCCL.
+  const std::string effective = spec.empty() ? "^docker,lo" : spec;
+  for (const InterfaceAddress& a : seen) {
+    if (interfaceMatches(a.name, effective)) return a;
+  }
+  if (spec.empty()) return pickFrom("=lo", seen);
+  std::string names;
+  for (const InterfaceAddress& a : seen) {
+    if (a.address.family() != AF_INET) continue;
+    if (!names.empty()) names += ", ";
+    names += a.name;
+  }
   return unavailableError("no network interface that is up matches NANOCCL_SOCKET_IFNAME='" +
-                          spec + "' (interfaces with IPv4 addresses: " + seen + ")");
+                          spec + "' (interfaces with IPv4 addresses: " + names + ")");
+}
+
+}  // namespace
+
+Result<InterfaceAddress> pickInterface(const std::string& spec) {
+  NANOCCL_ASSIGN_OR_RETURN(const std::vector<InterfaceAddress> seen, upInterfaces());
+  return pickFrom(spec, seen);
+}
+
+Result<std::vector<InterfaceAddress>> pickRails(const std::string& spec,
+                                                const std::vector<InterfaceAddress>& seen) {
+  if (spec.empty() || spec[0] == '^') {
+    NANOCCL_ASSIGN_OR_RETURN(InterfaceAddress one, pickFrom(spec, seen));
+    return std::vector<InterfaceAddress>{std::move(one)};
+  }
+  const bool exact = spec[0] == '=';
+  const std::string list = spec.substr(exact ? 1 : 0);
+  std::vector<InterfaceAddress> rails;
+  size_t pos = 0;
+  while (pos <= list.size()) {
+    size_t comma = list.find(',', pos);
+    if (comma == std::string::npos) comma = list.size();
+    const std::string item = list.substr(pos, comma - pos);
+    pos = comma + 1;
+    if (item.empty()) continue;
+    std::vector<const InterfaceAddress*> matched;  // the item's interfaces, first address each
+    for (const InterfaceAddress& a : seen) {
+      if (!interfaceMatches(a.name, (exact ? "=" : "") + item)) continue;
+      const auto taken = [&](const InterfaceAddress* r) { return r->name == a.name; };
+      if (std::none_of(matched.begin(), matched.end(), taken)) matched.push_back(&a);
+    }
+    std::sort(matched.begin(), matched.end(),
+              [](const InterfaceAddress* x, const InterfaceAddress* y) { return x->name < y->name; });
+    for (const InterfaceAddress* a : matched) {
+      const auto taken = [&](const InterfaceAddress& r) { return r.name == a->name; };
+      if (std::none_of(rails.begin(), rails.end(), taken)) rails.push_back(*a);
+    }
+  }
+  if (rails.empty()) {
+    // Nothing matched: pickFrom() fails the same way, naming the interfaces there are.
+    NANOCCL_ASSIGN_OR_RETURN(InterfaceAddress one, pickFrom(spec, seen));
+    rails.push_back(std::move(one));
+  }
+  return rails;
+}
+
+std::string formatRails(const std::vector<SocketAddress>& rails) {
+  std::string out;
+  for (const SocketAddress& a : rails) {
+    if (!out.empty()) out += ',';
+    out += a.toString();
+  }
+  return out;
+}
+
+Result<std::vector<SocketAddress>> parseRails(const std::string& text) {
+  std::vector<SocketAddress> out;
+  size_t pos = 0;
+  while (true) {
+    const size_t comma = text.find(',', pos);
+    NANOCCL_ASSIGN_OR_RETURN(out.emplace_back(), SocketAddress::parse(text.substr(pos, comma - pos)));
+    if (comma == std::string::npos) return out;
+    pos = comma + 1;
+  }
 }
 
 }  // namespace nanoccl::tcp

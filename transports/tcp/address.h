@@ -39,4 +39,23 @@ bool interfaceMatches(const std::string& name, const std::string& spec);
 // IPv6. kUnavailable naming the interfaces seen when nothing matches.
 Result<InterfaceAddress> pickInterface(const std::string& spec);
 
+// The interfaces that are up, with their usable addresses (IPv4 first, then IPv6 that is not
+// link-local), in getifaddrs() order.
+Result<std::vector<InterfaceAddress>> upInterfaces();
+
+// Rails: the interfaces the TCP transport spreads its connections over. A spec that lists
+// interfaces to include (no leading '^') selects one rail per interface it matches, in the
+// order of its items ("eth1,eth0": eth1 is rail 0), interfaces one item matches in name
+// order, each interface once with its first address (IPv4 before IPv6); rail k of every rank
+// must be on the same network. An empty or excluding spec selects one rail: pickInterface().
+// `seen` is upInterfaces() (a parameter for tests).
+Result<std::vector<InterfaceAddress>> pickRails(const std::string& spec,
+                                                const std::vector<InterfaceAddress>& seen);
+
+// A rank's published TCP address: its rails' listening addresses joined by ','
+// ("10.0.0.1:4000,10.0.1.1:4001"); parseRails() reads it back (kInvalidArgument on anything
+// else).
+std::string formatRails(const std::vector<SocketAddress>& rails);
+Result<std::vector<SocketAddress>> parseRails(const std::string& text);
+
 }  // namespace nanoccl::tcp

@@ -84,9 +84,9 @@ std::string encryptionText(uint32_t flags) {
 
 class MeshBuilder {
  public:
-  MeshBuilder(const Listener& listener, const std::vector<std::string>& addresses,
+  MeshBuilder(const std::vector<Listener>& listeners, const std::vector<std::string>& addresses,
               const MeshParams& p)
-      : listener_(listener), addresses_(addresses), p_(p) {
+      : listeners_(listeners), addresses_(addresses), p_(p) {
     links_.assign(static_cast<size_t>(p.size), {});
     for (int r = 0; r < p.size; ++r) {
       if (r != p.rank) links_[r].assign(static_cast<size_t>(p.nsocks), MeshLink{});
@@ -107,15 +107,16 @@ class MeshBuilder {
   }
 
   Result<std::vector<std::vector<MeshLink>>> run(const Deadline& deadline) {
+    NANOCCL_CHECK(readTargets());
     for (int peer = 0; peer < p_.rank; ++peer) {
-      NANOCCL_ASSIGN_OR_RETURN(targets_.emplace_back(), SocketAddress::parse(addresses_[peer]));
       for (int s = 0; s < p_.nsocks; ++s) NANOCCL_CHECK(startConnect(peer, s));
     }
     expectedIncoming_ = (p_.size - 1 - p_.rank) * p_.nsocks;
+    const size_t nListeners = listeners_.size();
     while (!done()) {
       if (deadline.expired()) return timeoutError(describeMissing());
       std::vector<pollfd> pfds;
-      pfds.push_back({listener_.fd, POLLIN, 0});
+      for (const Listener& l : listeners_) pfds.push_back({l.fd, POLLIN, 0});
       for (auto& pc : pending_) {
         short ev = 0;
         if (pc.stage == Pending::Stage::kConnecting || pc.stage == Pending::Stage::kSending) {
@@ -127,9 +128,11 @@ class MeshBuilder {
       }
       const int n = ::poll(pfds.data(), pfds.size(), deadline.remainingMs(50));
       if (n < 0 && errno != EINTR) return systemError("poll", errno);
-      if (pfds[0].revents & POLLIN) NANOCCL_CHECK(acceptAll());
-      for (size_t i = 1; i < pfds.size(); ++i) {
-        if (pfds[i].revents != 0) NANOCCL_CHECK(step(pending_[i - 1]));
+      for (size_t i = 0; i < nListeners; ++i) {
+        if (pfds[i].revents & POLLIN) NANOCCL_CHECK(acceptAll(listeners_[i].fd));
+      }
+      for (size_t i = nListeners; i < pfds.size(); ++i) {
+        if (pfds[i].revents != 0) NANOCCL_CHECK(step(pending_[i - nListeners]));
       }
       NANOCCL_CHECK(retryRefused());
       // Forget finished and dropped connections.
@@ -141,6 +144,40 @@ class MeshBuilder {
 
  private:
   bool done() const { return outgoingDone_ == p_.rank * p_.nsocks && incomingDone_ == expectedIncoming_; }
+
+  int rails() const { return static_cast<int>(listeners_.size()); }
+
+  // Every rank's rails (targets_[rank]), and the same count everywhere: each rank reads the
+  // same addresses, so a rank with fewer interfaces fails every rank alike.
+  Status readTargets() {
+    for (int r = 0; r < p_.size; ++r) {
+      if (r == p_.rank) {
+        targets_.emplace_back();
+        continue;
+      }
+      NANOCCL_ASSIGN_OR_RETURN(targets_.emplace_back(), parseRails(addresses_[r]));
+      if (static_cast<int>(targets_[r].size()) != rails()) {
+        return mismatchError(
+            "rank " + std::to_string(p_.rank) + ": rank " + std::to_string(r) + " listens on " +
+            std::to_string(targets_[r].size()) + " rail(s) (" + addresses_[r] + "), this rank on " +
+            std::to_string(rails()) + " (" + describeRails() +
+            "); NANOCCL_SOCKET_IFNAME must select as many interfaces on every rank, rail k of "
+            "each on the same network");
+      }
+    }
+    return Status::ok();
+  }
+
+  std::string describeRails() const {
+    std::string out;
+    for (const Listener& l : listeners_) {
+      if (!out.empty()) out += ", ";
+      out += l.address.toString();
+      out += " via ";
+      out += l.ifname;
+    }
+    return out;
+  }
 
   std::string describeMissing() const {
     std::string missing;
@@ -154,17 +191,32 @@ class MeshBuilder {
       }
     }
     return "rank " + std::to_string(p_.rank) + ": connection setup timed out waiting for rank(s) " +
-           missing + " (listening on " + listener_.address.toString() + " via " +
-           listener_.ifname + "; check NANOCCL_SOCKET_IFNAME and that every rank started" +
+           missing + " (listening on " + describeRails() +
+           "; check NANOCCL_SOCKET_IFNAME and that every rank started" +
            (rejection_.empty() ? "" : "; last connection turned away: " + rejection_) +
            ")";
   }
 
   Status startConnect(int peer, int socketIndex) {
-    const SocketAddress& target = targets_[peer];
+    const int rail = socketIndex % rails();
+    const SocketAddress& target = targets_[peer][rail];
     const int fd = socket(target.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return systemError("socket", errno);
     tuneSocket(fd);
+    if (rails() > 1) {
+      // Leave from the rail's own address (its port picked at connect time), so that a host
+      // routing by source address sends it out of that interface.
+      const int one = 1;
+      setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one));
+      SocketAddress local = listeners_[rail].address;
+      local.setPort(0);
+      if (bind(fd, reinterpret_cast<const sockaddr*>(&local.storage), local.length) != 0) {
+        const int err = errno;
+        close(fd);
+        return systemError(("bind to " + local.toString() + " (rail " + std::to_string(rail) +
+                            ", " + listeners_[rail].ifname + ")").c_str(), err);
+      }
+    }
     Pending pc{};
     pc.stage = Pending::Stage::kConnecting;
     pc.outgoing = true;
@@ -211,9 +263,9 @@ class MeshBuilder {
     return Status::ok();
   }
 
-  Status acceptAll() {
+  Status acceptAll(int listenFd) {
     while (true) {
-      const int fd = accept4(listener_.fd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+      const int fd = accept4(listenFd, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) return Status::ok();
         if (errno == ECONNABORTED || errno == EMFILE || errno == ENFILE) return Status::ok();
@@ -255,7 +307,7 @@ class MeshBuilder {
 
   std::string outgoingWho(const Pending& pc) const {
     return "rank " + std::to_string(p_.rank) + ": rank " + std::to_string(pc.peer) + " at " +
-           targets_[pc.peer].toString();
+           targets_[pc.peer][pc.socketIndex % rails()].toString();
   }
 
   Status step(Pending& pc) {
@@ -456,10 +508,10 @@ class MeshBuilder {
     ++incomingDone_;
   }
 
-  const Listener& listener_;
+  const std::vector<Listener>& listeners_;
   const std::vector<std::string>& addresses_;
   const MeshParams& p_;
-  std::vector<SocketAddress> targets_;
+  std::vector<std::vector<SocketAddress>> targets_;  // readTargets()
   std::vector<Pending> pending_;
   std::vector<std::tuple<int, int, Clock::time_point>> refused_;
   std::vector<std::vector<MeshLink>> links_;
@@ -473,8 +525,7 @@ class MeshBuilder {
 
 }  // namespace
 
-Result<Listener> openListener(const std::string& ifnameSpec) {
-  NANOCCL_ASSIGN_OR_RETURN(InterfaceAddress iface, pickInterface(ifnameSpec));
+Result<Listener> openListener(const InterfaceAddress& iface) {
   Listener l;
   l.ifname = iface.name;
   l.address = iface.address;
@@ -493,7 +544,22 @@ Result<Listener> openListener(const std::string& ifnameSpec) {
   return l;
 }
 
-Result<std::vector<std::vector<MeshLink>>> buildMesh(const Listener& listener,
+Result<std::vector<Listener>> openListeners(const std::string& ifnameSpec) {
+  NANOCCL_ASSIGN_OR_RETURN(const std::vector<InterfaceAddress> seen, upInterfaces());
+  NANOCCL_ASSIGN_OR_RETURN(const std::vector<InterfaceAddress> rails, pickRails(ifnameSpec, seen));
+  std::vector<Listener> out;
+  for (const InterfaceAddress& iface : rails) {
+    Result<Listener> l = openListener(iface);
+    if (!l.isOk()) {
+      for (const Listener& opened : out) close(opened.fd);
+      return l.status();
+    }
+    out.push_back(std::move(l).value());
+  }
+  return out;
+}
+
+Result<std::vector<std::vector<MeshLink>>> buildMesh(const std::vector<Listener>& listeners,
                                                      const std::vector<std::string>& addresses,
                                                      const MeshParams& params,
                                                      const Deadline& deadline) {
@@ -501,7 +567,8 @@ Result<std::vector<std::vector<MeshLink>>> buildMesh(const Listener& listener,
     return invalidArgument("buildMesh: " + std::to_string(addresses.size()) +
                            " addresses for " + std::to_string(params.size) + " ranks");
   }
-  MeshBuilder builder(listener, addresses, params);
+  if (listeners.empty()) return invalidArgument("buildMesh: no listening socket");
+  MeshBuilder builder(listeners, addresses, params);
   return builder.run(deadline);
 }
 

@@ -110,8 +110,7 @@ class TcpTransport : public Transport {
   explicit TcpTransport(const TransportOptions& o)
       : o_(o),
         peers_(static_cast<size_t>(o.size)),
-        counters_(o.size),
-        matcher_(matcherOptions()) {}
+        counters_(o.size) {}
 
   ~TcpTransport() override {
     if (thread_.joinable()) {
@@ -124,7 +123,9 @@ class TcpTransport : public Transport {
         if (c->fd >= 0) close(c->fd);
       }
     }
-    if (listener_.fd >= 0) close(listener_.fd);
+    for (const Listener& l : listeners_) {
+      if (l.fd >= 0) close(l.fd);
+    }
   }
 
   Result<std::string> listen() override {
@@ -133,23 +134,34 @@ class TcpTransport : public Transport {
       return invalidArgument("NANOCCL_NSOCKS=" + std::to_string(o_.config.nsocks) +
                              " exceeds the limit of " + std::to_string(kMaxSocketsPerPeer));
     }
-    NANOCCL_ASSIGN_OR_RETURN(listener_, openListener(o_.config.socketIfname));
-    return listener_.address.toString();
+    NANOCCL_ASSIGN_OR_RETURN(listeners_, openListeners(o_.config.socketIfname));
+    std::vector<SocketAddress> rails;
+    for (const Listener& l : listeners_) rails.push_back(l.address);
+    if (o_.config.nsocks * static_cast<int>(rails.size()) > kMaxSocketsPerPeer) {
+      return invalidArgument("NANOCCL_NSOCKS=" + std::to_string(o_.config.nsocks) + " on " +
+                             std::to_string(rails.size()) + " rails is more than " +
+                             std::to_string(kMaxSocketsPerPeer) + " connections a peer");
+    }
+    return formatRails(rails);
   }
 
   Status connect(const std::vector<std::string>& addresses, const Deadline& deadline) override {
     NANOCCL_ASSIGN_OR_RETURN(engine_, createEngine(o_.config.tcpEngine));
+    rails_ = std::max<int>(1, static_cast<int>(listeners_.size()));
+    matcher_.emplace(matcherOptions());
     if (o_.size > 1) {
       MeshParams mp{CommIdentity(o_.secret, o_.commId)};
       mp.rank = o_.rank;
       mp.size = o_.size;
-      mp.nsocks = o_.config.nsocks;
+      mp.nsocks = connections();
       mp.stripeMinBytes = o_.config.stripeMinBytes;
       mp.encrypt = o_.config.encrypt;
-      NANOCCL_ASSIGN_OR_RETURN(auto links, buildMesh(listener_, addresses, mp, deadline));
+      NANOCCL_ASSIGN_OR_RETURN(auto links, buildMesh(listeners_, addresses, mp, deadline));
       // Setup is over: strangers now meet a closed port.
-      close(listener_.fd);
-      listener_.fd = -1;
+      for (Listener& l : listeners_) {
+        close(l.fd);
+        l.fd = -1;
+      }
       for (int p = 0; p < o_.size; ++p) {
         for (int s = 0; s < static_cast<int>(links[p].size()); ++s) {
           auto c = std::make_unique<Conn>();
@@ -222,16 +234,27 @@ class TcpTransport : public Transport {
   std::vector<PeerCounters> counters() const override { return counters_.snapshot(); }
 
   std::string describe() const override {
+    std::string via;
+    for (const Listener& l : listeners_) {
+      via += via.empty() ? " via " : ",";
+      via += l.ifname;
+    }
     return std::string("tcp/") + (engine_ ? engine_->name() : "?") + " x" +
-           std::to_string(o_.config.nsocks) + (o_.config.encrypt ? " encrypted" : "") +
-           (listener_.ifname.empty() ? "" : " via " + listener_.ifname);
+           std::to_string(o_.config.nsocks) +
+           (rails_ > 1 ? " on each of " + std::to_string(rails_) + " rails" : "") +
+           (o_.config.encrypt ? " encrypted" : "") + via;
   }
 
  private:
+  // A peer's connections: nsocks on each rail, connection s on rail s % rails_.
+  int connections() const {
+    return std::clamp(o_.config.nsocks * rails_, 1, kMaxSocketsPerPeer);
+  }
+
   // Connections are the matcher's lanes; layout() says which carry what.
   MatcherOptions matcherOptions() {
     MatcherOptions mo = matcherOptionsFor(o_, &counters_);
-    mo.lanes = std::clamp(o_.config.nsocks, 1, kMaxSocketsPerPeer);
+    mo.lanes = connections();
     mo.parts = [this](OpType op, uint64_t seq, uint32_t tag, uint64_t total, int lanes) {
       return layout(seq, tag, op, total, lanes);
     };
@@ -311,12 +334,13 @@ class TcpTransport : public Transport {
   }
 
   // The connections a message travels on: whole on one chosen from (seq, tag), or one stripe
-  // per connection; point-to-point always on connection 0. `lanes` (the call's
-  // OpFingerprint::lanes, 0: all): only the first `lanes` connections carry the call.
+  // per connection, so equal shares on every rail; point-to-point always on connection 0.
+  // `lanes` (the call's OpFingerprint::lanes, 0: all): only the first `lanes` connections of
+  // each rail carry the call (the first lanes * rails).
   std::vector<Part> layout(uint64_t seq, uint32_t tag, OpType op, uint64_t total,
                            int lanes) const {
-    int nsocks = std::clamp(o_.config.nsocks, 1, kMaxSocketsPerPeer);
-    if (lanes > 0) nsocks = std::min(nsocks, lanes);
+    int nsocks = connections();
+    if (lanes > 0) nsocks = std::min(nsocks, lanes * rails_);
     if (op == OpType::kSendRecv) return {{0, 0, total}};
     if (nsocks == 1 || total < o_.config.stripeMinBytes) {
       return {{static_cast<int>((seq + tag) % static_cast<uint64_t>(nsocks)), 0, total}};
@@ -334,7 +358,7 @@ class TcpTransport : public Transport {
   void startSend(const RequestPtr& req) {
     if (!failed_.isOk()) return req->complete(failed_, -1);
     const OpFingerprint& fp = req->env.fingerprint;
-    const uint64_t seq = matcher_.wireSeq(*req);
+    const uint64_t seq = matcher_->wireSeq(*req);
     const auto stripes = layout(seq, req->env.tag, fp.op, req->bytes, fp.lanes);
     for (const Part& s : stripes) {
       if (peers_[req->peer][s.lane]->closed) {
@@ -392,7 +416,7 @@ class TcpTransport : public Transport {
 
   void startRecv(const RequestPtr& req) {
     if (!failed_.isOk()) return req->complete(failed_, -1);
-    const Status st = matcher_.postRecv(req);
+    const Status st = matcher_->postRecv(req);
     if (st.isOk()) return;
     // A connection it needs is closed: the peer's reason may still come on another.
     if (st.code() == StatusCode::kPeerError) return failOnClose(st, req);
@@ -523,10 +547,10 @@ class TcpTransport : public Transport {
       if (h.length == 0) return onAbortText(c);
       return postPayloadRecv(c, c.abortText.data(), h.length);
     }
-    Result<IncomingPtr> msg = matcher_.onFrame(c.peer, c.index, h);
+    Result<IncomingPtr> msg = matcher_->onFrame(c.peer, c.index, h);
     if (!msg.isOk()) return fail(msg.status(), true);
     if (h.length == 0) {
-      matcher_.landed(msg.value(), 0);
+      matcher_->landed(msg.value(), 0);
       return postHeaderRecv(c);
     }
     c.stage = Conn::Stage::kPayload;
@@ -535,7 +559,7 @@ class TcpTransport : public Transport {
   }
 
   void onPayload(Conn& c, const IncomingPtr& msg) {
-    matcher_.landed(msg, c.hdr.length);
+    matcher_->landed(msg, c.hdr.length);
     postHeaderRecv(c);
   }
 
@@ -545,8 +569,8 @@ class TcpTransport : public Transport {
     c.closed = true;
     NANOCCL_INFO("rank " << o_.rank << ": rank " << c.peer << " closed connection " << c.index);
     counters_.closed(c.peer);
-    if (auto req = matcher_.laneClosed(c.peer, c.index)) {
-      failOnClose(matcher_.closedError(c.peer, *req));
+    if (auto req = matcher_->laneClosed(c.peer, c.index)) {
+      failOnClose(matcher_->closedError(c.peer, *req));
     }
   }
 
@@ -561,7 +585,7 @@ class TcpTransport : public Transport {
   }
 
   bool hasPending() const {
-    if (matcher_.hasPending()) return true;
+    if (matcher_->hasPending()) return true;
     for (const auto& row : peers_) {
       for (const auto& c : row) {
         if (!c->queue.empty()) return true;
@@ -647,7 +671,7 @@ class TcpTransport : public Transport {
         }
       }
     }
-    for (auto& r : matcher_.takeAll()) {
+    for (auto& r : matcher_->takeAll()) {
       if (!busy(*r)) r->complete(why, -1);
     }
     for (auto& r : parked_) {
@@ -672,7 +696,8 @@ class TcpTransport : public Transport {
 
   const TransportOptions o_;
   const std::chrono::microseconds spin_{o_.config.spinUs};  // NANOCCL_SPIN_US
-  Listener listener_;
+  std::vector<Listener> listeners_;  // one a rail; closed once connected
+  int rails_ = 1;
   std::unique_ptr<IoEngine> engine_;
   std::vector<std::vector<std::unique_ptr<Conn>>> peers_;
   std::thread thread_;
@@ -687,7 +712,7 @@ class TcpTransport : public Transport {
 
   // Progress-thread state.
   Status failed_;
-  Matcher matcher_;
+  std::optional<Matcher> matcher_;  // made by connect(), once the rails are known
   struct Closing {
     Status why;
     Clock::time_point until;
