@@ -16,7 +16,9 @@ namespace and its own subnet, the third octet of --subnet plus k (10.77.0.x,
 (e.g. ``--rails 2 --rail-rates 1gbit,100mbit``). Rail 0 is the one a
 single-rail cluster has: the nodes' names, torchrun's master address and
 netcheck use it; GLOO_SOCKET_IFNAME and NANOCCL_SOCKET_IFNAME list every rail
-("eth0,eth1"), so both backends can spread their connections over all of them.
+("eth0,eth1"), so both backends can spread their connections over all of them,
+and NANOCCL_RAIL_MBPS gives nanoccl each rail's rate, as /sys/class/net/<if>/speed
+gives it on a real NIC (a veth reports 10000 whatever tbf makes of it).
 
 Everything lives in namespaces this tool creates, named after a per-run id
 (``ncl<pid>`` + ``n<i>`` / ``sw``), with addresses in 10.77.0.0/24 (one /24 per
@@ -510,6 +512,11 @@ class EmuCluster:
             # Several rails: every one of them ("eth0,eth1"); both backends take such a list.
             env["GLOO_SOCKET_IFNAME"] = ",".join(node.ifnames)
             env["NANOCCL_SOCKET_IFNAME"] = ",".join(node.ifnames)
+            if self.rails > 1 and all(bits is not None for bits in self.rail_rate_bits):
+                # What /sys/class/net/<if>/speed says of a real NIC of that rate (a veth
+                # reports 10000 whatever tbf does to it): nanoccl splits stripes by it.
+                env["NANOCCL_RAIL_MBPS"] = ",".join(
+                    str(max(1, round(bits / 1e6))) for bits in self.rail_rate_bits)
         else:
             # One host stands in for all nodes: say which node each rank is on.
             env["NANOCCL_NODE_ID"] = str(node.index)

@@ -108,6 +108,29 @@ const std::vector<Field>& fields() {
          return Status::ok();
        },
        [](const Config& c) { return c.socketIfname; }},
+      {"rail_mbps",
+       [](Config& c, const std::string& v) {
+         std::vector<int64_t> rates;
+         size_t pos = 0;
+         while (!v.empty()) {
+           const size_t comma = v.find(',', pos);
+           NANOCCL_ASSIGN_OR_RETURN(
+               const int64_t x, parseInt("rail_mbps", v.substr(pos, comma - pos), 1, 10000000));
+           rates.push_back(x);
+           if (comma == std::string::npos) break;
+           pos = comma + 1;
+         }
+         c.railMbps = std::move(rates);
+         return Status::ok();
+       },
+       [](const Config& c) {
+         std::string out;
+         for (const int64_t x : c.railMbps) {
+           if (!out.empty()) out += ',';
+           out += std::to_string(x);
+         }
+         return out;
+       }},
       {"tcp_engine",
        [](Config& c, const std::string& v) {
          NANOCCL_CHECK(oneOf("tcp_engine", v, {"auto", "uring", "epoll"}));

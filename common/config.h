@@ -19,6 +19,10 @@ struct Config {
   // (exclude), "=eth0" (exact names). Empty: the first non-loopback interface that is up,
   // else loopback.
   std::string socketIfname;
+  // Line rate of each rail (each interface socketIfname selects, in its order) in Mbit/s,
+  // weighing how much of a striped message each rail carries. Empty: the rate the kernel
+  // reports for each interface (/sys/class/net/<if>/speed), equal shares where one is unknown.
+  std::vector<int64_t> railMbps;
   // "auto" (io_uring when the kernel allows it, else epoll), "uring" or "epoll".
   std::string tcpEngine = "auto";
   // TCP connections per peer; messages of at least stripeMinBytes are striped across them.

@@ -265,6 +265,12 @@ def test_rails_subnets_rates_and_env(emucluster: ModuleType) -> None:
     assert cluster.node_env(one)["GLOO_SOCKET_IFNAME"] == "eth0"
     assert cluster.node_env(two)["NANOCCL_SOCKET_IFNAME"] == "eth0,eth1"
     assert cluster.node_env(two)["GLOO_SOCKET_IFNAME"] == "eth0,eth1"
+    # The rails' rates as a real NIC reports them, for nanoccl's stripes; not where one is
+    # unshaped (a veth's own 10000 would be as wrong) or there is one rail.
+    assert "NANOCCL_RAIL_MBPS" not in cluster.node_env(two)
+    shaped = emucluster.EmuCluster(nodes=2, rails=2, rail_rates=["1gbit", "100mbit"])
+    assert shaped.node_env(two)["NANOCCL_RAIL_MBPS"] == "1000,100"
+    assert "NANOCCL_RAIL_MBPS" not in emucluster.EmuCluster(nodes=2).node_env(one)
 
 
 def test_rails_describe_each_rail(emucluster: ModuleType,

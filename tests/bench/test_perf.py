@@ -247,3 +247,27 @@ def test_perf_reads_the_codec_from_the_environment(tmp_path: Path) -> None:
     doc = json.loads(out.read_text())
     assert doc["meta"]["labels"] == ["nanoccl+int8", "gloo"]
     assert all(r["wrong"] == 0 for r in doc["rows"])
+
+
+def test_ab_set_gives_the_reference_side_its_own_settings(tmp_path: Path) -> None:
+    """--ab nanoccl --ab-set NAME=VALUE: the reference group is made with those settings and
+    named by them; malformed or misplaced settings are errors before anything runs."""
+    probe = subprocess.run([sys.executable, "-c", "import nanoccl"], capture_output=True,
+                           text=True, timeout=60)
+    if probe.returncode != 0:
+        pytest.skip("the nanoccl package does not import yet")
+    out = tmp_path / "ab_set.json"
+    proc = torchrun(2, [str(PERF), "-c", "allreduce", "-b", "1M", "-e", "1M", "-w", "0", "-n",
+                        "2", "--backend", "nanoccl", "--ab", "nanoccl", "--ab-set", "nsocks=1",
+                        "--ab-set", "stripe_min_bytes=4096", "--json", str(out)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["labels"] == ["nanoccl", "nanoccl(nsocks=1,stripe_min_bytes=4096)"]
+    assert doc["rows"] and all(r["wrong"] == 0 for r in doc["rows"])
+    for args, expected in [(["--ab", "nanoccl", "--ab-set", "nsocks"], "expected NAME=VALUE"),
+                           (["--ab", "gloo", "--ab-set", "nsocks=1"], "needs --ab nanoccl"),
+                           (["--ab", "nanoccl", "--ab-set", "nsocks=0"], "nsocks")]:
+        bad = subprocess.run([sys.executable, str(PERF), "--backend", "nanoccl", *args],
+                             capture_output=True, text=True, timeout=120)
+        assert bad.returncode == 2, bad.stdout + bad.stderr
+        assert expected in bad.stderr, bad.stderr

@@ -47,7 +47,7 @@ class ScopedEnv {
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
-const char* kNames[] = {"socket_ifname",       "tcp_engine", "nsocks",
+const char* kNames[] = {"socket_ifname",       "rail_mbps",  "tcp_engine", "nsocks",
                         "stripe_min_bytes",    "algo",       "chunk_bytes",
                         "small_message_bytes", "spin_us", "timeout_ms", "connect_timeout_ms",
                         "node_id",             "transport",  "intra_transport", "compression",
@@ -80,6 +80,7 @@ TEST(ConfigTest, DefaultsAndTableOrder) {
   for (size_t i = 0; i < items.size(); ++i) EXPECT_EQ(items[i].first, kNames[i]);
   const auto m = asMap(c);
   EXPECT_EQ(m.at("socket_ifname"), "");
+  EXPECT_EQ(m.at("rail_mbps"), "");
   EXPECT_EQ(m.at("tcp_engine"), "auto");
   EXPECT_EQ(m.at("nsocks"), "2");
   EXPECT_EQ(m.at("stripe_min_bytes"), "262144");
@@ -124,6 +125,7 @@ TEST(ConfigTest, FromEnvReadsEverySetting) {
   ScopedEnv env;
   clearAll(env);
   env.set("NANOCCL_SOCKET_IFNAME", "^docker,lo");
+  env.set("NANOCCL_RAIL_MBPS", "25000,1000");
   env.set("NANOCCL_TCP_ENGINE", "epoll");
   env.set("NANOCCL_NSOCKS", "4");
   env.set("NANOCCL_STRIPE_MIN_BYTES", "1000");
@@ -138,6 +140,7 @@ TEST(ConfigTest, FromEnvReadsEverySetting) {
   ASSERT_TRUE(r.isOk()) << r.status().toString();
   const Config& c = r.value();
   EXPECT_EQ(c.socketIfname, "^docker,lo");
+  EXPECT_EQ(c.railMbps, (std::vector<int64_t>{25000, 1000}));
   EXPECT_EQ(c.tcpEngine, "epoll");
   EXPECT_EQ(c.nsocks, 4);
   EXPECT_EQ(c.stripeMinBytes, 1000u);
@@ -158,6 +161,9 @@ TEST(ConfigTest, FromEnvRejectsMalformedValuesNamingTheVariable) {
       {"NANOCCL_CHUNK_BYTES", "1023"},   {"NANOCCL_TIMEOUT_MS", "0"},
       {"NANOCCL_TIMEOUT_MS", "1.5"},     {"NANOCCL_STRIPE_MIN_BYTES", "99999999999999999999"},
       {"NANOCCL_CONNECT_TIMEOUT_MS", "ten"},
+      {"NANOCCL_RAIL_MBPS", "1000,"},    {"NANOCCL_RAIL_MBPS", ","},
+      {"NANOCCL_RAIL_MBPS", "1000;100"}, {"NANOCCL_RAIL_MBPS", "0"},
+      {"NANOCCL_RAIL_MBPS", "1g,100"},
   };
   for (const auto& [name, value] : bad) {
     ScopedEnv env;

@@ -21,6 +21,7 @@
 #include "tests/transports/raw_peer.h"
 #include "transports/tcp/address.h"
 #include "transports/tcp/handshake.h"
+#include "transports/tcp/layout.h"
 #include "transports/tcp/wire.h"
 
 namespace nanoccl::testing {
@@ -479,14 +480,68 @@ TEST(Rails, AnIncludingListIsOneRailPerInterfaceInItsOrder) {
 }
 
 TEST(Rails, PublishedAddressesRoundTrip) {
-  auto a = tcp::parseRails("10.0.0.1:4000,[::1]:4001");
+  auto a = tcp::parseRails("10.0.0.1:4000@1000,[::1]:4001");
   ASSERT_TRUE(a.isOk());
   ASSERT_EQ(a->size(), 2u);
-  EXPECT_EQ(tcp::formatRails(*a), "10.0.0.1:4000,[::1]:4001");
+  EXPECT_EQ((*a)[0].mbps, 1000);
+  EXPECT_EQ((*a)[1].mbps, 0);  // unknown
+  EXPECT_EQ(tcp::formatRails(*a), "10.0.0.1:4000@1000,[::1]:4001");
   EXPECT_EQ(tcp::parseRails("127.0.0.1:9")->size(), 1u);
-  for (const std::string s : {"", ",", "10.0.0.1:4000,", ",10.0.0.1:4000", "10.0.0.1:4000;x:1"}) {
+  for (const std::string s : {"", ",", "10.0.0.1:4000,", ",10.0.0.1:4000", "10.0.0.1:4000;x:1",
+                              "10.0.0.1:4000@", "10.0.0.1:4000@0", "10.0.0.1:4000@-5",
+                              "10.0.0.1:4000@1g", "10.0.0.1:4000@99999999999999999999"}) {
     EXPECT_EQ(tcp::parseRails(s).status().code(), StatusCode::kInvalidArgument) << s;
   }
+}
+
+std::string partsText(const std::vector<Part>& parts) {
+  std::string out;
+  for (const Part& p : parts) {
+    out += (out.empty() ? "" : " ") + std::to_string(p.lane) + ":" + std::to_string(p.offset) +
+           "+" + std::to_string(p.length);
+  }
+  return out;
+}
+
+TEST(Rails, StripesFollowTheRailsWeights) {
+  using tcp::layoutMessage;
+  const auto all = OpType::kAllreduce;
+  tcp::Rails equal{{1, 1}, 65536};
+  // Two rails, two connections each (c % 2 is the rail): equal quarters, aligned.
+  EXPECT_EQ(partsText(layoutMessage(equal, 4, all, 0, 0, 1 << 20)),
+            "0:0+262144 1:262144+262144 2:524288+262144 3:786432+262144");
+  // 1000 and 100 Mbit/s: the fast rail carries 10/11, the last stripe ends at the end.
+  tcp::Rails unequal{{1000, 100}, 65536};
+  EXPECT_EQ(partsText(layoutMessage(unequal, 2, all, 0, 0, 11 << 20)),
+            "0:0+10485760 1:10485760+1048576");
+  for (uint64_t total : {uint64_t{65536}, uint64_t{1000003}, uint64_t{256} << 20}) {
+    for (int n : {2, 4, 6}) {
+      const auto parts = layoutMessage(unequal, n, all, 7, 3, total);
+      uint64_t next = 0, fast = 0;
+      for (const Part& p : parts) {
+        EXPECT_EQ(p.offset, next) << "every byte once, in order";
+        EXPECT_GT(p.length, 0u);
+        next += p.length;
+        if (p.lane % 2 == 0) fast += p.length;
+      }
+      EXPECT_EQ(next, total);
+      // Off the exact share by at most the alignment of each connection's cut.
+      EXPECT_NEAR(static_cast<double>(fast), total * 10.0 / 11, n * tcp::kStripeAlign)
+          << total << " on " << n;
+    }
+  }
+  // Small messages travel whole, on the fastest rail's connections only.
+  for (uint64_t seq = 0; seq < 8; ++seq) {
+    const auto parts = layoutMessage(unequal, 4, all, seq, 0, 4096);
+    ASSERT_EQ(parts.size(), 1u);
+    EXPECT_EQ(parts[0].lane % 2, 0);
+  }
+  EXPECT_EQ(partsText(layoutMessage(equal, 4, all, 1, 0, 4096)), "1:0+4096");
+  EXPECT_EQ(partsText(layoutMessage(unequal, 4, OpType::kSendRecv, 5, 0, 1 << 20)), "0:0+1048576");
+  EXPECT_EQ(partsText(layoutMessage(equal, 4, all, 0, 0, 0)), "0:0+0");
+  // A share that rounds to nothing leaves its connection out.
+  tcp::Rails lopsided{{1000000, 1}, 4096};
+  EXPECT_EQ(partsText(layoutMessage(lopsided, 2, all, 0, 0, 8192)), "0:0+8192");
 }
 
 // Two rails on loopback (two listeners of 127.0.0.1): connection s of every pair goes to the
@@ -497,7 +552,7 @@ TEST(Rails, ConnectionSRunsOnRailSModuloRails) {
   std::vector<std::string> addresses;
   for (auto& l : listeners) {
     for (int rail = 0; rail < 2; ++rail) l.push_back(tcp::openListener(lo).value());
-    addresses.push_back(tcp::formatRails({l[0].address, l[1].address}));
+    addresses.push_back(tcp::formatRails({{l[0].address}, {l[1].address}}));
   }
   auto params = [](int rank) {
     tcp::MeshParams p{keyOf("test-secret")};
@@ -537,7 +592,7 @@ TEST(Rails, RanksWithDifferentRailCountsFailAlike) {
   std::vector<tcp::Listener> two = {tcp::openListener(lo).value(), tcp::openListener(lo).value()};
   std::vector<tcp::Listener> one = {tcp::openListener(lo).value()};
   const std::vector<std::string> addresses = {
-      tcp::formatRails({two[0].address, two[1].address}), tcp::formatRails({one[0].address})};
+      tcp::formatRails({{two[0].address}, {two[1].address}}), tcp::formatRails({{one[0].address}})};
   tcp::MeshParams p{keyOf("test-secret")};
   p.size = 2;
   p.nsocks = 2;

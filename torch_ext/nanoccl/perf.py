@@ -25,6 +25,9 @@ runs the backend under test (--backend, "nanoccl" when it imports), a group
 made with new_group(backend=B) runs the reference, and the two alternate
 call by call (A, B, A, B ...) so that drift hits both alike. The "speedup"
 column is reference time / tested time: above 1 the tested backend is faster.
+With ``--ab nanoccl``, ``--ab-set NAME=VALUE`` (repeatable) gives the reference
+side its own nanoccl settings, e.g. ``--ab-set socket_ifname=eth0`` to time
+every rail against one in the same launch.
 Bookkeeping (result gathering) runs on a third, gloo group that is never timed.
 """
 
@@ -732,6 +735,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="backend under test (default: nanoccl if it imports, else gloo)")
     p.add_argument("--ab", default=None, metavar="BACKEND",
                    help="reference backend measured in the same launch, e.g. gloo or nccl")
+    p.add_argument("--ab-set", action="append", default=[], metavar="NAME=VALUE",
+                   help="with --ab nanoccl: a nanoccl setting of the reference side only "
+                        "(nanoccl.Options name, e.g. socket_ifname=eth0); repeatable")
     p.add_argument("--compression", default=None, metavar="CODEC",
                    help="nanoccl only: compress the inter-node leg with fp16, bf16, int8 or int4, "
                         "or auto (the codec the cost model predicts fastest per call, "
@@ -815,6 +821,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         notes.append(f"--ab {args.ab} equals --backend: both sides run {backend} "
                      "(the ratio shows run-to-run noise)")
 
+    ab_settings: dict[str, str] = {}
+    for item in args.ab_set:
+        name, eq, value = item.partition("=")
+        if not eq or not name.strip():
+            parser.error(f"--ab-set {item!r}: expected NAME=VALUE")
+        ab_settings[name.strip()] = value
+    ab_options = None
+    if ab_settings:
+        if args.ab != "nanoccl":
+            parser.error("--ab-set needs --ab nanoccl")
+        import nanoccl
+        try:
+            ab_options = nanoccl.Options(**ab_settings)
+        except (ValueError, TypeError) as exc:
+            parser.error(f"--ab-set: {exc}")
+
     timeout = datetime.timedelta(seconds=args.timeout)
     pg_options = None
     codec = args.compression if args.compression not in (None, "none") else None
@@ -850,7 +872,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             label_b = args.ab if args.ab != backend else f"{args.ab}(ref)"
             ab_codec = env_codec if args.ab == "nanoccl" and env_codec else None
             label_b += f"+{ab_codec}" if ab_codec else ""
-            sides.append(Side(label_b, args.ab, dist.new_group(backend=args.ab, timeout=timeout),
+            if ab_settings:  # the settings name the side; a codec among them is its codec
+                label_b = args.ab + "(" + ",".join(f"{k}={v}" for k, v in ab_settings.items()) + ")"
+                if "compression" in ab_settings:
+                    ab_codec = ab_settings["compression"].lower() or None
+                    ab_codec = None if ab_codec == "none" else ab_codec
+            sides.append(Side(label_b, args.ab, dist.new_group(backend=args.ab, timeout=timeout,
+                                                               pg_options=ab_options),
                               ab_codec))
         labels = [s.label for s in sides]
         opts = Options(collectives, sizes, dtype, redop, args.root, args.warmup, args.iters,

@@ -6,7 +6,11 @@
 #include <netinet/in.h>
 
 #include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <memory>
 
 namespace nanoccl::tcp {
@@ -182,21 +186,47 @@ Result<std::vector<InterfaceAddress>> pickRails(const std::string& spec,
   return rails;
 }
 
-std::string formatRails(const std::vector<SocketAddress>& rails) {
+int64_t interfaceMbps(const std::string& name) {
+  if (name.empty() || name.find('/') != std::string::npos) return 0;
+  std::ifstream f("/sys/class/net/" + name + "/speed");
+  int64_t mbps = 0;
+  if (!(f >> mbps) || mbps <= 0) return 0;  // unreadable (EINVAL on loopback), or -1: unknown
+  return mbps;
+}
+
+std::string formatRails(const std::vector<RailAddress>& rails) {
   std::string out;
-  for (const SocketAddress& a : rails) {
+  for (const RailAddress& r : rails) {
     if (!out.empty()) out += ',';
-    out += a.toString();
+    out += r.address.toString();
+    if (r.mbps > 0) {
+      out += '@';
+      out += std::to_string(r.mbps);
+    }
   }
   return out;
 }
 
-Result<std::vector<SocketAddress>> parseRails(const std::string& text) {
-  std::vector<SocketAddress> out;
+Result<std::vector<RailAddress>> parseRails(const std::string& text) {
+  std::vector<RailAddress> out;
   size_t pos = 0;
   while (true) {
     const size_t comma = text.find(',', pos);
-    NANOCCL_ASSIGN_OR_RETURN(out.emplace_back(), SocketAddress::parse(text.substr(pos, comma - pos)));
+    std::string item = text.substr(pos, comma - pos);
+    RailAddress& r = out.emplace_back();
+    if (const size_t at = item.find('@'); at != std::string::npos) {
+      const std::string rate = item.substr(at + 1);
+      char* end = nullptr;
+      errno = 0;
+      const long long mbps = std::strtoll(rate.c_str(), &end, 10);
+      if (rate.empty() || !std::isdigit(static_cast<unsigned char>(rate[0])) || *end != '\0' ||
+          errno != 0 || mbps <= 0) {
+        return invalidArgument("bad rail rate in '" + text + "'");
+      }
+      r.mbps = mbps;
+      item.resize(at);
+    }
+    NANOCCL_ASSIGN_OR_RETURN(r.address, SocketAddress::parse(item));
     if (comma == std::string::npos) return out;
     pos = comma + 1;
   }

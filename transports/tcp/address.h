@@ -52,10 +52,21 @@ Result<std::vector<InterfaceAddress>> upInterfaces();
 Result<std::vector<InterfaceAddress>> pickRails(const std::string& spec,
                                                 const std::vector<InterfaceAddress>& seen);
 
-// A rank's published TCP address: its rails' listening addresses joined by ','
-// ("10.0.0.1:4000,10.0.1.1:4001"); parseRails() reads it back (kInvalidArgument on anything
-// else).
-std::string formatRails(const std::vector<SocketAddress>& rails);
-Result<std::vector<SocketAddress>> parseRails(const std::string& text);
+// The line rate the kernel reports for interface `name` (/sys/class/net/<name>/speed), in
+// Mbit/s; 0 where it reports none (loopback, some virtual devices).
+int64_t interfaceMbps(const std::string& name);
+
+// One rail of a rank's published address: where it listens and the rail's line rate in
+// Mbit/s (0: unknown).
+struct RailAddress {
+  SocketAddress address;
+  int64_t mbps = 0;
+};
+
+// A rank's published TCP address: its rails joined by ',', each "<address>" or
+// "<address>@<Mbit/s>" ("10.0.0.1:4000@1000,10.0.1.1:4001@100"); parseRails() reads it back
+// (kInvalidArgument on anything else).
+std::string formatRails(const std::vector<RailAddress>& rails);
+Result<std::vector<RailAddress>> parseRails(const std::string& text);
 
 }  // namespace nanoccl::tcp

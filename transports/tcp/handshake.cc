@@ -155,7 +155,10 @@ class MeshBuilder {
         targets_.emplace_back();
         continue;
       }
-      NANOCCL_ASSIGN_OR_RETURN(targets_.emplace_back(), parseRails(addresses_[r]));
+      NANOCCL_ASSIGN_OR_RETURN(const std::vector<RailAddress> published,
+                               parseRails(addresses_[r]));
+      targets_.emplace_back();
+      for (const RailAddress& rail : published) targets_[r].push_back(rail.address);
       if (static_cast<int>(targets_[r].size()) != rails()) {
         return mismatchError(
             "rank " + std::to_string(p_.rank) + ": rank " + std::to_string(r) + " listens on " +

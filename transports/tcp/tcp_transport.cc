@@ -21,6 +21,7 @@
 #include "transports/transport_common.h"
 #include "transports/request.h"
 #include "transports/tcp/handshake.h"
+#include "transports/tcp/layout.h"
 #include "transports/tcp/socket_ops.h"
 #include "transports/tcp/wire.h"
 
@@ -28,7 +29,6 @@ namespace nanoccl::tcp {
 namespace {
 
 constexpr int kMaxSocketsPerPeer = 64;  // stripes are tracked in a 64-bit mask
-constexpr uint64_t kStripeAlign = 4096;
 
 // Encryption (NANOCCL_ENCRYPT=1): every frame travels as sealed records, its header as one
 // record of sizeof(FrameHeader) bytes and its payload as records of at most kRecordBytes, each
@@ -135,8 +135,18 @@ class TcpTransport : public Transport {
                              " exceeds the limit of " + std::to_string(kMaxSocketsPerPeer));
     }
     NANOCCL_ASSIGN_OR_RETURN(listeners_, openListeners(o_.config.socketIfname));
-    std::vector<SocketAddress> rails;
-    for (const Listener& l : listeners_) rails.push_back(l.address);
+    const std::vector<int64_t>& rates = o_.config.railMbps;
+    if (!rates.empty() && rates.size() != listeners_.size()) {
+      return invalidArgument("NANOCCL_RAIL_MBPS gives " + std::to_string(rates.size()) +
+                             " rate(s) for " + std::to_string(listeners_.size()) +
+                             " rail(s) (NANOCCL_SOCKET_IFNAME='" + o_.config.socketIfname +
+                             "'): give one a rail, in the same order");
+    }
+    std::vector<RailAddress> rails;
+    for (size_t k = 0; k < listeners_.size(); ++k) {
+      rails.push_back({listeners_[k].address,
+                       rates.empty() ? interfaceMbps(listeners_[k].ifname) : rates[k]});
+    }
     if (o_.config.nsocks * static_cast<int>(rails.size()) > kMaxSocketsPerPeer) {
       return invalidArgument("NANOCCL_NSOCKS=" + std::to_string(o_.config.nsocks) + " on " +
                              std::to_string(rails.size()) + " rails is more than " +
@@ -148,6 +158,7 @@ class TcpTransport : public Transport {
   Status connect(const std::vector<std::string>& addresses, const Deadline& deadline) override {
     NANOCCL_ASSIGN_OR_RETURN(engine_, createEngine(o_.config.tcpEngine));
     rails_ = std::max<int>(1, static_cast<int>(listeners_.size()));
+    NANOCCL_CHECK(weighRails(addresses));
     matcher_.emplace(matcherOptions());
     if (o_.size > 1) {
       MeshParams mp{CommIdentity(o_.secret, o_.commId)};
@@ -246,6 +257,25 @@ class TcpTransport : public Transport {
   }
 
  private:
+  // Every rank reads the same addresses, so every rank weighs the rails alike: rail k's weight
+  // is the slowest rate any rank published for it; equal weights where one is unknown.
+  Status weighRails(const std::vector<std::string>& addresses) {
+    railLayout_.stripeMinBytes = o_.config.stripeMinBytes;
+    railLayout_.weights.assign(static_cast<size_t>(rails_), 1);
+    if (o_.size == 1 || rails_ == 1) return Status::ok();
+    std::vector<int64_t> slowest(static_cast<size_t>(rails_), 0);
+    for (const std::string& text : addresses) {
+      NANOCCL_ASSIGN_OR_RETURN(const std::vector<RailAddress> rails, parseRails(text));
+      if (static_cast<int>(rails.size()) != rails_) return Status::ok();  // buildMesh names it
+      for (int k = 0; k < rails_; ++k) {
+        if (rails[k].mbps <= 0) return Status::ok();
+        slowest[k] = slowest[k] == 0 ? rails[k].mbps : std::min(slowest[k], rails[k].mbps);
+      }
+    }
+    railLayout_.weights = slowest;
+    return Status::ok();
+  }
+
   // A peer's connections: nsocks on each rail, connection s on rail s % rails_.
   int connections() const {
     return std::clamp(o_.config.nsocks * rails_, 1, kMaxSocketsPerPeer);
@@ -333,26 +363,14 @@ class TcpTransport : public Transport {
     }
   }
 
-  // The connections a message travels on: whole on one chosen from (seq, tag), or one stripe
-  // per connection, so equal shares on every rail; point-to-point always on connection 0.
-  // `lanes` (the call's OpFingerprint::lanes, 0: all): only the first `lanes` connections of
-  // each rail carry the call (the first lanes * rails).
+  // The connections a message travels on (layout.h); `lanes` (the call's
+  // OpFingerprint::lanes, 0: all): only the first `lanes` connections of each rail carry the
+  // call (the first lanes * rails).
   std::vector<Part> layout(uint64_t seq, uint32_t tag, OpType op, uint64_t total,
                            int lanes) const {
-    int nsocks = connections();
-    if (lanes > 0) nsocks = std::min(nsocks, lanes * rails_);
-    if (op == OpType::kSendRecv) return {{0, 0, total}};
-    if (nsocks == 1 || total < o_.config.stripeMinBytes) {
-      return {{static_cast<int>((seq + tag) % static_cast<uint64_t>(nsocks)), 0, total}};
-    }
-    uint64_t per = (total + nsocks - 1) / nsocks;
-    per = (per + kStripeAlign - 1) / kStripeAlign * kStripeAlign;
-    std::vector<Part> out;
-    for (int i = 0; i < nsocks && static_cast<uint64_t>(i) * per < total; ++i) {
-      const uint64_t off = static_cast<uint64_t>(i) * per;
-      out.push_back({i, off, std::min(per, total - off)});
-    }
-    return out;
+    int n = connections();
+    if (lanes > 0) n = std::min(n, lanes * rails_);
+    return layoutMessage(railLayout_, n, op, seq, tag, total);
   }
 
   void startSend(const RequestPtr& req) {
@@ -698,6 +716,7 @@ class TcpTransport : public Transport {
   const std::chrono::microseconds spin_{o_.config.spinUs};  // NANOCCL_SPIN_US
   std::vector<Listener> listeners_;  // one a rail; closed once connected
   int rails_ = 1;
+  Rails railLayout_;  // the rails' weights: weighRails()
   std::unique_ptr<IoEngine> engine_;
   std::vector<std::vector<std::unique_ptr<Conn>>> peers_;
   std::thread thread_;

@@ -1,0 +1,58 @@
+// Which of a peer's TCP connections carry which bytes of a message (the Matcher's `parts`):
+// the sender frames by it and the receiver expects by it, so both compute it from the same
+// inputs, every one of which all ranks agree on.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "transports/matcher.h"
+
+namespace nanoccl::tcp {
+
+// Stripes are cut at multiples of this many bytes (but the last).
+inline constexpr uint64_t kStripeAlign = 4096;
+
+struct Rails {
+  // Per rail, its share of striped bytes (any positive scale: Mbit/s, or 1 each). Connection c
+  // runs on rail c % weights.size().
+  std::vector<int64_t> weights = {1};
+  uint64_t stripeMinBytes = 0;  // smaller messages travel whole on one connection
+};
+
+// A message of `total` bytes on `connections` connections: point-to-point (kSendRecv) whole
+// on connection 0; smaller than stripeMinBytes (or one connection) whole on one chosen from
+// (seq, tag) among the connections of the heaviest rails; else one stripe per connection, its
+// length by its rail's weight (equal weights: equal stripes), a connection whose share rounds
+// to nothing left out.
+inline std::vector<Part> layoutMessage(const Rails& rails, int connections, OpType op,
+                                       uint64_t seq, uint32_t tag, uint64_t total) {
+  if (op == OpType::kSendRecv) return {{0, 0, total}};
+  const auto& w = rails.weights;
+  const auto weight = [&](int c) { return static_cast<uint64_t>(w[c % w.size()]); };
+  if (connections == 1 || total < rails.stripeMinBytes) {
+    const uint64_t top = static_cast<uint64_t>(*std::max_element(w.begin(), w.end()));
+    std::vector<int> heaviest;
+    for (int c = 0; c < connections; ++c) {
+      if (weight(c) == top) heaviest.push_back(c);
+    }
+    return {{heaviest[(seq + tag) % heaviest.size()], 0, total}};
+  }
+  uint64_t sum = 0;
+  for (int c = 0; c < connections; ++c) sum += weight(c);
+  std::vector<Part> out;
+  uint64_t off = 0, weightSoFar = 0;
+  for (int c = 0; c < connections && off < total; ++c) {
+    weightSoFar += weight(c);
+    // Where this connection's stripe ends: its share of the weight so far, aligned up.
+    uint64_t end = static_cast<uint64_t>(static_cast<unsigned __int128>(total) * weightSoFar / sum);
+    end = (end + kStripeAlign - 1) / kStripeAlign * kStripeAlign;
+    if (c + 1 == connections || end > total) end = total;
+    if (end > off) out.push_back({c, off, end - off});
+    off = std::max(off, end);
+  }
+  return out;
+}
+
+}  // namespace nanoccl::tcp
