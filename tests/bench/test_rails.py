@@ -1,0 +1,102 @@
+"""Several NICs a node: nanoccl's TCP transport on two rails of the emulated cluster
+(bench/emucluster.py --rails 2): messages striped over both and reassembled intact, unequal
+rails loaded by their rates, and a rail brought down mid-collective failing every rank within
+the timeout. The tests skip, with the reason, where namespaces cannot be made."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+JOB = """\
+import datetime, json, os, subprocess, sys, threading, time
+import torch
+import torch.distributed as dist
+import nanoccl  # noqa: F401  (registers the backend)
+
+mode, timeout_s = sys.argv[1], int(sys.argv[2])
+dist.init_process_group("nanoccl", timeout=datetime.timedelta(seconds=timeout_s))
+rank, world = dist.get_rank(), dist.get_world_size()
+out = {"rank": rank}
+if mode == "stripe":
+    # Small (whole on one connection), striped, and an odd size; values that tell every
+    # element and every rank apart, so a misplaced stripe cannot go unseen.
+    for n in (1000, 1 << 20, (8 << 20) + 3):
+        t = torch.arange(n, dtype=torch.float64) * (rank + 1)
+        dist.all_reduce(t)
+        want = torch.arange(n, dtype=torch.float64) * (world * (world + 1) // 2)
+        assert torch.equal(t, want), f"rank {rank}: wrong result at {n} elements"
+    out["error"] = None
+else:  # rail-down: rank 0 takes its eth1 down while allreduces run
+    t = torch.ones((64 << 20) // 4)
+    dist.all_reduce(t)
+    if rank == 0:
+        down = lambda: subprocess.run(["ip", "link", "set", "eth1", "down"], check=True)
+        threading.Timer(0.3, down).start()
+    start = time.monotonic()
+    try:
+        for _ in range(30):
+            dist.all_reduce(t)
+        out["error"] = None
+    except Exception as exc:  # the collective's error, whatever its type
+        out["error"] = str(exc)
+    out["elapsed"] = time.monotonic() - start
+print("RESULT " + json.dumps(out), flush=True)
+os._exit(0)  # after a failed collective, do not wait on teardown
+"""
+
+
+def _run(emucluster: ModuleType, tmp_path: Path, mode: str, timeout_s: int,
+         rail_rates: list[str]) -> tuple[int, list[dict], dict, str]:
+    script = tmp_path / "rails_job.py"
+    script.write_text(JOB)
+    buf = io.StringIO()
+    with emucluster.EmuCluster(nodes=2, procs_per_node=1, rails=2, rail_rates=rail_rates) as c:
+        before = c.rail_bytes()
+        rc = c.run([str(script), mode, str(timeout_s)], out=buf, timeout_s=timeout_s + 120)
+        after = c.rail_bytes()
+    sent = {key: after[key].tx_bytes - before[key].tx_bytes for key in after}
+    text = buf.getvalue()
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in text.splitlines()
+               if "RESULT " in line]
+    return rc, results, sent, text
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("rates, fast_share", [(["1gbit", "1gbit"], 0.5),
+                                               (["1gbit", "100mbit"], 10 / 11)])
+def test_messages_stripe_over_both_rails_by_their_rates(
+        emucluster: ModuleType, can_make_namespaces: None, tmp_path: Path,
+        rates: list[str], fast_share: float) -> None:
+    rc, results, sent, text = _run(emucluster, tmp_path, "stripe", 60, rates)
+    assert rc == 0, text
+    assert sorted(r["rank"] for r in results) == [0, 1] and all(r["error"] is None
+                                                                 for r in results), text
+    for node in (0, 1):
+        rail0, rail1 = sent[(node, 0)], sent[(node, 1)]
+        # A 2-rank allreduce sends each rank's whole 75 MB of float64 once; rail 0 also
+        # carries the small messages.
+        assert rail0 + rail1 > 70e6, (node, sent)
+        assert rail0 / (rail0 + rail1) == pytest.approx(fast_share, abs=0.05), (node, sent)
+
+
+@pytest.mark.timeout(240)
+def test_a_rail_brought_down_mid_collective_fails_every_rank_within_the_timeout(
+        emucluster: ModuleType, can_make_namespaces: None, tmp_path: Path) -> None:
+    timeout_s = 15
+    start = time.monotonic()
+    rc, results, _, text = _run(emucluster, tmp_path, "rail-down", timeout_s,
+                                ["1gbit", "1gbit"])
+    assert sorted(r["rank"] for r in results) == [0, 1], text  # nobody hung or crashed
+    for r in results:
+        assert r["error"], f"rank {r['rank']} finished its allreduces with a rail down:\n{text}"
+        assert "nanoccl" in r["error"] or "rank" in r["error"], r["error"]
+        assert r["elapsed"] < timeout_s + 30, (r, text)
+    assert time.monotonic() - start < timeout_s + 100
