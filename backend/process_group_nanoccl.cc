@@ -211,6 +211,7 @@ void addStats(CommStats& into, const CommStats& from) {
     if (it == into.perTransport.end()) it = into.perTransport.insert(it, {name, PeerCounters{}});
     it->second += c;
   }
+  addRails(into.perRail, from.perRail);
 }
 
 }  // namespace
@@ -271,6 +272,9 @@ BackendStats ProcessGroupNanoccl::stats() const {
   out.modelled = cs.modelled;
   for (const auto& [name, c] : cs.perTransport) {
     out.perTransport.emplace_back(name, BackendStats::Bytes{c.bytesSent, c.bytesReceived});
+  }
+  for (const RailCounters& r : cs.perRail) {
+    out.perRail.emplace_back(r.ifname, BackendStats::Bytes{r.bytesSent, r.bytesReceived});
   }
   const size_t nops = std::max(cs.bytesSentPerOp.size(), cs.bytesReceivedPerOp.size());
   for (size_t i = 0; i < nops; ++i) {

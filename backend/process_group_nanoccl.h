@@ -88,6 +88,8 @@ struct BackendStats {
   std::vector<std::pair<std::string, uint64_t>> perAlgorithm;
   // Bytes per transport that carried them ("tcp", "shm"), every transport the group holds.
   std::vector<std::pair<std::string, Bytes>> perTransport;
+  // Bytes per network interface the tcp transports used ("eth0", "eth1": one a rail).
+  std::vector<std::pair<std::string, Bytes>> perRail;
   // Failed calls whose buffers are kept until the group is destroyed, because aborting the
   // transports did not end every transfer on them (Task::buffersStillInUse()).
   uint64_t callsWithKeptBuffers = 0;

@@ -876,6 +876,7 @@ CommStats Communicator::stats() const {
   } else if (impl_->transport) {
     addTransport(impl_->transportKind, s.perPeer);
   }
+  if (impl_->transport) addRails(s.perRail, impl_->transport->railCounters());
 
   // The sub-communicators' traffic under the parent ranks of their members.
   if (const detail::Hierarchy* h = impl_->hierarchy.get()) {
@@ -883,6 +884,7 @@ CommStats Communicator::stats() const {
       if (!g->transport) continue;
       const std::vector<PeerCounters> c = g->transport->counters();
       addTransport(g == &h->local ? impl_->localKind : impl_->transportKind, c);
+      addRails(s.perRail, g->transport->railCounters());
       for (size_t i = 0; i < c.size() && i < g->ranks.size(); ++i) {
         s.perPeer[g->ranks[i]] += c[i];
       }

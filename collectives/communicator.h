@@ -166,6 +166,9 @@ struct CommStats {
   // perPeer summed per transport that carried it, by table name: ("tcp", ...), ("shm", ...).
   // Every transport the communicator holds is listed, in first-use order, even without traffic.
   std::vector<std::pair<std::string, PeerCounters>> perTransport;
+  // Payload bytes per network interface of the tcp transports (Transport::railCounters(): one
+  // entry a rail), every transport of the communicator added up.
+  std::vector<RailCounters> perRail;
   // Calls the cost model predicted (a link profile is in force, collectives/tuning.h), per
   // "op/row" or "op/row/codec": how many, and the predicted and the measured seconds summed
   // (measured on this rank, from the start of the call's run to its end).

@@ -106,6 +106,9 @@ py::dict statsDict(const nanoccl::BackendStats& s) {
   py::dict perTransport;
   for (const auto& [name, b] : s.perTransport) perTransport[py::str(name)] = bytesDict(b);
   out["per_transport"] = perTransport;
+  py::dict perRail;
+  for (const auto& [name, b] : s.perRail) perRail[py::str(name)] = bytesDict(b);
+  out["per_rail"] = perRail;
   out["calls_with_kept_buffers"] = s.callsWithKeptBuffers;
   py::dict modelled;
   for (const auto& t : s.modelled) {

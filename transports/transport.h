@@ -27,6 +27,7 @@
 //   After either, the transport stays failed: later requests complete at once with the error.
 #pragma once
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -94,6 +95,24 @@ struct TransportOptions {
   Config config;
 };
 
+// Payload bytes a transport moved over one network interface (a rail: tcp's NICs).
+struct RailCounters {
+  std::string ifname;
+  uint64_t bytesSent = 0;
+  uint64_t bytesReceived = 0;
+};
+
+// Adds `from` to `into`, interface by interface (new ones appended in order).
+inline void addRails(std::vector<RailCounters>& into, const std::vector<RailCounters>& from) {
+  for (const RailCounters& r : from) {
+    auto it = std::find_if(into.begin(), into.end(),
+                           [&](const RailCounters& x) { return x.ifname == r.ifname; });
+    if (it == into.end()) it = into.insert(into.end(), RailCounters{r.ifname});
+    it->bytesSent += r.bytesSent;
+    it->bytesReceived += r.bytesReceived;
+  }
+}
+
 class Transport {
  public:
   virtual ~Transport() = default;
@@ -120,6 +139,9 @@ class Transport {
 
   // Payload bytes and messages per peer (index = rank) since creation.
   virtual std::vector<PeerCounters> counters() const = 0;
+  // Payload bytes per network interface, for transports that know theirs (tcp, one entry a
+  // rail); empty for the others.
+  virtual std::vector<RailCounters> railCounters() const { return {}; }
 
   // "tcp/uring x2" etc., for logs and stats.
   virtual std::string describe() const = 0;

@@ -34,6 +34,7 @@ if mode == "stripe":
         want = torch.arange(n, dtype=torch.float64) * (world * (world + 1) // 2)
         assert torch.equal(t, want), f"rank {rank}: wrong result at {n} elements"
     out["error"] = None
+    out["per_rail"] = {k: v["bytes_sent"] for k, v in nanoccl.stats()["per_rail"].items()}
 else:  # rail-down: rank 0 takes its eth1 down while allreduces run
     t = torch.ones((64 << 20) // 4)
     dist.all_reduce(t)
@@ -79,6 +80,11 @@ def test_messages_stripe_over_both_rails_by_their_rates(
     assert rc == 0, text
     assert sorted(r["rank"] for r in results) == [0, 1] and all(r["error"] is None
                                                                  for r in results), text
+    for r in results:  # nanoccl's own count, per interface: payload only
+        rails = r["per_rail"]
+        assert list(rails) == ["eth0", "eth1"], rails
+        assert sum(rails.values()) == (1000 + (1 << 20) + (8 << 20) + 3) * 8, rails
+        assert rails["eth0"] / sum(rails.values()) == pytest.approx(fast_share, abs=0.03), rails
     for node in (0, 1):
         rail0, rail1 = sent[(node, 0)], sent[(node, 1)]
         # A 2-rank allreduce sends each rank's whole 75 MB of float64 once; rail 0 also

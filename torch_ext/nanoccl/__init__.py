@@ -254,6 +254,7 @@ class Stats(TypedDict):
     per_link: dict[str, ByteCounts]  # "intra-node", "inter-node"
     per_algorithm: dict[str, int]  # calls per algorithm the planner chose: "allreduce/ring"
     per_transport: dict[str, ByteCounts]  # "tcp", "shm": what each transport carried
+    per_rail: dict[str, ByteCounts]  # "eth0", "eth1": what tcp carried over each interface
     # failed calls whose tensors are kept alive until the group is destroyed: aborting the
     # transports did not end every transfer on them (a stuck progress thread or provider)
     calls_with_kept_buffers: int
@@ -268,7 +269,8 @@ def stats(group: dist.ProcessGroup | None = None) -> Stats:
     Totals, per peer (with the peer's node and link class), per op, per link class
     ("intra-node", "inter-node"), per transport ("tcp", "shm": collectives between ranks of
     one node go through shared memory unless NANOCCL_INTRA_TRANSPORT=tcp, point-to-point and
-    inter-node traffic over TCP) and calls per algorithm. A rank's node is NANOCCL_NODE_ID
+    inter-node traffic over TCP), per network interface TCP used ("eth0", "eth1": one a rail,
+    README "Several NICs a node") and calls per algorithm. A rank's node is NANOCCL_NODE_ID
     (or Options(node_id=...)) if set, else torchrun's GROUP_RANK, else its host name and
     network namespace; ranks with the same node id are one node. Local: no communication.
     """

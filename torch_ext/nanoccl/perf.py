@@ -952,9 +952,16 @@ def _stats_line(stats: list[Any]) -> str:
     for s in stats:
         for link, counts in s.get("per_link", {}).items():
             links[link] = links.get(link, 0) + int(counts.get("bytes_sent", 0))
+    rails: dict[str, int] = {}  # per network interface of tcp; only worth a word with several
+    for s in stats:
+        for ifname, counts in s.get("per_rail", {}).items():
+            rails[ifname] = rails.get(ifname, 0) + int(counts.get("bytes_sent", 0))
     total = sum(int(s.get("bytes_sent", 0)) for s in stats)
     parts = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(links.items()))
-    return (f"nanoccl sent {total / 1e6:.1f} MB over all ranks ({parts}), "
+    per_rail = ""
+    if len(rails) > 1:
+        per_rail = "; tcp per rail: " + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in rails.items())
+    return (f"nanoccl sent {total / 1e6:.1f} MB over all ranks ({parts}{per_rail}), "
             "warm-up and checks included")
 
 

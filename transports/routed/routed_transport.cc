@@ -180,6 +180,12 @@ class Routed : public RoutedTransport {
     return out;
   }
 
+  std::vector<RailCounters> railCounters() const override {
+    std::vector<RailCounters> out = remote_->railCounters();
+    if (local_) addRails(out, local_->railCounters());
+    return out;
+  }
+
   std::vector<std::pair<std::string, std::vector<PeerCounters>>> countersPerTransport()
       const override {
     std::vector<PeerCounters> remote = remote_->counters();

@@ -9,6 +9,7 @@
 #include <deque>
 #include <mutex>
 #include <new>
+#include <atomic>
 #include <optional>
 #include <vector>
 
@@ -158,6 +159,8 @@ class TcpTransport : public Transport {
   Status connect(const std::vector<std::string>& addresses, const Deadline& deadline) override {
     NANOCCL_ASSIGN_OR_RETURN(engine_, createEngine(o_.config.tcpEngine));
     rails_ = std::max<int>(1, static_cast<int>(listeners_.size()));
+    railSent_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(rails_));
+    railReceived_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(rails_));
     NANOCCL_CHECK(weighRails(addresses));
     matcher_.emplace(matcherOptions());
     if (o_.size > 1) {
@@ -243,6 +246,16 @@ class TcpTransport : public Transport {
   }
 
   std::vector<PeerCounters> counters() const override { return counters_.snapshot(); }
+
+  std::vector<RailCounters> railCounters() const override {
+    std::vector<RailCounters> out;
+    if (!railSent_) return out;  // not connected
+    for (int k = 0; k < rails_ && k < static_cast<int>(listeners_.size()); ++k) {
+      out.push_back({listeners_[k].ifname, railSent_[k].load(std::memory_order_relaxed),
+                     railReceived_[k].load(std::memory_order_relaxed)});
+    }
+    return out;
+  }
 
   std::string describe() const override {
     std::string via;
@@ -510,6 +523,7 @@ class TcpTransport : public Transport {
       return;
     }
     if (result < 0) return failOnClose(connectionError(c, result), f.req);
+    if (f.req) railSent_[c.index % rails_].fetch_add(f.hdr.length, std::memory_order_relaxed);
     if (f.req && --f.req->framesLeft == 0) {
       counters_.sent(c.peer, f.req->bytes);
       f.req->complete(Status::ok(), o_.rank);
@@ -577,6 +591,7 @@ class TcpTransport : public Transport {
   }
 
   void onPayload(Conn& c, const IncomingPtr& msg) {
+    railReceived_[c.index % rails_].fetch_add(c.hdr.length, std::memory_order_relaxed);
     matcher_->landed(msg, c.hdr.length);
     postHeaderRecv(c);
   }
@@ -717,6 +732,8 @@ class TcpTransport : public Transport {
   std::vector<Listener> listeners_;  // one a rail; closed once connected
   int rails_ = 1;
   Rails railLayout_;  // the rails' weights: weighRails()
+  // Payload bytes per rail (frames sent, frames landed): written by the progress thread.
+  std::unique_ptr<std::atomic<uint64_t>[]> railSent_, railReceived_;
   std::unique_ptr<IoEngine> engine_;
   std::vector<std::vector<std::unique_ptr<Conn>>> peers_;
   std::thread thread_;
