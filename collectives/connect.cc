@@ -3,6 +3,7 @@
 #include <numeric>
 
 #include "collectives/store.h"
+#include "transports/tcp/address.h"
 
 namespace nanoccl::detail {
 namespace {
@@ -87,6 +88,23 @@ Result<std::unique_ptr<Transport>> connectGroup(const std::string& kind, const s
   std::unique_ptr<Transport> transport = wrapped(std::move(made).value(), options);
   NANOCCL_CHECK(publishAndConnect(*transport, commId, rank, ranks, options, deadline));
   return transport;
+}
+
+}  // namespace
+
+namespace {
+
+// NANOCCL_RAIL_PER_LOCAL_RANK: `config` narrowed to rail localRank % rails of its
+// socket_ifname (the same index on every node, so a cross group agrees on one rail).
+Result<Config> oneRail(const Config& config, int localRank) {
+  NANOCCL_ASSIGN_OR_RETURN(const std::vector<tcp::InterfaceAddress> seen, tcp::upInterfaces());
+  NANOCCL_ASSIGN_OR_RETURN(const std::vector<tcp::InterfaceAddress> rails,
+                           tcp::pickRails(config.socketIfname, seen));
+  const size_t k = static_cast<size_t>(localRank) % rails.size();
+  Config out = config;
+  out.socketIfname = "=" + rails[k].name;
+  if (config.railMbps.size() == rails.size()) out.railMbps = {config.railMbps[k]};
+  return out;
 }
 
 }  // namespace
@@ -178,9 +196,13 @@ Result<std::unique_ptr<Hierarchy>> connectHierarchy(const CommunicatorOptions& o
     cross.size = topo.numNodes();
     cross.name = "inter-node stage among ranks " + ranksText(cross.ranks) + " (local rank " +
                  std::to_string(lr) + " of every node; below, rank i is the i-th of them)";
+    CommunicatorOptions crossOptions = options;
+    if (options.config.railPerLocalRank && choice.interNode == "tcp") {
+      NANOCCL_ASSIGN_OR_RETURN(crossOptions.config, oneRail(options.config, lr));
+    }
     Result<std::unique_ptr<Transport>> t =
         connectGroup(choice.interNode, options.commId + "/cross/" + std::to_string(lr), node,
-                     cross.ranks, secret, options, deadline);
+                     cross.ranks, secret, crossOptions, deadline);
     if (!t.isOk()) {
       return t.status().withContext("connecting the " + cross.name + " over " + choice.interNode +
                                     ": ");

@@ -131,6 +131,7 @@ const std::vector<Field>& fields() {
          }
          return out;
        }},
+      boolField("rail_per_local_rank", &Config::railPerLocalRank),
       {"tcp_engine",
        [](Config& c, const std::string& v) {
          NANOCCL_CHECK(oneOf("tcp_engine", v, {"auto", "uring", "epoll"}));

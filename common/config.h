@@ -23,6 +23,9 @@ struct Config {
   // weighing how much of a striped message each rail carries. Empty: the rate the kernel
   // reports for each interface (/sys/class/net/<if>/speed), equal shares where one is unknown.
   std::vector<int64_t> railMbps;
+  // One NIC per GPU: under the hierarchical algorithms, local rank i of every node carries its
+  // share across nodes over rail i % rails only, instead of over every rail.
+  bool railPerLocalRank = false;
   // "auto" (io_uring when the kernel allows it, else epoll), "uring" or "epoll".
   std::string tcpEngine = "auto";
   // TCP connections per peer; messages of at least stripeMinBytes are striped across them.

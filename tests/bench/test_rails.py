@@ -35,6 +35,14 @@ if mode == "stripe":
         assert torch.equal(t, want), f"rank {rank}: wrong result at {n} elements"
     out["error"] = None
     out["per_rail"] = {k: v["bytes_sent"] for k, v in nanoccl.stats()["per_rail"].items()}
+elif mode == "per-local-rank":
+    n = (4 << 20) + 5
+    t = torch.arange(n, dtype=torch.float64) * (rank + 1)
+    dist.all_reduce(t)
+    assert torch.equal(t, torch.arange(n, dtype=torch.float64) * (world * (world + 1) // 2))
+    out["error"] = None
+    out["local_rank"] = int(os.environ["LOCAL_RANK"])
+    out["per_rail"] = {k: v["bytes_sent"] for k, v in nanoccl.stats()["per_rail"].items()}
 else:  # rail-down: rank 0 takes its eth1 down while allreduces run
     t = torch.ones((64 << 20) // 4)
     dist.all_reduce(t)
@@ -55,13 +63,16 @@ os._exit(0)  # after a failed collective, do not wait on teardown
 
 
 def _run(emucluster: ModuleType, tmp_path: Path, mode: str, timeout_s: int,
-         rail_rates: list[str]) -> tuple[int, list[dict], dict, str]:
+         rail_rates: list[str], procs_per_node: int = 1,
+         env: dict[str, str] | None = None) -> tuple[int, list[dict], dict, str]:
     script = tmp_path / "rails_job.py"
     script.write_text(JOB)
     buf = io.StringIO()
-    with emucluster.EmuCluster(nodes=2, procs_per_node=1, rails=2, rail_rates=rail_rates) as c:
+    with emucluster.EmuCluster(nodes=2, procs_per_node=procs_per_node, rails=2,
+                               rail_rates=rail_rates) as c:
         before = c.rail_bytes()
-        rc = c.run([str(script), mode, str(timeout_s)], out=buf, timeout_s=timeout_s + 120)
+        rc = c.run([str(script), mode, str(timeout_s)], out=buf, timeout_s=timeout_s + 120,
+                   env=env)
         after = c.rail_bytes()
     sent = {key: after[key].tx_bytes - before[key].tx_bytes for key in after}
     text = buf.getvalue()
@@ -106,3 +117,23 @@ def test_a_rail_brought_down_mid_collective_fails_every_rank_within_the_timeout(
         assert "nanoccl" in r["error"] or "rank" in r["error"], r["error"]
         assert r["elapsed"] < timeout_s + 30, (r, text)
     assert time.monotonic() - start < timeout_s + 100
+
+
+@pytest.mark.timeout(240)
+def test_one_rail_per_local_rank(emucluster: ModuleType, can_make_namespaces: None,
+                                 tmp_path: Path) -> None:
+    """NANOCCL_RAIL_PER_LOCAL_RANK=1 on 2x2: local rank i's share crosses nodes on eth<i>."""
+    rc, results, sent, text = _run(emucluster, tmp_path, "per-local-rank", 60,
+                                   ["1gbit", "1gbit"], procs_per_node=2,
+                                   env={"NANOCCL_RAIL_PER_LOCAL_RANK": "1",
+                                        "NANOCCL_ALGO": "hierarchical"})
+    assert rc == 0, text
+    assert sorted(r["rank"] for r in results) == [0, 1, 2, 3], text
+    for r in results:
+        mine, other = f"eth{r['local_rank']}", f"eth{1 - r['local_rank']}"
+        rails = r["per_rail"]
+        # Its shard of the 32 MB allreduce on its own rail; setup's few bytes may use both.
+        assert rails.get(mine, 0) > 8e6, r
+        assert rails.get(other, 0) < 0.02 * rails[mine], r
+    for node in (0, 1):  # both NICs of every node busy, each with one local rank's share
+        assert sent[(node, 0)] > 8e6 and sent[(node, 1)] > 8e6, sent

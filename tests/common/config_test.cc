@@ -47,7 +47,8 @@ class ScopedEnv {
   std::vector<std::pair<std::string, std::optional<std::string>>> saved_;
 };
 
-const char* kNames[] = {"socket_ifname",       "rail_mbps",  "tcp_engine", "nsocks",
+const char* kNames[] = {"socket_ifname",       "rail_mbps",  "rail_per_local_rank",
+                        "tcp_engine", "nsocks",
                         "stripe_min_bytes",    "algo",       "chunk_bytes",
                         "small_message_bytes", "spin_us", "timeout_ms", "connect_timeout_ms",
                         "node_id",             "transport",  "intra_transport", "compression",

@@ -164,8 +164,8 @@ class MeshBuilder {
             "rank " + std::to_string(p_.rank) + ": rank " + std::to_string(r) + " listens on " +
             std::to_string(targets_[r].size()) + " rail(s) (" + addresses_[r] + "), this rank on " +
             std::to_string(rails()) + " (" + describeRails() +
-            "); NANOCCL_SOCKET_IFNAME must select as many interfaces on every rank, rail k of "
-            "each on the same network");
+            "); NANOCCL_SOCKET_IFNAME (and NANOCCL_RAIL_PER_LOCAL_RANK) must select as many "
+            "interfaces on every rank, rail k of each on the same network");
       }
     }
     return Status::ok();
