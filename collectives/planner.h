@@ -43,17 +43,19 @@ struct Plan {
   // The chunk of the compressed exchange in float32 bytes (CallArgs::codecChunkBytes); 0:
   // config.chunkBytes.
   size_t codecChunkBytes = 0;
-  // Connections a peer for the call's large messages (OpFingerprint::lanes): plannedLanes().
+  // Connections a peer on each rail for the call's large messages (OpFingerprint::lanes):
+  // plannedLanes().
   int lanes = 0;
   // The cost model's time for the chosen row (collectives/cost_model.h); infinity without a
   // profile or where the model does not cover the op.
   double predictedSeconds = 0;
 };
 
-// The socket count of every call planned under a profile (OpFingerprint::lanes; its tcp
-// messages, inter-node and, with intra_transport=tcp, intra-node too): 1 where the profile
-// measured one connection a peer (inter_one_socket_MBps) and all of them were not
-// kMoreSocketsGain faster than it; else 0 (all). More connections cost CPU and queueing that the probe does not see:
+// The socket count a rail of every call planned under a profile (OpFingerprint::lanes; its
+// tcp messages, inter-node and, with intra_transport=tcp, intra-node too): 1 where the profile
+// measured one connection a peer a rail (inter_one_socket_MBps) and all of them were not
+// kMoreSocketsGain faster than it; else 0 (all). More connections cost CPU and queueing that
+// the probe does not see:
 // on the emulated 1 Gbit/s 2x2 cluster two a peer ran a 256 MB int8 allreduce 2-20% slower
 // than one in 11 of 12 pairs (results/tuning/README.md). Where the user set nsocks (or there
 // is one), 0.

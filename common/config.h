@@ -28,9 +28,10 @@ struct Config {
   bool railPerLocalRank = false;
   // "auto" (io_uring when the kernel allows it, else epoll), "uring" or "epoll".
   std::string tcpEngine = "auto";
-  // TCP connections per peer; messages of at least stripeMinBytes are striped across them.
-  // With a link profile that measured one connection a peer as fast, every call the planner
-  // plans travels on one (OpFingerprint::lanes) unless this was set (nsocksSet).
+  // TCP connections per peer on each rail; messages of at least stripeMinBytes are striped
+  // across them (over every rail). With a link profile that measured one connection a peer as
+  // fast, every call the planner plans travels on one a rail (OpFingerprint::lanes) unless
+  // this was set (nsocksSet).
   int nsocks = 2;
   bool nsocksSet = false;  // nsocks given by the environment or the Options
   size_t stripeMinBytes = 256 * 1024;

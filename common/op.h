@@ -44,8 +44,8 @@ struct OpFingerprint {
                        // (0 where counts are per peer pair, e.g. alltoall)
   uint64_t seq = 0;    // the communicator's collective sequence number (0 for p2p)
   uint8_t codec = 0;   // the inter-node codec's wire id (kCodecNames); 0: lossless
-  // How many of a peer's connections the call's large messages are striped over (tcp; the
-  // planner's socket count, collectives/planner.h); 0: all of them.
+  // How many of a peer's connections on each rail the call's large messages are striped over
+  // (tcp; the planner's socket count, collectives/planner.h); 0: all of them.
   uint8_t lanes = 0;
 
   bool operator==(const OpFingerprint& o) const {

@@ -4,12 +4,12 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <deque>
 #include <mutex>
 #include <new>
-#include <atomic>
 #include <optional>
 #include <vector>
 
