@@ -271,3 +271,17 @@ def test_ab_set_gives_the_reference_side_its_own_settings(tmp_path: Path) -> Non
                              capture_output=True, text=True, timeout=120)
         assert bad.returncode == 2, bad.stdout + bad.stderr
         assert expected in bad.stderr, bad.stderr
+
+
+def test_stats_line_names_the_rails_when_there_are_several(perf: ModuleType) -> None:
+    def rank(eth0: int, eth1: int | None) -> dict:
+        rails = {"eth0": {"bytes_sent": eth0, "bytes_received": 0}}
+        if eth1 is not None:
+            rails["eth1"] = {"bytes_sent": eth1, "bytes_received": 0}
+        total = eth0 + (eth1 or 0)
+        return {"bytes_sent": total, "per_link": {"inter-node": {"bytes_sent": total}},
+                "per_rail": rails}
+    line = perf._stats_line([rank(3_000_000, 1_000_000), rank(2_000_000, 2_000_000)])
+    assert "nanoccl sent 8.0 MB over all ranks" in line, line
+    assert "tcp per rail: eth0 5.0 MB, eth1 3.0 MB" in line, line
+    assert "per rail" not in perf._stats_line([rank(1_000_000, None)])
