@@ -59,11 +59,13 @@ Context::Leftover Context::takeUnfinished() {
 Status Context::wait(const Pending& p) {
   Status s = p.req->wait(deadline_);
   if (s.code() == StatusCode::kTimeout) {
-    // The transport's timeout says nothing about which step starved; this does.
+    // The transport's timeout says nothing about which step starved; this does, and what the
+    // transport sees stuck on the way to that peer, if anything.
+    const std::string stalled = transport_->stallReport(p.peer);
     return timeoutError("timed out after " + std::to_string(timeout_.count()) + " ms waiting " +
                         (p.isSend ? "to send to rank " : "to receive from rank ") +
-                        std::to_string(p.peer) + " (tag " + std::to_string(p.tag) +
-                        "); did every rank make this call?");
+                        std::to_string(p.peer) + " (tag " + std::to_string(p.tag) + "); " +
+                        (stalled.empty() ? "did every rank make this call?" : stalled));
   }
   return s;
 }

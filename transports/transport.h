@@ -145,6 +145,11 @@ class Transport {
 
   // "tcp/uring x2" etc., for logs and stats.
   virtual std::string describe() const = 0;
+
+  // For a call that timed out waiting on `peer`: what the transport sees stuck on its way
+  // there ("connection 1 to rank 0 on eth1: 2.1 MB not acknowledged for 14.8 s"), or "" where
+  // it sees nothing (or cannot tell). Thread-safe.
+  virtual std::string stallReport(int peer) const { return ""; }
 };
 
 // Creates a transport by name from the transport table ("tcp"). Unknown names and

@@ -180,6 +180,8 @@ class Routed : public RoutedTransport {
     return out;
   }
 
+  std::string stallReport(int peer) const override { return remote_->stallReport(peer); }
+
   std::vector<RailCounters> railCounters() const override {
     std::vector<RailCounters> out = remote_->railCounters();
     if (local_) addRails(out, local_->railCounters());

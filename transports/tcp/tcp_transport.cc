@@ -1,5 +1,9 @@
 #include "transports/tcp/tcp_transport.h"
 
+#include <linux/sockios.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -30,6 +34,8 @@ namespace nanoccl::tcp {
 namespace {
 
 constexpr int kMaxSocketsPerPeer = 64;  // stripes are tracked in a 64-bit mask
+// stallReport() names a connection whose peer has not acknowledged its bytes for this long.
+constexpr uint32_t kStallReportMs = 1000;
 
 // Encryption (NANOCCL_ENCRYPT=1): every frame travels as sealed records, its header as one
 // record of sizeof(FrameHeader) bytes and its payload as records of at most kRecordBytes, each
@@ -255,6 +261,31 @@ class TcpTransport : public Transport {
                      railReceived_[k].load(std::memory_order_relaxed)});
     }
     return out;
+  }
+
+  // Connections to `peer` holding bytes the peer has not acknowledged for a while: a link
+  // (a rail) that went down, or a peer whose host stopped, leaves its connections like that.
+  std::string stallReport(int peer) const override {
+    if (peer < 0 || peer >= o_.size || peer == o_.rank || !thread_.joinable()) return "";
+    std::string out;
+    for (const auto& c : peers_[static_cast<size_t>(peer)]) {
+      tcp_info ti{};
+      socklen_t len = sizeof(ti);
+      int queued = 0;  // sent and not acknowledged, or not sent yet
+      if (getsockopt(c->fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0 ||
+          ioctl(c->fd, SIOCOUTQ, &queued) != 0) {
+        continue;
+      }
+      if (ti.tcpi_unacked == 0 || ti.tcpi_last_ack_recv < kStallReportMs) continue;
+      char line[160];
+      std::snprintf(line, sizeof(line), "%sconnection %d to rank %d%s%s: %.2f MB not acknowledged "
+                    "for %.1f s (%u retransmissions)", out.empty() ? "" : "; ", c->index, peer,
+                    rails_ > 1 ? " on " : "",
+                    rails_ > 1 ? listeners_[c->index % rails_].ifname.c_str() : "",
+                    queued / 1e6, ti.tcpi_last_ack_recv / 1e3, ti.tcpi_total_retrans);
+      out += line;
+    }
+    return out.empty() ? out : out + " (is a link down?)";
   }
 
   std::string describe() const override {
