@@ -469,6 +469,13 @@ TEST(Rails, AnIncludingListIsOneRailPerInterfaceInItsOrder) {
   EXPECT_EQ(railNames("ens,eth0,eth", seen),
             (V{"ens5=10.0.2.1:0", "eth0=10.0.0.1:0", "eth1=10.0.1.1:0"}));
   EXPECT_EQ(railNames("eth0,,eth0", seen), (V{"eth0=10.0.0.1:0"}));
+  // Aliases and interfaces without a carrier are no rails; alone, the first match still is.
+  auto withAlias = seen;
+  withAlias.push_back(iface("eth0:1", "10.0.5.1"));
+  withAlias.push_back(iface("eth2", "10.0.6.1"));
+  withAlias.back().running = false;
+  EXPECT_EQ(railNames("eth", withAlias), (V{"eth0=10.0.0.1:0", "eth1=10.0.1.1:0"}));
+  EXPECT_EQ(railNames("eth2", withAlias), (V{"eth2=10.0.6.1:0"}));
   // Excluding or empty specs keep one interface, as before rails.
   EXPECT_EQ(railNames("^docker,lo", seen), (V{"eth1=10.0.1.1:0"}));
   EXPECT_EQ(railNames("", seen), (V{"eth1=10.0.1.1:0"}));
@@ -538,6 +545,9 @@ TEST(Rails, StripesFollowTheRailsWeights) {
   }
   EXPECT_EQ(partsText(layoutMessage(equal, 4, all, 1, 0, 4096)), "1:0+4096");
   EXPECT_EQ(partsText(layoutMessage(unequal, 4, OpType::kSendRecv, 5, 0, 1 << 20)), "0:0+1048576");
+  // Point-to-point on the fast rail even where it is not rail 0.
+  tcp::Rails slowFirst{{100, 1000}, 65536};
+  EXPECT_EQ(partsText(layoutMessage(slowFirst, 4, OpType::kSendRecv, 5, 0, 4096)), "1:0+4096");
   EXPECT_EQ(partsText(layoutMessage(equal, 4, all, 0, 0, 0)), "0:0+0");
   // A share that rounds to nothing leaves its connection out.
   tcp::Rails lopsided{{1000000, 1}, 4096};

@@ -176,6 +176,13 @@ struct FiDeleter {
   }
 };
 
+// The first of the tcp transport's rails for `spec` (transports/tcp/address.h).
+Result<tcp::InterfaceAddress> firstRail(const std::string& spec) {
+  NANOCCL_ASSIGN_OR_RETURN(const std::vector<tcp::InterfaceAddress> seen, tcp::upInterfaces());
+  NANOCCL_ASSIGN_OR_RETURN(std::vector<tcp::InterfaceAddress> rails, tcp::pickRails(spec, seen));
+  return std::move(rails.front());
+}
+
 class FabricTransport : public Transport {
  public:
   explicit FabricTransport(const TransportOptions& o)
@@ -383,11 +390,12 @@ class FabricTransport : public Transport {
                               "): " + fi_strerror(-rc));
     }
     // A TCP-based provider has a domain per network interface: take the one
-    // NANOCCL_SOCKET_IFNAME picks, as the tcp transport would.
+    // NANOCCL_SOCKET_IFNAME picks, as the tcp transport would (its first rail: this transport
+    // does not stripe over several).
     fi_info* chosen = list;
     const std::string prov = list->fabric_attr->prov_name;
     if (prov.find("tcp") != std::string::npos || prov.find("sockets") != std::string::npos) {
-      Result<tcp::InterfaceAddress> itf = tcp::pickInterface(o_.config.socketIfname);
+      Result<tcp::InterfaceAddress> itf = firstRail(o_.config.socketIfname);
       if (!itf.isOk()) {
         fi_freeinfo(list);
         return itf.status().withContext(where);

@@ -112,6 +112,7 @@ Result<std::vector<InterfaceAddress>> upInterfaces() {
       }
       InterfaceAddress a;
       a.name = i->ifa_name;
+      a.running = (i->ifa_flags & IFF_RUNNING) != 0;
       const socklen_t len = family == AF_INET ? sizeof(sockaddr_in) : sizeof(sockaddr_in6);
       std::memcpy(&a.address.storage, i->ifa_addr, len);
       a.address.length = len;
@@ -167,6 +168,7 @@ Result<std::vector<InterfaceAddress>> pickRails(const std::string& spec,
     if (item.empty()) continue;
     std::vector<const InterfaceAddress*> matched;  // the item's interfaces, first address each
     for (const InterfaceAddress& a : seen) {
+      if (!a.running || a.name.find(':') != std::string::npos) continue;
       if (!interfaceMatches(a.name, (exact ? "=" : "") + item)) continue;
       const auto taken = [&](const InterfaceAddress* r) { return r->name == a.name; };
       if (std::none_of(matched.begin(), matched.end(), taken)) matched.push_back(&a);
@@ -191,7 +193,7 @@ int64_t interfaceMbps(const std::string& name) {
   std::ifstream f("/sys/class/net/" + name + "/speed");
   int64_t mbps = 0;
   if (!(f >> mbps) || mbps <= 0) return 0;  // unreadable (EINVAL on loopback), or -1: unknown
-  return mbps;
+  return std::min(mbps, kMaxRailMbps);
 }
 
 std::string formatRails(const std::vector<RailAddress>& rails) {
@@ -220,7 +222,7 @@ Result<std::vector<RailAddress>> parseRails(const std::string& text) {
       errno = 0;
       const long long mbps = std::strtoll(rate.c_str(), &end, 10);
       if (rate.empty() || !std::isdigit(static_cast<unsigned char>(rate[0])) || *end != '\0' ||
-          errno != 0 || mbps <= 0) {
+          errno != 0 || mbps <= 0 || mbps > kMaxRailMbps) {
         return invalidArgument("bad rail rate in '" + text + "'");
       }
       r.mbps = mbps;

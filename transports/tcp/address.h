@@ -30,6 +30,7 @@ struct SocketAddress {
 struct InterfaceAddress {
   std::string name;  // "eth0"
   SocketAddress address;
+  bool running = true;  // IFF_RUNNING: up with a carrier (a cable, a peer veth)
 };
 
 // Whether interface `name` passes `spec` (NCCL syntax above; empty spec matches everything).
@@ -44,11 +45,12 @@ Result<InterfaceAddress> pickInterface(const std::string& spec);
 Result<std::vector<InterfaceAddress>> upInterfaces();
 
 // Rails: the interfaces the TCP transport spreads its connections over. A spec that lists
-// interfaces to include (no leading '^') selects one rail per interface it matches, in the
-// order of its items ("eth1,eth0": eth1 is rail 0), interfaces one item matches in name
-// order, each interface once with its first address (IPv4 before IPv6); rail k of every rank
-// must be on the same network. An empty or excluding spec selects one rail: pickInterface().
-// `seen` is upInterfaces() (a parameter for tests).
+// interfaces to include (no leading '^') selects one rail per running interface it matches
+// (aliases such as "eth0:1" are not interfaces of their own), in the order of its items
+// ("eth1,eth0": eth1 is rail 0), interfaces one item matches in name order, each interface
+// once with its first address (IPv4 before IPv6); rail k of every rank must be on the same
+// network. Where none is running, the first match, as pickInterface(). An empty or excluding
+// spec selects one rail: pickInterface(). `seen` is upInterfaces() (a parameter for tests).
 Result<std::vector<InterfaceAddress>> pickRails(const std::string& spec,
                                                 const std::vector<InterfaceAddress>& seen);
 
@@ -57,7 +59,8 @@ Result<std::vector<InterfaceAddress>> pickRails(const std::string& spec,
 int64_t interfaceMbps(const std::string& name);
 
 // One rail of a rank's published address: where it listens and the rail's line rate in
-// Mbit/s (0: unknown).
+// Mbit/s (0: unknown; at most kMaxRailMbps, NANOCCL_RAIL_MBPS's bound).
+inline constexpr int64_t kMaxRailMbps = 10000000;
 struct RailAddress {
   SocketAddress address;
   int64_t mbps = 0;

@@ -147,6 +147,14 @@ class MeshBuilder {
 
   int rails() const { return static_cast<int>(listeners_.size()); }
 
+  // A Hello's connection count as the setting it comes from: NANOCCL_NSOCKS is a rail's (the
+  // ranks' rail counts agree by now: readTargets()).
+  std::string nsocksText(uint32_t connections) const {
+    if (rails() == 1) return "nsocks=" + std::to_string(connections);
+    return "nsocks=" + std::to_string(connections / rails()) + "/rail (x" +
+           std::to_string(rails()) + " rails)";
+  }
+
   // Every rank's rails (targets_[rank]), and the same count everywhere: each rank reads the
   // same addresses, so a rank with fewer interfaces fails every rank alike.
   Status readTargets() {
@@ -155,10 +163,13 @@ class MeshBuilder {
         targets_.emplace_back();
         continue;
       }
-      NANOCCL_ASSIGN_OR_RETURN(const std::vector<RailAddress> published,
-                               parseRails(addresses_[r]));
+      Result<std::vector<RailAddress>> published = parseRails(addresses_[r]);
+      if (!published.isOk()) {
+        return published.status().withContext("rank " + std::to_string(p_.rank) + ": rank " +
+                                               std::to_string(r) + "'s published address: ");
+      }
       targets_.emplace_back();
-      for (const RailAddress& rail : published) targets_[r].push_back(rail.address);
+      for (const RailAddress& rail : *published) targets_[r].push_back(rail.address);
       if (static_cast<int>(targets_[r].size()) != rails()) {
         return mismatchError(
             "rank " + std::to_string(p_.rank) + ": rank " + std::to_string(r) + " listens on " +
@@ -166,6 +177,16 @@ class MeshBuilder {
             std::to_string(rails()) + " (" + describeRails() +
             "); NANOCCL_SOCKET_IFNAME (and NANOCCL_RAIL_PER_LOCAL_RANK) must select as many "
             "interfaces on every rank, rail k of each on the same network");
+      }
+      for (int k = 0; k < rails(); ++k) {
+        if (targets_[r][k].family() != listeners_[k].address.family()) {
+          return mismatchError("rank " + std::to_string(p_.rank) + ": rail " +
+                               std::to_string(k) + " is " + listeners_[k].address.toString() +
+                               " via " + listeners_[k].ifname + " here but " +
+                               targets_[r][k].toString() + " on rank " + std::to_string(r) +
+                               ": one IPv4 and one IPv6; rail k of every rank must be on the "
+                               "same network (NANOCCL_SOCKET_IFNAME)");
+        }
       }
     }
     return Status::ok();
@@ -415,10 +436,10 @@ class MeshBuilder {
     if (ack.magic != kMagic) return protocolError(who + " answered the handshake with garbage");
     if (ack.verdict == HelloVerdict::kConfigMismatch) {
       return mismatchError(who + " refused the connection: settings differ (rank " +
-                           std::to_string(pc.peer) + ": nsocks=" + std::to_string(ack.nsocks) +
+                           std::to_string(pc.peer) + ": " + nsocksText(ack.nsocks) +
                            " stripe_min_bytes=" + std::to_string(ack.stripeMinBytes) + " " +
                            encryptionText(ack.flags) + "; rank " + std::to_string(p_.rank) +
-                           ": nsocks=" + std::to_string(p_.nsocks) +
+                           ": " + nsocksText(p_.nsocks) +
                            " stripe_min_bytes=" + std::to_string(p_.stripeMinBytes) + " " +
                            encryptionText(pc.hello.flags) +
                            "); set the same NANOCCL_* values on every rank");
@@ -478,10 +499,10 @@ class MeshBuilder {
       fatal = mismatchError(
           "rank " + std::to_string(p_.rank) + ": rank " + std::to_string(h.rank) +
           " connected with different settings (its size=" + std::to_string(h.size) +
-          " nsocks=" + std::to_string(h.nsocks) +
+          " " + nsocksText(h.nsocks) +
           " stripe_min_bytes=" + std::to_string(h.stripeMinBytes) + " " +
           encryptionText(h.flags) + "; ours size=" + std::to_string(p_.size) +
-          " nsocks=" + std::to_string(p_.nsocks) +
+          " " + nsocksText(p_.nsocks) +
           " stripe_min_bytes=" + std::to_string(p_.stripeMinBytes) + " " +
           encryptionText(ourFlags) + "); set the same NANOCCL_* values on every rank");
     } else if (links_[h.rank][h.socketIndex].fd >= 0) {
@@ -558,6 +579,12 @@ Result<std::vector<Listener>> openListeners(const std::string& ifnameSpec) {
       return l.status();
     }
     out.push_back(std::move(l).value());
+  }
+  if (out.size() > 1) {
+    std::string rails;
+    for (const Listener& l : out) rails += " " + l.ifname + "=" + l.address.toString();
+    NANOCCL_INFO("tcp: " << out.size() << " rails (NANOCCL_SOCKET_IFNAME='" << ifnameSpec
+                         << "'):" << rails);
   }
   return out;
 }

@@ -22,21 +22,22 @@ struct Rails {
 };
 
 // A message of `total` bytes on `connections` connections: point-to-point (kSendRecv) whole
-// on connection 0; smaller than stripeMinBytes (or one connection) whole on one chosen from
-// (seq, tag) among the connections of the heaviest rails; else one stripe per connection, its
-// length by its rail's weight (equal weights: equal stripes), a connection whose share rounds
-// to nothing left out.
+// on the first connection of the heaviest rails (its receive does not know the sender's seq);
+// smaller than stripeMinBytes (or one connection) whole on one chosen from (seq, tag) among
+// the connections of the heaviest rails; else one stripe per connection, its length by its
+// rail's weight (equal weights: equal stripes), a connection whose share rounds to nothing
+// left out.
 inline std::vector<Part> layoutMessage(const Rails& rails, int connections, OpType op,
                                        uint64_t seq, uint32_t tag, uint64_t total) {
-  if (op == OpType::kSendRecv) return {{0, 0, total}};
   const auto& w = rails.weights;
   const auto weight = [&](int c) { return static_cast<uint64_t>(w[c % w.size()]); };
+  const uint64_t top = static_cast<uint64_t>(*std::max_element(w.begin(), w.end()));
+  std::vector<int> heaviest;
+  for (int c = 0; c < connections; ++c) {
+    if (weight(c) == top) heaviest.push_back(c);
+  }
+  if (op == OpType::kSendRecv) return {{heaviest[0], 0, total}};
   if (connections == 1 || total < rails.stripeMinBytes) {
-    const uint64_t top = static_cast<uint64_t>(*std::max_element(w.begin(), w.end()));
-    std::vector<int> heaviest;
-    for (int c = 0; c < connections; ++c) {
-      if (weight(c) == top) heaviest.push_back(c);
-    }
     return {{heaviest[(seq + tag) % heaviest.size()], 0, total}};
   }
   uint64_t sum = 0;

@@ -24,7 +24,9 @@ namespace nanoccl::tcp {
 // the job secret and this comm id). Both sides then derive one key per direction from the
 // communicator key and both nonces (sessionKeys()), used when the job encrypts
 // (NANOCCL_ENCRYPT). Version 3: MACs under the communicator key (v2 used the job key).
-constexpr uint16_t kHandshakeVersion = 3;
+// Version 4: rails (nsocks counts every rail's connections) and stripes cut by the rails'
+// weights (layout.h), which v3 ranks would reassemble differently.
+constexpr uint16_t kHandshakeVersion = 4;
 
 // Hello / HelloAck flags.
 constexpr uint32_t kHelloEncrypt = 1;  // this rank encrypts its connections (NANOCCL_ENCRYPT=1)
