@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import re
+import subprocess
 import time
 from pathlib import Path
 from types import ModuleType
@@ -21,9 +22,20 @@ import torch.distributed as dist
 import nanoccl  # noqa: F401  (registers the backend)
 
 mode, timeout_s = sys.argv[1], int(sys.argv[2])
+out = {"rank": int(os.environ["RANK"])}
+if mode == "setup":  # a rail that cannot carry anything from the start
+    start = time.monotonic()
+    try:
+        dist.init_process_group("nanoccl", timeout=datetime.timedelta(seconds=timeout_s))
+        dist.all_reduce(torch.ones(1))
+        out["error"] = None
+    except Exception as exc:
+        out["error"] = str(exc)
+    out["elapsed"] = time.monotonic() - start
+    print("RESULT " + json.dumps(out), flush=True)
+    os._exit(0)
 dist.init_process_group("nanoccl", timeout=datetime.timedelta(seconds=timeout_s))
 rank, world = dist.get_rank(), dist.get_world_size()
-out = {"rank": rank}
 if mode == "stripe":
     # Small (whole on one connection), striped, and an odd size; values that tell every
     # element and every rank apart, so a misplaced stripe cannot go unseen.
@@ -62,13 +74,17 @@ os._exit(0)  # after a failed collective, do not wait on teardown
 
 
 def _run(emucluster: ModuleType, tmp_path: Path, mode: str, timeout_s: int,
-         rail_rates: list[str], procs_per_node: int = 1,
-         env: dict[str, str] | None = None) -> tuple[int, list[dict], dict, str]:
+         rail_rates: list[str], procs_per_node: int = 1, env: dict[str, str] | None = None,
+         cut_rail1_of_node0: bool = False) -> tuple[int, list[dict], dict, str]:
     script = tmp_path / "rails_job.py"
     script.write_text(JOB)
     buf = io.StringIO()
     with emucluster.EmuCluster(nodes=2, procs_per_node=procs_per_node, rails=2,
                                rail_rates=rail_rates) as c:
+        if cut_rail1_of_node0:
+            # Off its bridge: both ends stay up with a carrier, nothing gets through.
+            subprocess.run(["ip", "-n", c.switch_ns, "link", "set", "n0r1", "nomaster"],
+                           check=True, timeout=30)
         before = c.rail_bytes()
         rc = c.run([str(script), mode, str(timeout_s)], out=buf, timeout_s=timeout_s + 120,
                    env=env)
@@ -140,3 +156,17 @@ def test_one_rail_per_local_rank(emucluster: ModuleType, can_make_namespaces: No
         assert rails.get(other, 0) < 0.02 * rails[mine], r
     for node in (0, 1):  # both NICs of every node busy, each with one local rank's share
         assert sent[(node, 0)] > 8e6 and sent[(node, 1)] > 8e6, sent
+
+
+@pytest.mark.timeout(240)
+def test_a_rail_that_carries_nothing_fails_setup_naming_it(
+        emucluster: ModuleType, can_make_namespaces: None, tmp_path: Path) -> None:
+    timeout_s = 10
+    rc, results, _, text = _run(emucluster, tmp_path, "setup", timeout_s, ["1gbit", "1gbit"],
+                                cut_rail1_of_node0=True,
+                                env={"NANOCCL_CONNECT_TIMEOUT_MS": str(timeout_s * 1000)})
+    assert sorted(r["rank"] for r in results) == [0, 1], text  # nobody hung or crashed
+    for r in results:
+        assert r["error"], f"rank {r['rank']} set up over a rail that carries nothing:\n{text}"
+        assert "on rail(s) eth1" in r["error"], r["error"]
+        assert r["elapsed"] < 3 * timeout_s + 30, (r, text)

@@ -205,17 +205,28 @@ class MeshBuilder {
 
   std::string describeMissing() const {
     std::string missing;
+    std::vector<bool> railMissing(static_cast<size_t>(rails()), false);
     for (int r = 0; r < p_.size; ++r) {
       if (r == p_.rank) continue;
+      bool listed = false;
       for (int s = 0; s < p_.nsocks; ++s) {
-        if (links_[r][s].fd < 0) {
-          missing += std::string(missing.empty() ? "" : ", ") + std::to_string(r);
-          break;
-        }
+        if (links_[r][s].fd >= 0) continue;
+        railMissing[static_cast<size_t>(s % rails())] = true;
+        if (!listed) missing += std::string(missing.empty() ? "" : ", ") + std::to_string(r);
+        listed = true;
+      }
+    }
+    // With several rails, which ones lack connections: a rail down, or not one network.
+    std::string onRails;
+    if (rails() > 1) {
+      for (int k = 0; k < rails(); ++k) {
+        if (!railMissing[static_cast<size_t>(k)]) continue;
+        onRails += onRails.empty() ? " on rail(s) " : ", ";
+        onRails += listeners_[static_cast<size_t>(k)].ifname;
       }
     }
     return "rank " + std::to_string(p_.rank) + ": connection setup timed out waiting for rank(s) " +
-           missing + " (listening on " + describeRails() +
+           missing + onRails + " (listening on " + describeRails() +
            "; check NANOCCL_SOCKET_IFNAME and that every rank started" +
            (rejection_.empty() ? "" : "; last connection turned away: " + rejection_) +
            ")";
