@@ -556,6 +556,30 @@ TEST(Rails, StripesFollowTheRailsWeights) {
 
 // Two rails on loopback (two listeners of 127.0.0.1): connection s of every pair goes to the
 // peer's rail s % 2 listener.
+TEST(Rails, EveryRankWeighsTheRailsAlike) {
+  const auto weights = [](const std::vector<std::string>& addresses, int rails) {
+    auto r = tcp::weighRails(addresses, rails, 4096);
+    EXPECT_TRUE(r.isOk()) << r.status().toString();
+    return r.isOk() ? r->weights : std::vector<int64_t>{};
+  };
+  using W = std::vector<int64_t>;
+  // The slowest rate any rank published, per rail; the order of the ranks does not matter.
+  EXPECT_EQ(weights({"10.0.0.1:1@1000,10.0.1.1:1@100", "10.0.0.2:1@1000,10.0.1.2:1@1000"}, 2),
+            (W{1000, 100}));
+  EXPECT_EQ(weights({"10.0.0.2:1@1000,10.0.1.2:1@1000", "10.0.0.1:1@1000,10.0.1.1:1@100"}, 2),
+            (W{1000, 100}));
+  // One rank that does not know a rate: equal shares.
+  EXPECT_EQ(weights({"10.0.0.1:1@1000,10.0.1.1:1", "10.0.0.2:1@1000,10.0.1.2:1@100"}, 2),
+            (W{1, 1}));
+  // A rank with another rail count (setup fails naming it): equal shares meanwhile.
+  EXPECT_EQ(weights({"10.0.0.1:1@1000,10.0.1.1:1@100", "10.0.0.2:1@1000"}, 2), (W{1, 1}));
+  EXPECT_EQ(weights({"10.0.0.1:1@1000", "10.0.0.2:1@10"}, 1), (W{1}));  // one rail: no weighing
+  EXPECT_EQ(weights({""}, 1), (W{1}));  // a world of one publishes nothing
+  EXPECT_EQ(tcp::weighRails({"10.0.0.1:1@1000,x", "10.0.0.2:1"}, 2, 0).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(tcp::weighRails({"10.0.0.1:1", "10.0.0.2:1"}, 1, 4096)->stripeMinBytes, 4096u);
+}
+
 TEST(Rails, ConnectionSRunsOnRailSModuloRails) {
   auto lo = iface("lo", "127.0.0.1");
   std::vector<std::vector<tcp::Listener>> listeners(2);

@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <vector>
 
+#include "common/status.h"
 #include "transports/matcher.h"
+#include "transports/tcp/address.h"
 
 namespace nanoccl::tcp {
 
@@ -20,6 +22,30 @@ struct Rails {
   std::vector<int64_t> weights = {1};
   uint64_t stripeMinBytes = 0;  // smaller messages travel whole on one connection
 };
+
+// The rails' weights from every rank's published address (formatRails(); index = rank, ""
+// for a rank that published none): rail k weighs the slowest rate any rank published for it,
+// so every rank that reads the same addresses weighs alike; all equal (1) where a rank
+// published no rate for a rail or a different number of rails (setup names the latter).
+inline Result<Rails> weighRails(const std::vector<std::string>& addresses, int rails,
+                                uint64_t stripeMinBytes) {
+  Rails out;
+  out.stripeMinBytes = stripeMinBytes;
+  out.weights.assign(static_cast<size_t>(rails), 1);
+  if (rails == 1) return out;
+  std::vector<int64_t> slowest(static_cast<size_t>(rails), 0);
+  for (const std::string& text : addresses) {
+    if (text.empty()) continue;
+    NANOCCL_ASSIGN_OR_RETURN(const std::vector<RailAddress> published, parseRails(text));
+    if (static_cast<int>(published.size()) != rails) return out;
+    for (size_t k = 0; k < published.size(); ++k) {
+      if (published[k].mbps <= 0) return out;
+      slowest[k] = slowest[k] == 0 ? published[k].mbps : std::min(slowest[k], published[k].mbps);
+    }
+  }
+  if (slowest[0] > 0) out.weights = slowest;
+  return out;
+}
 
 // A message of `total` bytes on `connections` connections: point-to-point (kSendRecv) whole
 // on the first connection of the heaviest rails (its receive does not know the sender's seq);

@@ -167,7 +167,8 @@ class TcpTransport : public Transport {
     rails_ = std::max<int>(1, static_cast<int>(listeners_.size()));
     railSent_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(rails_));
     railReceived_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(rails_));
-    NANOCCL_CHECK(weighRails(addresses));
+    NANOCCL_ASSIGN_OR_RETURN(railLayout_,
+                             weighRails(addresses, rails_, o_.config.stripeMinBytes));
     matcher_.emplace(matcherOptions());
     if (o_.size > 1) {
       MeshParams mp{CommIdentity(o_.secret, o_.commId)};
@@ -301,25 +302,6 @@ class TcpTransport : public Transport {
   }
 
  private:
-  // Every rank reads the same addresses, so every rank weighs the rails alike: rail k's weight
-  // is the slowest rate any rank published for it; equal weights where one is unknown.
-  Status weighRails(const std::vector<std::string>& addresses) {
-    railLayout_.stripeMinBytes = o_.config.stripeMinBytes;
-    railLayout_.weights.assign(static_cast<size_t>(rails_), 1);
-    if (o_.size == 1 || rails_ == 1) return Status::ok();
-    std::vector<int64_t> slowest(static_cast<size_t>(rails_), 0);
-    for (const std::string& text : addresses) {
-      NANOCCL_ASSIGN_OR_RETURN(const std::vector<RailAddress> rails, parseRails(text));
-      if (static_cast<int>(rails.size()) != rails_) return Status::ok();  // buildMesh names it
-      for (int k = 0; k < rails_; ++k) {
-        if (rails[k].mbps <= 0) return Status::ok();
-        slowest[k] = slowest[k] == 0 ? rails[k].mbps : std::min(slowest[k], rails[k].mbps);
-      }
-    }
-    railLayout_.weights = slowest;
-    return Status::ok();
-  }
-
   // A peer's connections: nsocks on each rail, connection s on rail s % rails_.
   int connections() const {
     return std::clamp(o_.config.nsocks * rails_, 1, kMaxSocketsPerPeer);
@@ -762,7 +744,7 @@ class TcpTransport : public Transport {
   const std::chrono::microseconds spin_{o_.config.spinUs};  // NANOCCL_SPIN_US
   std::vector<Listener> listeners_;  // one a rail; closed once connected
   int rails_ = 1;
-  Rails railLayout_;  // the rails' weights: weighRails()
+  Rails railLayout_;  // the rails' weights: weighRails() (layout.h)
   // Payload bytes per rail (frames sent, frames landed): written by the progress thread.
   std::unique_ptr<std::atomic<uint64_t>[]> railSent_, railReceived_;
   std::unique_ptr<IoEngine> engine_;
