@@ -57,15 +57,21 @@ inline std::vector<Part> layoutMessage(const Rails& rails, int connections, OpTy
                                        uint64_t seq, uint32_t tag, uint64_t total) {
   const auto& w = rails.weights;
   const auto weight = [&](int c) { return static_cast<uint64_t>(w[c % w.size()]); };
-  const uint64_t top = static_cast<uint64_t>(*std::max_element(w.begin(), w.end()));
-  std::vector<int> heaviest;
-  for (int c = 0; c < connections; ++c) {
-    if (weight(c) == top) heaviest.push_back(c);
-  }
-  if (op == OpType::kSendRecv) return {{heaviest[0], 0, total}};
-  if (connections == 1 || total < rails.stripeMinBytes) {
-    return {{heaviest[(seq + tag) % heaviest.size()], 0, total}};
-  }
+  // The i-th connection (mod their count) of the heaviest rails; counted, not collected: this
+  // runs for every message sent and received.
+  const auto heaviest = [&](uint64_t i) {
+    const uint64_t top = static_cast<uint64_t>(*std::max_element(w.begin(), w.end()));
+    uint64_t count = 0;
+    for (int c = 0; c < connections; ++c) count += weight(c) == top ? 1 : 0;
+    i %= count;
+    int c = 0;
+    for (;; ++c) {
+      if (weight(c) == top && i-- == 0) break;
+    }
+    return c;
+  };
+  if (op == OpType::kSendRecv) return {{heaviest(0), 0, total}};
+  if (connections == 1 || total < rails.stripeMinBytes) return {{heaviest(seq + tag), 0, total}};
   uint64_t sum = 0;
   for (int c = 0; c < connections; ++c) sum += weight(c);
   std::vector<Part> out;
