@@ -10,6 +10,7 @@
 
 #include "common/logging.h"
 #include "common/op.h"
+#include "common/strings.h"
 
 namespace nanoccl {
 namespace {
@@ -44,10 +45,7 @@ Result<std::vector<std::string>> splitCodecList(const std::string& v) {
   std::vector<std::string> out;
   std::string all;
   for (const char* name : kCodecNames) all += std::string(all.empty() ? "" : ", ") + name;
-  size_t start = 0;
-  while (start <= v.size()) {
-    const size_t comma = std::min(v.find(',', start), v.size());
-    const std::string name = v.substr(start, comma - start);
+  for (const std::string& name : splitList(v)) {
     bool known = false;
     for (const char* n : kCodecNames) known = known || name == n;
     if (!known) {
@@ -55,7 +53,6 @@ Result<std::vector<std::string>> splitCodecList(const std::string& v) {
                              "' is not a codec (a comma-separated list of " + all + ")");
     }
     if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
-    start = comma + 1;
   }
   return out;
 }
@@ -111,14 +108,10 @@ const std::vector<Field>& fields() {
       {"rail_mbps",
        [](Config& c, const std::string& v) {
          std::vector<int64_t> rates;
-         size_t pos = 0;
-         while (!v.empty()) {
-           const size_t comma = v.find(',', pos);
-           NANOCCL_ASSIGN_OR_RETURN(
-               const int64_t x, parseInt("rail_mbps", v.substr(pos, comma - pos), 1, 10000000));
+         for (const std::string& item : v.empty() ? std::vector<std::string>{} : splitList(v)) {
+           NANOCCL_ASSIGN_OR_RETURN(const int64_t x,
+                                    parseInt("rail_mbps", item, 1, kMaxRailMbps));
            rates.push_back(x);
-           if (comma == std::string::npos) break;
-           pos = comma + 1;
          }
          c.railMbps = std::move(rates);
          return Status::ok();

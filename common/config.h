@@ -14,6 +14,9 @@
 
 namespace nanoccl {
 
+// The highest rail rate NANOCCL_RAIL_MBPS (and a rank's published rail rate) may give, Mbit/s.
+inline constexpr int64_t kMaxRailMbps = 10000000;
+
 struct Config {
   // Network interfaces for the TCP transport, NCCL syntax: "eth,ens" (prefixes), "^docker"
   // (exclude), "=eth0" (exact names). Empty: the first non-loopback interface that is up,

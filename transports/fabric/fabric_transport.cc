@@ -176,13 +176,6 @@ struct FiDeleter {
   }
 };
 
-// The first of the tcp transport's rails for `spec` (transports/tcp/address.h).
-Result<tcp::InterfaceAddress> firstRail(const std::string& spec) {
-  NANOCCL_ASSIGN_OR_RETURN(const std::vector<tcp::InterfaceAddress> seen, tcp::upInterfaces());
-  NANOCCL_ASSIGN_OR_RETURN(std::vector<tcp::InterfaceAddress> rails, tcp::pickRails(spec, seen));
-  return std::move(rails.front());
-}
-
 class FabricTransport : public Transport {
  public:
   explicit FabricTransport(const TransportOptions& o)
@@ -395,25 +388,26 @@ class FabricTransport : public Transport {
     fi_info* chosen = list;
     const std::string prov = list->fabric_attr->prov_name;
     if (prov.find("tcp") != std::string::npos || prov.find("sockets") != std::string::npos) {
-      Result<tcp::InterfaceAddress> itf = firstRail(o_.config.socketIfname);
-      if (!itf.isOk()) {
+      Result<std::vector<tcp::InterfaceAddress>> rails = tcp::pickRails(o_.config.socketIfname);
+      if (!rails.isOk()) {
         fi_freeinfo(list);
-        return itf.status().withContext(where);
+        return rails.status().withContext(where);
       }
+      const tcp::InterfaceAddress& itf = rails->front();
       chosen = nullptr;
       for (fi_info* i = list; i != nullptr && chosen == nullptr; i = i->next) {
-        if (i->domain_attr->name != nullptr && itf.value().name == i->domain_attr->name &&
+        if (i->domain_attr->name != nullptr && itf.name == i->domain_attr->name &&
             i->addr_format == FI_SOCKADDR_IN) {
           chosen = i;
         }
       }
       for (fi_info* i = list; i != nullptr && chosen == nullptr; i = i->next) {
-        if (i->domain_attr->name != nullptr && itf.value().name == i->domain_attr->name) chosen = i;
+        if (i->domain_attr->name != nullptr && itf.name == i->domain_attr->name) chosen = i;
       }
       if (chosen == nullptr) {
         fi_freeinfo(list);
         return unavailableError(where + "provider " + prov + " offers no domain on interface " +
-                                itf.value().name + " (NANOCCL_SOCKET_IFNAME)");
+                                itf.name + " (NANOCCL_SOCKET_IFNAME)");
       }
     }
     info_.reset(fi_dupinfo(chosen));

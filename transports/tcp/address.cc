@@ -13,6 +13,8 @@
 #include <fstream>
 #include <memory>
 
+#include "common/strings.h"
+
 namespace nanoccl::tcp {
 
 std::string SocketAddress::toString() const {
@@ -76,24 +78,41 @@ void SocketAddress::setPort(uint16_t port) {
   }
 }
 
+namespace {
+
+// A NANOCCL_SOCKET_IFNAME spec taken apart: "^=eth0,eth1" -> exclude, exact, {eth0, eth1}.
+struct InterfaceSpec {
+  bool exclude = false;
+  bool exact = false;
+  std::vector<std::string> items;  // empty items dropped
+
+  static InterfaceSpec parse(const std::string& spec) {
+    InterfaceSpec out;
+    size_t pos = 0;
+    out.exclude = pos < spec.size() && spec[pos] == '^';
+    if (out.exclude) ++pos;
+    out.exact = pos < spec.size() && spec[pos] == '=';
+    if (out.exact) ++pos;
+    for (std::string& item : splitList(spec.substr(pos))) {
+      if (!item.empty()) out.items.push_back(std::move(item));
+    }
+    return out;
+  }
+
+  // Whether `name` is the interface `item` names (exact) or starts with it (a prefix).
+  bool names(const std::string& name, const std::string& item) const {
+    return exact ? name == item : name.compare(0, item.size(), item) == 0;
+  }
+};
+
+}  // namespace
+
 bool interfaceMatches(const std::string& name, const std::string& spec) {
   if (spec.empty()) return true;
-  size_t pos = 0;
-  const bool exclude = spec[pos] == '^';
-  if (exclude) ++pos;
-  const bool exact = pos < spec.size() && spec[pos] == '=';
-  if (exact) ++pos;
-  bool listed = false;
-  while (pos <= spec.size()) {
-    size_t comma = spec.find(',', pos);
-    if (comma == std::string::npos) comma = spec.size();
-    const std::string item = spec.substr(pos, comma - pos);
-    if (!item.empty()) {
-      listed = listed || (exact ? name == item : name.compare(0, item.size(), item) == 0);
-    }
-    pos = comma + 1;
-  }
-  return exclude ? !listed : listed;
+  const InterfaceSpec s = InterfaceSpec::parse(spec);
+  const bool listed = std::any_of(s.items.begin(), s.items.end(),
+                                  [&](const std::string& item) { return s.names(name, item); });
+  return s.exclude ? !listed : listed;
 }
 
 Result<std::vector<InterfaceAddress>> upInterfaces() {
@@ -145,31 +164,19 @@ Result<InterfaceAddress> pickFrom(const std::string& spec,
 
 }  // namespace
 
-Result<InterfaceAddress> pickInterface(const std::string& spec) {
-  NANOCCL_ASSIGN_OR_RETURN(const std::vector<InterfaceAddress> seen, upInterfaces());
-  return pickFrom(spec, seen);
-}
-
 Result<std::vector<InterfaceAddress>> pickRails(const std::string& spec,
                                                 const std::vector<InterfaceAddress>& seen) {
   if (spec.empty() || spec[0] == '^') {
     NANOCCL_ASSIGN_OR_RETURN(InterfaceAddress one, pickFrom(spec, seen));
     return std::vector<InterfaceAddress>{std::move(one)};
   }
-  const bool exact = spec[0] == '=';
-  const std::string list = spec.substr(exact ? 1 : 0);
+  const InterfaceSpec parsed = InterfaceSpec::parse(spec);
   std::vector<InterfaceAddress> rails;
-  size_t pos = 0;
-  while (pos <= list.size()) {
-    size_t comma = list.find(',', pos);
-    if (comma == std::string::npos) comma = list.size();
-    const std::string item = list.substr(pos, comma - pos);
-    pos = comma + 1;
-    if (item.empty()) continue;
+  for (const std::string& item : parsed.items) {
     std::vector<const InterfaceAddress*> matched;  // the item's interfaces, first address each
     for (const InterfaceAddress& a : seen) {
       if (!a.running || a.name.find(':') != std::string::npos) continue;
-      if (!interfaceMatches(a.name, (exact ? "=" : "") + item)) continue;
+      if (!parsed.names(a.name, item)) continue;
       const auto taken = [&](const InterfaceAddress* r) { return r->name == a.name; };
       if (std::none_of(matched.begin(), matched.end(), taken)) matched.push_back(&a);
     }
@@ -186,6 +193,11 @@ Result<std::vector<InterfaceAddress>> pickRails(const std::string& spec,
     rails.push_back(std::move(one));
   }
   return rails;
+}
+
+Result<std::vector<InterfaceAddress>> pickRails(const std::string& spec) {
+  NANOCCL_ASSIGN_OR_RETURN(const std::vector<InterfaceAddress> seen, upInterfaces());
+  return pickRails(spec, seen);
 }
 
 int64_t interfaceMbps(const std::string& name) {
@@ -211,10 +223,7 @@ std::string formatRails(const std::vector<RailAddress>& rails) {
 
 Result<std::vector<RailAddress>> parseRails(const std::string& text) {
   std::vector<RailAddress> out;
-  size_t pos = 0;
-  while (true) {
-    const size_t comma = text.find(',', pos);
-    std::string item = text.substr(pos, comma - pos);
+  for (std::string item : splitList(text)) {
     RailAddress& r = out.emplace_back();
     if (const size_t at = item.find('@'); at != std::string::npos) {
       const std::string rate = item.substr(at + 1);
@@ -229,9 +238,8 @@ Result<std::vector<RailAddress>> parseRails(const std::string& text) {
       item.resize(at);
     }
     NANOCCL_ASSIGN_OR_RETURN(r.address, SocketAddress::parse(item));
-    if (comma == std::string::npos) return out;
-    pos = comma + 1;
   }
+  return out;
 }
 
 }  // namespace nanoccl::tcp

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "common/config.h"
 #include "common/status.h"
 
 namespace nanoccl::tcp {
@@ -36,10 +37,6 @@ struct InterfaceAddress {
 // Whether interface `name` passes `spec` (NCCL syntax above; empty spec matches everything).
 bool interfaceMatches(const std::string& name, const std::string& spec);
 
-// The address to listen on for `spec`: the first matching interface that is up, IPv4 before
-// IPv6. kUnavailable naming the interfaces seen when nothing matches.
-Result<InterfaceAddress> pickInterface(const std::string& spec);
-
 // The interfaces that are up, with their usable addresses (IPv4 first, then IPv6 that is not
 // link-local), in getifaddrs() order.
 Result<std::vector<InterfaceAddress>> upInterfaces();
@@ -49,18 +46,21 @@ Result<std::vector<InterfaceAddress>> upInterfaces();
 // (aliases such as "eth0:1" are not interfaces of their own), in the order of its items
 // ("eth1,eth0": eth1 is rail 0), interfaces one item matches in name order, each interface
 // once with its first address (IPv4 before IPv6); rail k of every rank must be on the same
-// network. Where none is running, the first match, as pickInterface(). An empty or excluding
-// spec selects one rail: pickInterface(). `seen` is upInterfaces() (a parameter for tests).
+// network. An empty or excluding spec, or a list none of whose matches is running, selects one
+// rail: the first matching interface that is up, IPv4 before IPv6 (without a spec, loopback
+// and docker* only when nothing else is up). kUnavailable naming the interfaces seen when
+// nothing matches. `seen` is upInterfaces() (a parameter for tests).
 Result<std::vector<InterfaceAddress>> pickRails(const std::string& spec,
                                                 const std::vector<InterfaceAddress>& seen);
+// The same over this host's interfaces (upInterfaces()).
+Result<std::vector<InterfaceAddress>> pickRails(const std::string& spec);
 
 // The line rate the kernel reports for interface `name` (/sys/class/net/<name>/speed), in
 // Mbit/s; 0 where it reports none (loopback, some virtual devices).
 int64_t interfaceMbps(const std::string& name);
 
 // One rail of a rank's published address: where it listens and the rail's line rate in
-// Mbit/s (0: unknown; at most kMaxRailMbps, NANOCCL_RAIL_MBPS's bound).
-inline constexpr int64_t kMaxRailMbps = 10000000;
+// Mbit/s (0: unknown; at most kMaxRailMbps, common/config.h).
 struct RailAddress {
   SocketAddress address;
   int64_t mbps = 0;

@@ -580,8 +580,7 @@ Result<Listener> openListener(const InterfaceAddress& iface) {
 }
 
 Result<std::vector<Listener>> openListeners(const std::string& ifnameSpec) {
-  NANOCCL_ASSIGN_OR_RETURN(const std::vector<InterfaceAddress> seen, upInterfaces());
-  NANOCCL_ASSIGN_OR_RETURN(const std::vector<InterfaceAddress> rails, pickRails(ifnameSpec, seen));
+  NANOCCL_ASSIGN_OR_RETURN(const std::vector<InterfaceAddress> rails, pickRails(ifnameSpec));
   std::vector<Listener> out;
   for (const InterfaceAddress& iface : rails) {
     Result<Listener> l = openListener(iface);
