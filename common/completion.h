@@ -5,7 +5,7 @@
 //
 // - complete(status, source) is called exactly once by whoever finishes the thing; later calls
 //   are ignored (the first wins), so a late completion after an abort does no harm.
-// - wait(deadline, spin) polls for `spin` first (common/spin.h), then sleeps until completion
+// - wait(deadline, spin) polls for up to `spin` first (common/spin.h: SpinPolicy), then sleeps until completion
 //   or the deadline; Deadline::never() waits without a timeout.
 // - onComplete(cb) runs cb(status, source) once: on the completing thread, outside the lock,
 //   or at once on the calling thread where it is already complete. Callbacks must not block.
@@ -32,11 +32,21 @@ class Completion {
 
   bool done() const { return done_.load(std::memory_order_acquire); }
 
-  // Whether it completed before the deadline. Polls for up to `spin` before it sleeps.
+  // Whether it completed before the deadline. Polls for up to `spin` before it sleeps, or not
+  // at all where this thread's recent waits took longer (SpinPolicy; a wait that finds it
+  // done at once is not counted).
   bool wait(const Deadline& deadline, std::chrono::microseconds spin = {}) const {
-    if (spinFor(spin, [&] { return done(); })) return true;
+    if (done()) return true;
+    const Clock::time_point start = Clock::now();
+    if (spinFor(SpinPolicy::budget(spin), [&] { return done(); })) {
+      SpinPolicy::record(spin, Clock::now() - start);
+      return true;
+    }
     std::unique_lock<std::mutex> lock(mu_);
-    return waitUntil(cv_, lock, deadline, [&] { return done_.load(std::memory_order_relaxed); });
+    const bool ok =
+        waitUntil(cv_, lock, deadline, [&] { return done_.load(std::memory_order_relaxed); });
+    SpinPolicy::record(spin, Clock::now() - start);
+    return ok;
   }
 
   // The final status and source; meaningful once done().

@@ -83,5 +83,47 @@ TEST(CompletionTest, ManyWaitersAllWake) {
   EXPECT_EQ(woke.load(), 4);
 }
 
+// Each thread learns from its own waits whether spinning pays (common/spin.h): long waits
+// turn it off, a few short ones bring it back, and waits without a budget teach nothing.
+TEST(SpinPolicyTest, LongWaitsStopSpinningAndShortOnesBringItBack) {
+  using std::chrono::microseconds;
+  const microseconds budget(100);
+  std::thread([&] {
+    EXPECT_EQ(SpinPolicy::budget(budget), budget);  // nothing learned yet: spin
+    SpinPolicy::record(budget, milliseconds(10));
+    SpinPolicy::record(budget, milliseconds(10));
+    EXPECT_EQ(SpinPolicy::budget(budget), budget);  // two long waits: not yet
+    for (int i = 0; i < 5; ++i) SpinPolicy::record(budget, milliseconds(10));
+    EXPECT_EQ(SpinPolicy::budget(budget), microseconds(0));
+    EXPECT_EQ(SpinPolicy::budget(milliseconds(1)), milliseconds(1));  // a larger budget
+    // Another thread's history is its own.
+    std::thread([&] { EXPECT_EQ(SpinPolicy::budget(budget), budget); }).join();
+    SpinPolicy::record(microseconds(0), microseconds(1));  // no budget: not counted
+    EXPECT_EQ(SpinPolicy::budget(budget), microseconds(0));
+    SpinPolicy::record(budget, microseconds(10));
+    SpinPolicy::record(budget, microseconds(10));
+    EXPECT_EQ(SpinPolicy::budget(budget), microseconds(0));
+    SpinPolicy::record(budget, microseconds(10));  // the third short wait
+    EXPECT_EQ(SpinPolicy::budget(budget), budget);
+  }).join();
+}
+
+// A waiter whose waits are long stops polling and still sees the completion.
+TEST(SpinPolicyTest, AWaitThatStoppedSpinningStillWakes) {
+  std::thread([] {
+    const std::chrono::microseconds spin(50);
+    for (int i = 0; i < 8; ++i) SpinPolicy::record(spin, milliseconds(5));
+    ASSERT_EQ(SpinPolicy::budget(spin).count(), 0);
+    Completion c;
+    std::thread completer([&] {
+      std::this_thread::sleep_for(milliseconds(2));
+      c.complete(Status::ok(), 1);
+    });
+    EXPECT_TRUE(c.wait(Deadline::after(std::chrono::seconds(30)), spin));
+    EXPECT_EQ(c.source(), 1);
+    completer.join();
+  }).join();
+}
+
 }  // namespace
 }  // namespace nanoccl

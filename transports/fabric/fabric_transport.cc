@@ -546,9 +546,13 @@ class FabricTransport : public Transport {
       }
 
       ssize_t n = fi_cq_read(cq(), entries, 16);
-      if (n == -FI_EAGAIN && spin_.count() > 0 && failed_.isOk() &&
-          (hasPending() || Clock::now() < lastBusy + spin_)) {
-        spinFor(spin_, [&] {
+      const Clock::time_point waitStart = Clock::now();
+      // A call in flight spins if its recent completions came within the budget (SpinPolicy).
+      const bool inFlight = n == -FI_EAGAIN && hasPending();
+      const std::chrono::microseconds spin =
+          inFlight ? SpinPolicy::budget(spin_) : waitStart < lastBusy + spin_ ? spin_ : kNoSpin;
+      if (n == -FI_EAGAIN && spin.count() > 0 && failed_.isOk()) {
+        spinFor(spin, [&] {
           n = fi_cq_read(cq(), entries, 16);
           return n != -FI_EAGAIN || commandsWaiting_.load(std::memory_order_acquire);
         });
@@ -561,6 +565,7 @@ class FabricTransport : public Transport {
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
         }
       }
+      if (inFlight) SpinPolicy::record(spin_, Clock::now() - waitStart);
       if (n > 0) {
         lastBusy = Clock::now();
         for (ssize_t i = 0; i < n; ++i) onCompletion(entries[i]);

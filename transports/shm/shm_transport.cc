@@ -406,10 +406,16 @@ class ShmTransport : public Transport {
       }
       const auto rung = [&] { return bell_->seq.load(std::memory_order_relaxed) != seen; };
       const Clock::time_point lastBusy{Clock::duration(lastBusy_.load())};
-      if (healthy && (pending || Clock::now() < lastBusy + spin_)) {
+      const Clock::time_point waitStart = Clock::now();
+      if (healthy && (pending || waitStart < lastBusy + spin_)) {
         // A call is in flight, or one just ended and the next of back-to-back calls is due:
-        // its chunk or command comes soon (common/spin.h).
-        if (spinFor(spin_, rung)) continue;
+        // its chunk or command comes soon (common/spin.h), if the recent ones of a call in
+        // flight did (SpinPolicy).
+        const bool found = spinFor(pending ? SpinPolicy::budget(spin_) : spin_, rung);
+        if (found) {
+          if (pending) SpinPolicy::record(spin_, Clock::now() - waitStart);
+          continue;
+        }
       } else {
         const auto spinUntil = Clock::now() + kSpin;
         bool early = false;
@@ -424,6 +430,7 @@ class ShmTransport : public Transport {
       wait = std::clamp<std::chrono::microseconds>(wait, std::chrono::microseconds(1),
                                                    kLivenessPeriod);
       bell_->sleep(seen, wait);
+      if (pending) SpinPolicy::record(spin_, Clock::now() - waitStart);
     }
   }
 

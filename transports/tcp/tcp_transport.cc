@@ -367,12 +367,16 @@ class TcpTransport : public Transport {
         onCompletion(c);
       };
       Status st;
-      if (!cmds.empty()) lastBusy = Clock::now();
-      if (spin_.count() > 0 && !closing_ && failed_.isOk() &&
-          (hasPending() || Clock::now() < lastBusy + spin_)) {
-        // A call is in flight, or one just ended and the next of back-to-back calls is due:
-        // poll without sleeping for a while first (common/spin.h).
-        spinFor(spin_, [&] {
+      const Clock::time_point waitStart = Clock::now();
+      if (!cmds.empty()) lastBusy = waitStart;
+      // A call in flight: its next completion may come soon, if its recent ones did
+      // (SpinPolicy). One just ended: the next of back-to-back calls may be due. Either way,
+      // poll without sleeping for a while first (common/spin.h).
+      const bool inFlight = hasPending();
+      const std::chrono::microseconds spin =
+          inFlight ? SpinPolicy::budget(spin_) : waitStart < lastBusy + spin_ ? spin_ : kNoSpin;
+      if (spin.count() > 0 && !closing_ && failed_.isOk()) {
+        spinFor(spin, [&] {
           st = engine_->poll(0, onDone);
           return completed || !st.isOk() || commandsWaiting_.load(std::memory_order_acquire);
         });
@@ -380,6 +384,7 @@ class TcpTransport : public Transport {
       if (!completed && st.isOk() && !commandsWaiting_.load(std::memory_order_acquire)) {
         st = engine_->poll(timeoutMs, onDone);
       }
+      if (inFlight) SpinPolicy::record(spin_, Clock::now() - waitStart);
       if (completed) lastBusy = Clock::now();
       if (!st.isOk()) fail(st.withContext("rank " + std::to_string(o_.rank) + ": "), true);
       if (closing_ && Clock::now() >= closing_->until) {
