@@ -191,9 +191,10 @@ std::vector<std::pair<const codec::Codec*, codec::CodecParams>> codecChoices(
 
 }  // namespace
 
-int plannedLanes(const Config& config, const LinkProfile& profile) {
-  if (config.nsocks < 2 || config.nsocksSet || profile.inter.oneSocketMBps <= 0) return 0;
-  return profile.inter.nodeMBps > kMoreSocketsGain * profile.inter.oneSocketMBps ? 0 : 1;
+int plannedLanes(const Config& config, const LinkProfile* profile, bool compressed) {
+  if (config.nsocks < 2 || config.nsocksSet) return 0;
+  if (profile == nullptr || profile->inter.oneSocketMBps <= 0) return compressed ? 1 : 0;
+  return profile->inter.nodeMBps > kMoreSocketsGain * profile->inter.oneSocketMBps ? 0 : 1;
 }
 
 Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& config,
@@ -221,6 +222,7 @@ Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& 
   NANOCCL_ASSIGN_OR_RETURN(const AlgorithmRow* ruled, std::move(rules));
   out.row = ruled;
   out.predictedSeconds = kNoPrediction;
+  out.lanes = plannedLanes(config, profile, out.codec != nullptr && ruled->lossy);
   if (profile == nullptr) return out;
   const bool forced = !(config.algo.empty() || config.algo == "auto") &&
                       std::string(ruled->name) == config.algo;
@@ -232,12 +234,11 @@ Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& 
       if (c != config.chunkBytes) codecChunks.push_back(c);
     }
   }
-  out.lanes = plannedLanes(config, *profile);
   CallArgs trial = args;
-  trial.lanes = out.lanes;
   for (const auto& [codec, params] : codecChoices(args, config)) {
     trial.codec = codec;
     trial.codecParams = params;
+    trial.lanes = plannedLanes(config, profile, codec != nullptr);
     for (const AlgorithmRow& row : algorithmTable()) {
       if (row.op != args.op) continue;
       if ((forced || fixedCodec) && &row != ruled) continue;
@@ -252,6 +253,7 @@ Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& 
           out.codec = codec;
           out.codecParams = params;
           out.codecChunkBytes = trial.codecChunkBytes;
+          out.lanes = trial.lanes;
           out.predictedSeconds = t;
         }
       }

@@ -51,16 +51,20 @@ struct Plan {
   double predictedSeconds = 0;
 };
 
-// The socket count a rail of every call planned under a profile (OpFingerprint::lanes; its
-// tcp messages, inter-node and, with intra_transport=tcp, intra-node too): 1 where the profile
-// measured one connection a peer a rail (inter_one_socket_MBps) and all of them were not
-// kMoreSocketsGain faster than it; else 0 (all). More connections cost CPU and queueing that
-// the probe does not see:
-// on the emulated 1 Gbit/s 2x2 cluster two a peer ran a 256 MB int8 allreduce 2-20% slower
-// than one in 11 of 12 pairs (results/tuning/README.md). Where the user set nsocks (or there
-// is one), 0.
+// The socket count a rail of a call (OpFingerprint::lanes; its tcp messages, inter-node and,
+// with intra_transport=tcp, intra-node too), 0 meaning all of them:
+// - where the user set nsocks (or there is one): 0;
+// - under a profile that measured one connection a peer a rail (inter_one_socket_MBps): 1
+//   unless all of them were kMoreSocketsGain faster, for every call alike;
+// - else 1 for a compressed call (`compressed`), 0 for a lossless one.
+// More connections cost CPU and queueing that the probe does not see, and a compressed call's
+// codec competes for that CPU while its wire bytes are a quarter or less: on the emulated
+// 1 Gbit/s 2x2 cluster two a peer ran a 256 MB int8 allreduce 2-20% slower than one in 11 of
+// 12 pairs (results/tuning/README.md), and on two rails 5-15% slower (results/rails). A
+// lossless call keeps them all: one connection a rail did not fill a 100 Mbit/s rail beside a
+// 1 Gbit/s one (2-6% slower there, results/rails).
 inline constexpr double kMoreSocketsGain = 1.10;
-int plannedLanes(const Config& config, const LinkProfile& profile);
+int plannedLanes(const Config& config, const LinkProfile* profile, bool compressed);
 
 // The chunks the planner weighs for a compressed exchange: config.chunkBytes first (it wins
 // ties), then kCodecChunkCandidates; only config.chunkBytes where the user set it.

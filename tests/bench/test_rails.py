@@ -97,13 +97,20 @@ def _run(emucluster: ModuleType, tmp_path: Path, mode: str, timeout_s: int,
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("rates, fast_share", [(["1gbit", "1gbit"], 0.5),
-                                               (["1gbit", "100mbit"], 10 / 11)])
+@pytest.mark.parametrize("rates, fast_share, nsocks", [(["1gbit", "1gbit"], 0.5, None),
+                                                       (["1gbit", "100mbit"], 10 / 11, 3)])
 def test_messages_stripe_over_both_rails_by_their_rates(
         emucluster: ModuleType, can_make_namespaces: None, tmp_path: Path,
-        rates: list[str], fast_share: float) -> None:
-    rc, results, sent, text = _run(emucluster, tmp_path, "stripe", 60, rates)
+        rates: list[str], fast_share: float, nsocks: int | None) -> None:
+    env = {"NANOCCL_DEBUG": "INFO"}
+    if nsocks is not None:
+        env["NANOCCL_NSOCKS"] = str(nsocks)
+    rc, results, sent, text = _run(emucluster, tmp_path, "stripe", 60, rates, env=env)
     assert rc == 0, text
+    # NANOCCL_NSOCKS connections a peer on each rail (two by default).
+    ready = [line for line in text.splitlines() if "ready over tcp/" in line]
+    assert len(ready) == 2, text
+    assert all(f" x{nsocks or 2} on each of 2 rails" in line for line in ready), ready
     assert sorted(r["rank"] for r in results) == [0, 1] and all(r["error"] is None
                                                                  for r in results), text
     for r in results:  # nanoccl's own count, per interface: payload only

@@ -358,27 +358,40 @@ TEST(CostModel, TheCompressedChunkIsPlannedUnlessSet) {
   EXPECT_FALSE(Config().chunkBytesSet);
 }
 
-// The socket count: one connection a peer unless all of them measured 10% faster; never
-// where the user set nsocks or the profile did not measure one.
+// The socket count: under a profile that measured one connection, one a peer unless all of
+// them measured 10% faster; without one, one for compressed calls and all for lossless ones;
+// all where the user set nsocks (or there is one).
 TEST(CostModel, OneSocketUnlessAllAreClearlyFaster) {
   LinkProfile p = slowLinks();
   const Config defaults;
-  EXPECT_EQ(detail::plannedLanes(defaults, p), 0);  // not measured
+  EXPECT_EQ(detail::plannedLanes(defaults, &p, false), 0);  // not measured
+  EXPECT_EQ(detail::plannedLanes(defaults, &p, true), 1);
+  EXPECT_EQ(detail::plannedLanes(defaults, nullptr, false), 0);
+  EXPECT_EQ(detail::plannedLanes(defaults, nullptr, true), 1);
   p.inter.oneSocketMBps = p.inter.nodeMBps / 1.05;
-  EXPECT_EQ(detail::plannedLanes(defaults, p), 1);
+  EXPECT_EQ(detail::plannedLanes(defaults, &p, false), 1);
   CallArgs a = allreduce(64 << 20);
   a.codecAuto = true;
   EXPECT_EQ(planned(a, &p).lanes, 1);
   EXPECT_EQ(planned(allreduce(4), &p).lanes, 1);  // every planned call alike
-  EXPECT_EQ(planned(a, nullptr).lanes, 0);         // no profile: all of them
+  EXPECT_EQ(planned(a, nullptr).lanes, 0);         // no profile: auto is lossless, all of them
+  CallArgs int8 = allreduce(64 << 20);
+  int8.codec = codec::findCodec("int8").value();
+  EXPECT_EQ(planned(int8, nullptr).lanes, 1);  // no profile, compressed: one
+  Config ringAlgo;
+  ASSERT_TRUE(ringAlgo.set("algo", "ring").isOk());
+  EXPECT_EQ(planned(int8, nullptr, ringAlgo).lanes, 0);  // a lossless row drops the codec
   Config forced;
   ASSERT_TRUE(forced.set("nsocks", "2").isOk());
-  EXPECT_EQ(detail::plannedLanes(forced, p), 0);
+  EXPECT_EQ(detail::plannedLanes(forced, &p, false), 0);
+  EXPECT_EQ(detail::plannedLanes(forced, nullptr, true), 0);
+  EXPECT_EQ(planned(int8, nullptr, forced).lanes, 0);
   Config one;
   one.nsocks = 1;
-  EXPECT_EQ(detail::plannedLanes(one, p), 0);
+  EXPECT_EQ(detail::plannedLanes(one, &p, true), 0);
   p.inter.oneSocketMBps = p.inter.nodeMBps / 1.5;  // one connection cannot fill the link
-  EXPECT_EQ(detail::plannedLanes(defaults, p), 0);
+  EXPECT_EQ(detail::plannedLanes(defaults, &p, false), 0);
+  EXPECT_EQ(detail::plannedLanes(defaults, &p, true), 0);
   // The model prices one connection at its own measured rate.
   CallArgs m = allreduce(64 << 20);
   const detail::AlgorithmRow* ring = allreduceRow("ring");
