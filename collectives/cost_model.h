@@ -6,8 +6,8 @@
 //                                 the node's divided by the ranks of a node that cross at once
 //                                 (over one connection a peer, args.lanes == 1: the node's
 //                                 one-socket rate so divided)
-//   a pipelined ring pass         (ranks - 2 + chunks) x (alpha + chunk / beta): the chunks of
-//                                 a segment follow each other through the ring
+//   a ring pass                   (ranks - 1) x chunks x (alpha + chunk / beta): every link
+//                                 carries ranks - 1 segments, chunk after chunk
 //   reductions and codecs         bytes / (rate x cpu_share), where the profile's rates are one
 //                                 core's and cpu_share the core a rank can count on
 //   the hierarchy's pipeline      its three stages overlap over blocks: the slowest stage,

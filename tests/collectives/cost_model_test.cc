@@ -437,5 +437,21 @@ TEST(CostModelSettings, CompressionAllowIsChecked) {
   EXPECT_FALSE(c.set("compression_allow", "int8,").isOk());
 }
 
+TEST(CostModel, ARingIsNoFasterThanItsBytesOverTheLink) {
+  // Each rank of a ring allreduce sends 2 (n - 1) / n of the buffer over its link, whatever the
+  // chunking: on the 2x2 topology's crossing links, 256 MB take at least 384 MB / 117 MB/s.
+  const LinkProfile p = slowLinks();
+  const detail::AlgorithmRow* ring = allreduceRow("ring");
+  ASSERT_NE(ring, nullptr);
+  for (size_t bytes : {size_t{4} << 20, size_t{64} << 20, size_t{256} << 20}) {
+    const double floor = 2.0 * 3 / 4 * static_cast<double>(bytes) / 117e6;
+    const double t = detail::predictSeconds(*ring, allreduce(bytes), k2x2, p, 1 << 20);
+    EXPECT_GE(t, floor) << bytes;
+    EXPECT_LT(t, 1.3 * floor) << bytes;
+  }
+  // So on slow links the hierarchy (half the bytes across nodes) is planned for large calls.
+  EXPECT_STREQ(planned(allreduce(256 << 20), &p).row->name, "hierarchical");
+}
+
 }  // namespace
 }  // namespace nanoccl
