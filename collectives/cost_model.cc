@@ -48,6 +48,15 @@ double ringPass(int ranks, double segment, double chunkBytes, Link l) {
   return (ranks - 1) * chunks * (l.alpha + segment / chunks / l.bw);
 }
 
+// A chain from a root through `ranks` ranks passing `bytes` in chunks (a ring broadcast):
+// every link carries the buffer once and the chunks follow each other down the chain, so
+// (ranks - 2 + chunks) chunk times.
+double chainPass(int ranks, double bytes, double chunkBytes, Link l) {
+  if (ranks < 2 || bytes <= 0) return 0;
+  const double chunks = std::max(1.0, std::ceil(bytes / chunkBytes));
+  return (ranks - 2 + chunks) * (l.alpha + bytes / chunks / l.bw);
+}
+
 // Stages that overlap over `blocks` blocks (each stage time for the whole call): the slowest
 // stage sets the pace, the others add their time for one block (fill and drain).
 double pipelined(std::initializer_list<double> stages, int blocks) {
@@ -235,7 +244,78 @@ double compressedReduceScatter(const CallArgs& args, const Topology& t, const Li
   return compressedExchange(p, args, x, t.size(), interLink(p, args.lanes, 1), false, 1, codecChunk, 1);
 }
 
+// ---- allgather, broadcast (not used by the planner: see cost_model.h) --------------------
+
+// The flat rows' link: across nodes when there are several (one rank a node crosses at once).
+Link flatLink(const CallArgs& args, const Topology& t, const LinkProfile& p) {
+  return t.numNodes() > 1 ? interLink(p, args.lanes, 1) : intraLink(p);
+}
+
+double ringAllgather(const CallArgs& args, const Topology& t, const LinkProfile& p, double chunk) {
+  return ringPass(t.size(), totalBytes(args) / t.size(), chunk, flatLink(args, t, p));
+}
+
+double hierarchicalAllgather(const CallArgs& args, const Topology& t, const LinkProfile& p,
+                             double chunk) {
+  // With equal pieces a node's pieces already are its shards: the first stage moves nothing.
+  const double s = totalBytes(args);
+  const int shards = t.minLocalSize();
+  const int nodes = t.numNodes();
+  const double across =
+      ringPass(nodes, s / nodes / shards, chunk, interLink(p, args.lanes, shards));
+  return across + ringPass(t.maxLocalSize(), s / t.maxLocalSize(), chunk, intraLink(p));
+}
+
+double treeBroadcast(const CallArgs& args, const Topology& t, const LinkProfile& p) {
+  const double s = static_cast<double>(args.count) * args.elemSize();
+  const double depth = std::ceil(std::log2(std::max(t.size(), 2)));
+  const Link l = flatLink(args, t, p);
+  return depth * (l.alpha + s / l.bw);
+}
+
+double ringBroadcast(const CallArgs& args, const Topology& t, const LinkProfile& p, double chunk) {
+  const double s = static_cast<double>(args.count) * args.elemSize();
+  return chainPass(t.size(), s, chunk, flatLink(args, t, p));
+}
+
+double hierarchicalBroadcast(const CallArgs& args, const Topology& t, const LinkProfile& p,
+                             double chunk) {
+  const double s = static_cast<double>(args.count) * args.elemSize();
+  const int shards = t.minLocalSize();
+  const Link in = intraLink(p);
+  const double handOut = in.alpha + s / in.bw * (shards - 1) / shards;
+  const double across =
+      chainPass(t.numNodes(), s / shards, chunk, interLink(p, args.lanes, shards));
+  const double gather = ringPass(t.maxLocalSize(), s / t.maxLocalSize(), chunk, in);
+  return handOut + across + gather;
+}
+
 }  // namespace
+
+double predictMovementSeconds(const AlgorithmRow& row, const CallArgs& args, const Topology& t,
+                              const LinkProfile& p, size_t chunkBytes) {
+  if (t.size() < 2) return 0;
+  if (t.numNodes() > 1 && !p.inter.present) return kNoPrediction;
+  if (t.maxLocalSize() > 1 && !p.intra.present) return kNoPrediction;
+  const std::string_view name = row.name;
+  const double chunk = static_cast<double>(std::max<size_t>(chunkBytes, 1));
+  if (row.op == OpType::kAllgather) {
+    if (name == "ring") return ringAllgather(args, t, p, chunk);
+    if (name == "hierarchical") return hierarchicalAllgather(args, t, p, chunk);
+  } else if (row.op == OpType::kBroadcast) {
+    if (name == "tree") return treeBroadcast(args, t, p);
+    if (name == "ring") return ringBroadcast(args, t, p, chunk);
+    if (name == "hierarchical") return hierarchicalBroadcast(args, t, p, chunk);
+  }
+  return kNoPrediction;
+}
+
+double predictSendSeconds(double bytes, bool interNode, int crossing, const LinkProfile& p) {
+  if (interNode && !p.inter.present) return kNoPrediction;
+  if (!interNode && !p.intra.present) return kNoPrediction;
+  const Link l = interNode ? interLink(p, 0, crossing) : intraLink(p);
+  return l.alpha + std::max(bytes, 0.0) / l.bw;
+}
 
 double predictSeconds(const AlgorithmRow& row, const CallArgs& args, const Topology& t,
                       const LinkProfile& p, size_t chunkBytes) {

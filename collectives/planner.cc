@@ -262,4 +262,81 @@ Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& 
   return out;
 }
 
+namespace {
+
+Status setCodec(CallArgs& args, const std::string& name, const Config& config) {
+  if (name.empty() || name == "none") return Status::ok();
+  NANOCCL_ASSIGN_OR_RETURN(const codec::Codec* c, codec::findCodec(name));
+  codec::CodecParams params;
+  params.blockSize = static_cast<uint32_t>(config.compressionBlock);
+  NANOCCL_CHECK(codec::resolveBlockSize(*c, params).status());
+  args.codec = c;
+  args.codecParams = params;
+  return Status::ok();
+}
+
+// The counts of a call whose `total` elements are split evenly (the remainder on the first).
+std::vector<size_t> evenCounts(size_t total, int size) {
+  std::vector<size_t> counts(static_cast<size_t>(size), total / static_cast<size_t>(size));
+  counts[0] += total % static_cast<size_t>(size);
+  return counts;
+}
+
+}  // namespace
+
+Result<CallPrediction> predictCall(const std::string& op, size_t count, DataType dtype,
+                                   const std::string& codec, int crossing,
+                                   const Topology& topology, const Config& config,
+                                   const LinkProfile& profile) {
+  CallPrediction out;
+  if (op == "send_inter" || op == "send_intra") {
+    if (!codec.empty() && codec != "none") {
+      return invalidArgument("point-to-point messages are not compressed (codec '" + codec + "')");
+    }
+    out.algorithm = "direct";
+    out.codec = "none";
+    out.seconds = predictSendSeconds(static_cast<double>(count) * dataTypeSize(dtype),
+                                     op == "send_inter", std::max(crossing, 1), profile);
+    return out;
+  }
+  CallArgs args;
+  args.dtype = dtype;
+  args.redop = ReduceOp::kSum;
+  if (op == "allreduce") {
+    args.op = OpType::kAllreduce;
+    args.count = count;
+  } else if (op == "reduce_scatter" || op == "allgather") {
+    args.op = op == "allgather" ? OpType::kAllgather : OpType::kReduceScatter;
+    args.counts = evenCounts(count, topology.size());
+    args.count = args.counts[0];
+  } else if (op == "broadcast") {
+    args.op = OpType::kBroadcast;
+    args.count = count;
+    args.root = 0;
+  } else {
+    return invalidArgument("unknown op '" + op +
+                           "': allreduce, reduce_scatter, allgather, broadcast, send_inter, "
+                           "send_intra");
+  }
+  const bool reduces = args.op == OpType::kAllreduce || args.op == OpType::kReduceScatter;
+  if (!reduces && !codec.empty() && codec != "none") {
+    return invalidArgument(op + " is not compressed (codec '" + codec + "')");
+  }
+  NANOCCL_CHECK(setCodec(args, codec, config));
+  // As the communicator does: a codec only where there is an inter-node leg.
+  if (topology.numNodes() < 2) args.codec = nullptr;
+  NANOCCL_ASSIGN_OR_RETURN(Plan p, plan(args, topology, config, &profile));
+  out.algorithm = p.row->name;
+  const bool lossy = p.codec != nullptr && p.row->lossy;
+  out.codec = lossy ? p.codec->name : "none";
+  if (lossy) {
+    const size_t n = std::max<size_t>(count, 1);
+    out.wireRatio = static_cast<double>(p.codec->encodedBytes(n, p.codecParams)) / (4.0 * n);
+  }
+  out.seconds = reduces ? p.predictedSeconds
+                        : predictMovementSeconds(*p.row, args, topology, profile, config.chunkBytes);
+  if (topology.size() < 2) out.seconds = 0;
+  return out;
+}
+
 }  // namespace nanoccl::detail

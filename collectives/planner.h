@@ -8,6 +8,7 @@
 // that call and does not break the communicator.
 #pragma once
 
+#include <string>
 #include <vector>
 
 #include "collectives/algorithm.h"
@@ -80,5 +81,29 @@ inline constexpr size_t kCodecChunkCandidates[] = {size_t{256} << 10, size_t{1} 
 // runs lossless.
 Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& config,
                   const LinkProfile* profile);
+
+// One call priced without a communicator (nanoccl-advise): what a group of `topology` with
+// `config` and `profile` would run and how long the cost model says it takes.
+struct CallPrediction {
+  std::string algorithm;  // the row's name; "direct" for a point-to-point send
+  std::string codec;      // "none" unless a lossy row runs it with a codec
+  double seconds = 0;     // kNoPrediction (infinity) where the model does not cover it
+  // Encoded bytes over float32 bytes of the inter-node leg (1 when lossless).
+  double wireRatio = 1;
+};
+
+// `op`: "allreduce" and "reduce_scatter" (float32 sums: plan() under the profile, as a live
+// group does; `count` elements in all, reduce_scatter split evenly over the ranks),
+// "allgather" (`count` elements out, every rank's piece equal) and "broadcast" (the rules' row,
+// predictMovementSeconds), "send_inter" and "send_intra" (one message of `count` elements
+// between two ranks, with `crossing` ranks of a node sending at once across nodes). `codec`
+// (allreduce, reduce_scatter): "" or "none" lossless, else that codec forced on the call, as
+// allreduce_compressed or the group's compression setting asks for it (the planner's
+// compression_min_bytes rule is the caller's to apply). kInvalidArgument for an unknown op,
+// dtype or codec.
+Result<CallPrediction> predictCall(const std::string& op, size_t count, DataType dtype,
+                                   const std::string& codec, int crossing,
+                                   const Topology& topology, const Config& config,
+                                   const LinkProfile& profile);
 
 }  // namespace nanoccl::detail

@@ -16,6 +16,8 @@
 #include <vector>
 
 #include "backend/process_group_nanoccl.h"
+#include "collectives/planner.h"
+#include "collectives/topology.h"
 #include "collectives/tuning.h"
 #include "common/config.h"
 #include "transports/transport.h"
@@ -167,6 +169,46 @@ NoGilDestructor<ProcessGroupNanoccl> createBackend(
   return c10::make_intrusive<ProcessGroupNanoccl>(store, rank, size, options);
 }
 
+// predict_collective's arguments turned into the planner's: a dtype by its name, the profile
+// from its text, a topology of `nodes` x `perNode` ranks, the defaults plus `settings`.
+nanoccl::DataType dataTypeNamed(const std::string& name) {
+  for (int i = 0; i < static_cast<int>(nanoccl::DataType::kNumTypes); ++i) {
+    const auto t = static_cast<nanoccl::DataType>(i);
+    if (name == nanoccl::dataTypeName(t)) return t;
+  }
+  throw py::value_error("unknown dtype '" + name + "' (float32, bfloat16, float16, ...)");
+}
+
+py::tuple predictCollective(const std::string& op, int64_t count, const std::string& dtype,
+                            int nodes, int perNode, const std::string& profileText,
+                            const std::string& codec, int crossing,
+                            const std::map<std::string, std::string>& settings) {
+  if (count < 0) throw py::value_error("predict_collective: a negative element count");
+  if (nodes < 1 || perNode < 1 || nodes * static_cast<int64_t>(perNode) > 4096) {
+    throw py::value_error("predict_collective: a cluster of " + std::to_string(nodes) + " x " +
+                          std::to_string(perNode) + " ranks (each at least 1, at most 4096)");
+  }
+  nanoccl::Result<nanoccl::LinkProfile> profile =
+      nanoccl::LinkProfile::parse(profileText, "the link profile");
+  if (!profile.isOk()) throw py::value_error(profile.status().message());
+  nanoccl::Config config;
+  for (const auto& [k, v] : settings) {
+    nanoccl::Status s = config.set(k, v);
+    if (!s.isOk()) throw py::value_error(s.message());
+  }
+  std::vector<std::string> ids;
+  for (int n = 0; n < nodes; ++n) {
+    for (int r = 0; r < perNode; ++r) ids.push_back("node" + std::to_string(n));
+  }
+  const nanoccl::Topology topology = nanoccl::Topology::fromNodeIds(ids);
+  nanoccl::Result<nanoccl::detail::CallPrediction> p = nanoccl::detail::predictCall(
+      op, static_cast<size_t>(count), dataTypeNamed(dtype), codec, crossing, topology, config,
+      profile.value());
+  if (!p.isOk()) throw py::value_error(p.status().message());
+  return py::make_tuple(p.value().algorithm, p.value().codec, p.value().seconds,
+                        p.value().wireRatio);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
@@ -234,6 +276,23 @@ PYBIND11_MODULE(_C, m) {
         return nanoccl::profilePath(config.value());
       },
       py::arg("settings"));
+
+  // One call priced by the planner and the cost model without a group (nanoccl-advise):
+  // (algorithm, codec, seconds, wire ratio); ValueError for bad arguments or a bad profile.
+  m.def("predict_collective", &predictCollective, py::arg("op"), py::arg("count"),
+        py::arg("dtype"), py::arg("nodes"), py::arg("procs_per_node"), py::arg("profile"),
+        py::arg("codec") = "", py::arg("crossing") = 1,
+        py::arg("settings") = std::map<std::string, std::string>{});
+  // This machine's float32 reduce and codec rates as profile records (one core, ~50 ms):
+  // a profile text with no links, for the advisor to complete with hand-given ones.
+  m.def("measure_cpu_rates", [] {
+    nanoccl::LinkProfile p;
+    p.shape = "1x1";
+    p.transport = "none";
+    p.measured = "now";
+    nanoccl::measureCpuRates(p);
+    return p.toText();
+  });
 
   // Every setting and its default, in the table's order.
   m.def("default_settings", [] { return nanoccl::Config().items(); });

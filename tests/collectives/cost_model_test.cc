@@ -453,5 +453,103 @@ TEST(CostModel, ARingIsNoFasterThanItsBytesOverTheLink) {
   EXPECT_STREQ(planned(allreduce(256 << 20), &p).row->name, "hierarchical");
 }
 
+// ---- calls priced without a communicator (nanoccl-advise) -----------------------------------
+
+detail::CallPrediction predicted(const std::string& op, size_t count, const std::string& codec = "",
+                                 int crossing = 1, const Topology& t = k2x2) {
+  Result<detail::CallPrediction> p = detail::predictCall(op, count, DataType::kFloat32, codec,
+                                                         crossing, t, Config(), slowLinks());
+  EXPECT_TRUE(p.isOk()) << p.status().toString();
+  return p.isOk() ? p.value() : detail::CallPrediction{};
+}
+
+TEST(PredictCall, AllreduceIsWhatAGroupWouldPlan) {
+  const LinkProfile p = slowLinks();
+  for (const char* codec : {"", "int8"}) {
+    CallArgs a = allreduce(64 << 20);
+    if (*codec != 0) {
+      a.codec = codec::findCodec(codec).value();
+      a.codecParams.blockSize = static_cast<uint32_t>(Config().compressionBlock);
+    }
+    const Plan plan = planned(a, &p);
+    const detail::CallPrediction got = predicted("allreduce", 16 << 20, codec);
+    EXPECT_EQ(got.algorithm, plan.row->name);
+    EXPECT_EQ(got.codec, *codec != 0 ? codec : "none");
+    EXPECT_DOUBLE_EQ(got.seconds, plan.predictedSeconds);
+  }
+  // int8 puts about a quarter of the float32 bytes on the wire.
+  const double ratio = predicted("allreduce", 16 << 20, "int8").wireRatio;
+  EXPECT_GT(ratio, 0.25);
+  EXPECT_LT(ratio, 0.3);
+  EXPECT_DOUBLE_EQ(predicted("allreduce", 16 << 20).wireRatio, 1.0);
+}
+
+TEST(PredictCall, AllgatherAndBroadcastUseTheRulesRowAndGrowWithSize) {
+  for (const char* op : {"allgather", "broadcast"}) {
+    double last = 0;
+    for (size_t count = 1 << 10; count <= (size_t{1} << 26); count *= 16) {
+      const detail::CallPrediction p = predicted(op, count);
+      ASSERT_TRUE(std::isfinite(p.seconds)) << op << " " << count;
+      EXPECT_GT(p.seconds, last) << op << " " << count;
+      last = p.seconds;
+    }
+    // Large ones on two nodes of two: the hierarchical row, as the rules pick it.
+    EXPECT_EQ(predicted(op, 1 << 24).algorithm, "hierarchical") << op;
+  }
+  // 64 MB gathered over 2 nodes: each node's 32 MB cross at 118 MB/s (two shards at once).
+  const double t = predicted("allgather", 16 << 20).seconds;
+  EXPECT_GT(t, 0.2);
+  EXPECT_LT(t, 0.6);
+}
+
+TEST(PredictCall, ThePlannerStillLeavesAllgatherToItsRules) {
+  const LinkProfile p = slowLinks();
+  CallArgs g;
+  g.op = OpType::kAllgather;
+  g.dtype = DataType::kFloat32;
+  g.counts = {1 << 20, 1 << 20, 1 << 20, 1 << 20};
+  g.count = 1 << 20;
+  const Plan plan = planned(g, &p);
+  EXPECT_FALSE(std::isfinite(plan.predictedSeconds));  // the planner does not price it
+  EXPECT_TRUE(std::isfinite(
+      detail::predictMovementSeconds(*plan.row, g, k2x2, p, Config().chunkBytes)));
+}
+
+TEST(PredictCall, SendsPayTheirLinkClass) {
+  const double inter = predicted("send_inter", 1 << 20).seconds;
+  const double intra = predicted("send_intra", 1 << 20).seconds;
+  // 4 MB: 35 ms at 117 MB/s across nodes, 1 ms at 4000 MB/s within.
+  EXPECT_NEAR(inter, 60e-6 + 4.0 * (1 << 20) / 117e6, 1e-6);
+  EXPECT_LT(intra, inter / 10);
+  // Two ranks of a node crossing at once share its 118 MB/s.
+  EXPECT_GT(predicted("send_inter", 1 << 20, "", 2).seconds, 1.8 * inter);
+}
+
+TEST(PredictCall, BadArgumentsAreErrors) {
+  const LinkProfile p = slowLinks();
+  const auto call = [&](const std::string& op, const std::string& codec) {
+    return detail::predictCall(op, 1024, DataType::kFloat32, codec, 1, k2x2, Config(), p);
+  };
+  const Status unknownOp = call("alltoallv", "").status();
+  EXPECT_EQ(unknownOp.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(unknownOp.message().find("unknown op 'alltoallv'"), std::string::npos);
+  EXPECT_EQ(call("allreduce", "int3").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(call("allgather", "int8").status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(call("send_inter", "int8").status().code(), StatusCode::kInvalidArgument);
+  // One node: no inter-node link in the profile is needed, and none is priced.
+  LinkProfile oneNode = p;
+  oneNode.inter = LinkClassProfile{};
+  Result<detail::CallPrediction> local = detail::predictCall(
+      "allreduce", 1 << 20, DataType::kFloat32, "int8", 1, Topology::singleNode(2), Config(),
+      oneNode);
+  ASSERT_TRUE(local.isOk()) << local.status().toString();
+  EXPECT_EQ(local.value().codec, "none");
+  EXPECT_TRUE(std::isfinite(local.value().seconds));
+  EXPECT_FALSE(std::isfinite(
+      detail::predictCall("send_inter", 1024, DataType::kFloat32, "", 1, k2x2, Config(), oneNode)
+          .value()
+          .seconds));
+}
+
 }  // namespace
 }  // namespace nanoccl
