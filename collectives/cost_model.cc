@@ -290,13 +290,17 @@ double hierarchicalBroadcast(const CallArgs& args, const Topology& t, const Link
   return handOut + across + gather;
 }
 
+// Whether the profile has every link class the topology's calls cross.
+bool covers(const LinkProfile& p, const Topology& t) {
+  return (t.numNodes() < 2 || p.inter.present) && (t.maxLocalSize() < 2 || p.intra.present);
+}
+
 }  // namespace
 
 double predictMovementSeconds(const AlgorithmRow& row, const CallArgs& args, const Topology& t,
                               const LinkProfile& p, size_t chunkBytes) {
   if (t.size() < 2) return 0;
-  if (t.numNodes() > 1 && !p.inter.present) return kNoPrediction;
-  if (t.maxLocalSize() > 1 && !p.intra.present) return kNoPrediction;
+  if (!covers(p, t)) return kNoPrediction;
   const std::string_view name = row.name;
   const double chunk = static_cast<double>(std::max<size_t>(chunkBytes, 1));
   if (row.op == OpType::kAllgather) {
@@ -320,8 +324,7 @@ double predictSendSeconds(double bytes, bool interNode, int crossing, const Link
 double predictSeconds(const AlgorithmRow& row, const CallArgs& args, const Topology& t,
                       const LinkProfile& p, size_t chunkBytes) {
   if (t.size() < 2) return 0;
-  if (t.numNodes() > 1 && !p.inter.present) return kNoPrediction;
-  if (t.maxLocalSize() > 1 && !p.intra.present) return kNoPrediction;
+  if (!covers(p, t)) return kNoPrediction;
   const std::string_view name = row.name;
   const double chunk = static_cast<double>(std::max<size_t>(chunkBytes, 1));
   const double codecChunk =
