@@ -130,7 +130,7 @@ def nanoccl_stats(spec: BackendSpec) -> dict[str, int] | None:
     except Exception:  # the stats API is optional to the study
         return None
     per_link = stats.get("per_link", {})
-    return {
+    counts = {
         "sent": int(stats.get("bytes_sent", 0)),
         "received": int(stats.get("bytes_received", 0)),
         "inter_sent": int(per_link.get("inter-node", {}).get("bytes_sent", 0)),
@@ -138,3 +138,8 @@ def nanoccl_stats(spec: BackendSpec) -> dict[str, int] | None:
         "intra_sent": int(per_link.get("intra-node", {}).get("bytes_sent", 0)),
         "calls": int(stats.get("calls", 0)),
     }
+    # Bytes sent per op ("sent_allreduce", "sent_send/recv", ...): what nanoccl-advise's
+    # traffic model of each strategy is checked against (tests/study/test_advise.py).
+    for op, moved in stats.get("per_op", {}).items():
+        counts[f"sent_{op}"] = int(moved.get("bytes_sent", 0))
+    return counts

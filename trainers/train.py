@@ -236,7 +236,8 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
         link = (counters_end[0] - counters_start[0], counters_end[1] - counters_start[1])
     moved: dict[str, int] | None = None
     if stats_start is not None and stats_end is not None:
-        moved = {k: stats_end[k] - stats_start[k] for k in stats_end}
+        # An op first used after the warm-up has no count at its start.
+        moved = {k: stats_end[k] - stats_start.get(k, 0) for k in stats_end}
     mine = {"rank": rank, "step_s": step_s, "losses": losses, "peak_rss_mb": _peak_rss_mb(),
             "link": link, "ifname": ifname if count_link else None, "nanoccl": moved,
             "window_s": t_end - t_start,
@@ -294,7 +295,8 @@ def summarize(args: argparse.Namespace, spec: backends.BackendSpec, strategy: An
     moved = [g["nanoccl"] for g in gathered if g["nanoccl"] is not None]
     nanoccl_doc = None
     if moved:
-        nanoccl_doc = {k: sum(m[k] for m in moved) for k in moved[0]}
+        keys = sorted({k for m in moved for k in m})  # ranks may differ in their ops
+        nanoccl_doc = {k: sum(m.get(k, 0) for m in moved) for k in keys}
     gpt = unit == "tokens"
     flops = None
     if gpt:

@@ -52,8 +52,10 @@ class Launch:
         return None
 
 
-def launch(world: int, args: Sequence[str], tmp: Path, timeout_s: float = 90.0) -> Launch:
-    """Runs trainers/train.py as `world` ranks on 127.0.0.1; kills them at the deadline."""
+def launch(world: int, args: Sequence[str], tmp: Path, timeout_s: float = 90.0,
+           rank_env: dict[int, dict[str, str]] | None = None) -> Launch:
+    """Runs trainers/train.py as `world` ranks on 127.0.0.1; kills them at the deadline.
+    `rank_env`: extra environment per rank (NANOCCL_NODE_ID to emulate nodes)."""
     tmp.mkdir(parents=True, exist_ok=True)
     result_path = tmp / f"result_{time.monotonic_ns()}.json"
     port = free_port()
@@ -68,6 +70,7 @@ def launch(world: int, args: Sequence[str], tmp: Path, timeout_s: float = 90.0) 
             env.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                        LOCAL_WORLD_SIZE=str(world), GROUP_RANK="0",
                        MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        env.update((rank_env or {}).get(rank, {}))
         log = (tmp / f"rank{rank}_{port}.log").open("w+")
         logs.append(log)
         procs.append(subprocess.Popen(

@@ -1,0 +1,287 @@
+"""nanoccl-advise against the committed study: every row of results/study/full predicted.
+
+    python bench/advise_study.py results/study/full --out results/advise
+
+For each row of the study's summary.csv (model, strategy, backend, setup, global batch), the
+advisor (torch_ext/nanoccl/advise.py) predicts the step time and the scaling factor from:
+- the emulated cluster's links given by hand: inter-node at the row's emulated rate
+  (rate_bits, tbf, each way), the latencies, the intra-node rate and this machine's reduce and
+  codec rates from the link profile nanoccl measured on the same emulated cluster
+  (results/tuning/grid_2x2_1gbit.json), cpu_share = 2 cores / ranks;
+- one device's step on the whole global batch: what the study divides by, T_1 measured while
+  n single-rank runs share the machine (summary.csv's t1_shared);
+- the backend: nanoccl as configured; nanoccl+<codec> with that codec (DDP's hook and the
+  group's compression); Gloo as nanoccl forced to the flat ring (algo=ring), the closest of
+  nanoccl's rows to Gloo's ring allreduce (a stand-in: Gloo is not modelled).
+It writes results/advise/README.md (the table, the relative error of the scaling factor per
+row, Spearman's rank correlation per setup), study_predictions.csv and a PNG.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from nanoccl import advise  # noqa: E402
+
+TUNED_PROFILE = REPO / "results" / "tuning" / "grid_2x2_1gbit.json"
+MACHINE_CORES = 2
+
+
+def measured_profile() -> dict[str, Any]:
+    """The link profile nanoccl measured on the emulated 2x2 cluster (latencies, intra-node
+    rate, reduce and codec rates of this machine), as records."""
+    text = json.loads(TUNED_PROFILE.read_text())["meta"]["profile"]
+    out: dict[str, Any] = {"text": text}
+    for line in text.splitlines():
+        tok = line.split()
+        if tok[:1] in (["inter"], ["intra"]) and len(tok) >= 7:
+            out[tok[0]] = {"alpha_us": float(tok[2]), "pair_MBps": float(tok[4])}
+    return out
+
+
+class GlooStandIn(advise.Predictor):
+    """Gloo's calls as nanoccl's flat ring rows (settings algo=ring): the closest rows, not a
+    model of Gloo. One difference is taken from the study's link counters: Gloo has no
+    reduce-scatter, torch runs FSDP2's as an allreduce (the link bytes of zero2/zero3 with Gloo
+    are DP's plus the allgathers'), so reduce-scatters are priced as allreduces."""
+
+    def __init__(self, cluster: advise.Cluster, profile: str) -> None:
+        super().__init__(cluster, profile, {"algo": "ring"})
+
+    def price(self, call: advise.Call, codec: str) -> advise.Priced:
+        if call.op == "reduce_scatter":
+            return super().price(advise.Call("allreduce", call.count, call.phase), codec)
+        return super().price(call, codec)
+
+
+def spearman(a: list[float], b: list[float]) -> float:
+    """Spearman's rho (average ranks for ties); nan for fewer than 3 rows."""
+    def ranks(v: list[float]) -> list[float]:
+        order = sorted(range(len(v)), key=lambda i: v[i])
+        r = [0.0] * len(v)
+        i = 0
+        while i < len(v):
+            j = i
+            while j + 1 < len(v) and v[order[j + 1]] == v[order[i]]:
+                j += 1
+            for k in range(i, j + 1):
+                r[order[k]] = (i + j) / 2
+            i = j + 1
+        return r
+    if len(a) < 3:
+        return math.nan
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    cov = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    var = math.sqrt(sum((x - ma) ** 2 for x in ra) * sum((y - mb) ** 2 for y in rb))
+    return cov / var if var else math.nan
+
+
+def predict_row(row: dict[str, str], measured: dict[str, Any],
+                specs: dict[tuple[str, int], advise.ModelSpec]) -> dict[str, Any]:
+    model, strategy, backend = row["model"], row["strategy"], row["backend"]
+    batch, world = int(row["batch"]), int(row["world"])
+    cluster = advise.parse_cluster(row["setup"])
+    key = (model, batch)
+    if key not in specs:
+        specs[key] = advise.model_spec(model, batch)
+    spec = specs[key]
+    one_device_s = batch * spec.per_sample / float(row["t1_shared"])
+    rate = float(row["rate_bits"]) if row["rate_bits"] else 1e9
+    profile = advise.profile_by_hand(
+        rate / 1e9, measured["inter"]["alpha_us"], measured["intra"]["pair_MBps"] * 8 / 1e3,
+        measured["intra"]["alpha_us"], cpu_share=min(1.0, MACHINE_CORES / world),
+        cpu_rates=measured["text"])
+    codec = backend.partition("+")[2] or "none"
+    predictor = (GlooStandIn(cluster, profile) if backend == "gloo"
+                 else advise.Predictor(cluster, profile))
+    cfg = advise.Config(strategy, codec, microbatches=world, schedule="1f1b")
+    cfg = advise.evaluate(spec, cluster, predictor, cfg, one_device_s, math.inf)
+    got = float(row["scaling"])
+    return {"model": model, "batch": batch, "setup": row["setup"], "strategy": strategy,
+            "backend": backend, "measured_step_s": float(row["step_s"]),
+            "predicted_step_s": cfg.step_s, "measured_S": got, "predicted_S": cfg.scaling,
+            "rel_error": (cfg.scaling - got) / got if got else math.nan,
+            "predicted_inter_mb": cfg.inter_bytes / 1e6,
+            "measured_inter_mb": float(row["nanoccl_inter_mb_step"] or "nan"),
+            "measured_link_mb": float(row["volume_mb_step"] or "nan"),
+            "predicted_sent_mb": (cfg.inter_bytes + cfg.intra_bytes) / 1e6,
+            "measured_sent_mb": float(row["nanoccl_mb_step"] or "nan"),
+            "refused": cfg.refused or ""}
+
+
+def write_readme(out: Path, rows: list[dict[str, Any]], command: str) -> dict[str, Any]:
+    groups: dict[tuple[str, int, str], list[dict[str, Any]]] = defaultdict(list)
+    for r in rows:
+        groups[(r["model"], r["batch"], r["setup"])].append(r)
+    within = [r for r in rows if abs(r["rel_error"]) <= 0.25]
+    rho = {k: spearman([r["predicted_S"] for r in v], [r["measured_S"] for r in v])
+           for k, v in groups.items()}
+    ranked = {k: v for k, v in rho.items() if not math.isnan(v)}
+    good = [k for k, v in ranked.items() if v >= 0.8]
+    errors = sorted(abs(r["rel_error"]) for r in rows)
+    across = [r for r in rows if not r["setup"].startswith("1x")]
+    across_ok = [r for r in across if abs(r["rel_error"]) <= 0.25]
+    cross_rho = {k: v for k, v in ranked.items() if not k[2].startswith("1x")}
+    lines = [
+        "# nanoccl-advise against the full study (results/study/full)", "",
+        "Generated by `bench/advise_study.py`; the advisor is `torch_ext/nanoccl/advise.py`.",
+        "", "    " + command, "",
+        f"- Rows predicted: {len(rows)} (every row of summary.csv but the 1x1 baselines).",
+        f"- Scaling factor within 25% (relative) of the measured one: {len(within)} of "
+        f"{len(rows)}; median |error| {statistics.median(errors):.0%}, 90th percentile "
+        f"{errors[int(0.9 * (len(errors) - 1))]:.0%}.",
+        f"- Spearman's rho of predicted against measured S per setup (model, batch, nodes x "
+        f"ranks; strategies x backends): >= 0.8 in {len(good)} of {len(ranked)} setups "
+        "(setups whose predictions are all equal have none).",
+        f"- Across nodes (2x1, 2x2, 4x1): {len(across_ok)} of {len(across)} rows within 25%; "
+        f"Spearman >= 0.8 in {sum(1 for v in cross_rho.values() if v >= 0.8)} of "
+        f"{len(cross_rho)} setups. Within one node (1x2): "
+        f"{len(within) - len(across_ok)} of {len(rows) - len(across)} rows within 25%.", "",
+        "| model | batch | setup | rows | Spearman rho |", "|---|---|---|---|---|"]
+    for k in sorted(groups):
+        v = rho[k]
+        lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {len(groups[k])} | "
+                     f"{'-' if math.isnan(v) else f'{v:.2f}'} |")
+    lines += ["", "What the model leaves out, and where that shows: compute is taken as not slowed "
+              "by communication, and a stage or rank that waits as leaving the CPU to no one. "
+              "On this 2-core machine (2 or 4 ranks, their progress threads and the kernel's "
+              "TCP copies) both are false: inside one node the links are fast and the CPU sets "
+              "the pace, so every strategy is predicted near S = 1; the codecs on 4 ranks and "
+              "nanoccl's hierarchical stages on 2x2 are slower than their profile rates say "
+              "(the cost model's own caveat, results/tuning/README.md); the pipeline's idle "
+              "stages give their cores to the busy ones, so it runs faster than predicted. "
+              "Gloo rows are priced as nanoccl's flat ring (a stand-in, not a model of Gloo)."]
+    misses: dict[str, list[str]] = defaultdict(list)
+    for r in rows:
+        if abs(r["rel_error"]) > 0.25:
+            misses[f"{r['setup']} {r['strategy']}"].append(
+                f"{r['model']} b{r['batch']} {r['backend']} {r['rel_error']:+.0%}")
+    lines += ["", "Rows off by more than 25%, by setup and strategy (+: predicted faster than "
+              "measured):", ""]
+    lines += [f"- {k}: {', '.join(v)}" for k, v in sorted(misses.items())]
+    lines += ["", "Per row: step time and scaling factor measured (summary.csv) and predicted; "
+              "inter-node MB a step as nanoccl counted its payload (nanoccl rows), as the "
+              "emulated links counted it (eth0 tx, all nodes, with TCP/IP headers; every "
+              "backend) and as predicted; every byte nanoccl sent, counted and predicted.", "",
+              "| model | batch | setup | strategy | backend | step s meas. | pred. | "
+              "S meas. | S pred. | rel. error | inter MB nanoccl | link MB | pred. | "
+              "sent MB nanoccl | pred. |", "|---|---|---|---|---|---|---|---|---|---|---|---|"
+              "---|---|---|"]
+
+    def mb(v: float) -> str:
+        return "-" if math.isnan(v) else f"{v:.2f}"
+
+    for r in rows:
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {r['setup']} | {r['strategy']} | {r['backend']} | "
+            f"{r['measured_step_s']:.3f} | {r['predicted_step_s']:.3f} | {r['measured_S']:.3f} | "
+            f"{r['predicted_S']:.3f} | {r['rel_error']:+.0%} | {mb(r['measured_inter_mb'])} | "
+            f"{mb(r['measured_link_mb'])} | {r['predicted_inter_mb']:.2f} | "
+            f"{mb(r['measured_sent_mb'])} | {r['predicted_sent_mb']:.2f} |")
+    (out / "README.md").write_text("\n".join(lines) + "\n")
+    return {"within_25": len(within), "rows": len(rows), "spearman": rho, "good": len(good),
+            "setups": len(ranked)}
+
+
+def seed_check(measured: dict[str, Any]) -> list[str]:
+    """The published GPT-2 small runs (2 nodes x 2 A40, 1 GbE; bench/study_seeds.py) against
+    the advisor: one A40's step from the published 1x1 throughput (batch 16 x 1024), the
+    inter-node link at 1 Gbit/s, PCIe between the GPUs of a node. The slides do not say
+    whether batch 16 is global or per GPU: both readings are shown."""
+    import study_seeds as seeds
+
+    cluster = advise.parse_cluster("2x2")
+    t1_16 = 16 * 1024 / (seeds.NANO_GPT2_SMALL_1X1_KTOK * 1000)
+    profile = advise.profile_by_hand(1.0, 50.0, 100.0, 10.0, cpu_rates=measured["text"])
+    lines = ["", "## GPT-2 small on 2 nodes x 2 A40 at 1 GbE (the published study)", "",
+             f"One A40's step on batch 16 x 1024: {t1_16:.3f} s (the published 1x1 "
+             f"throughput, {seeds.NANO_GPT2_SMALL_1X1_KTOK:.1f} ktokens/s); links: 1 Gbit/s "
+             "between nodes (50 us), 100 Gbit/s within (10 us); 48 GiB a device; fp32 as the "
+             "reference trainers train. Stock: DDP's buckets, no codec; PP 1F1B with m = p = 4.",
+             "", "| global batch | configuration | published S | predicted S, nanoccl (auto) | "
+             "predicted S, flat ring (NCCL-like) |", "|---|---|---|---|---|"]
+    for batch in (16, 64):  # 64: batch 16 per GPU
+        spec = advise.model_spec("gpt2-small", batch)
+        one_device_s = t1_16 * batch / 16
+        for name, kw in (("dp", {}), ("tp", {}), ("pp", {"microbatches": 4})):
+            got = []
+            for settings in ({}, {"algo": "ring"}):
+                c = advise.evaluate(spec, cluster, advise.Predictor(cluster, profile, settings),
+                                    advise.Config(name, **kw), one_device_s, 48 * 2**30)
+                got.append(f"{c.scaling:.3f}" if not c.refused else c.refused)
+            pub = seeds.nano_row("2x2", name)
+            lines.append(f"| {batch} | {name} | {pub.scaling if pub else '-'} | {got[0]} | "
+                         f"{got[1]} |")
+    spec = advise.model_spec("gpt2-small", 16)
+    ranked = advise.advise(spec, cluster, profile, t1_16, 48 * 2**30)
+    lines += ["", "The advisor's ranking at global batch 16 (nanoccl, auto), the 8 best:", "",
+              advise.table(ranked[:8], spec, cluster, advise.stock_dp(ranked))]
+    return lines
+
+
+def plot(out: Path, rows: list[dict[str, Any]]) -> None:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception:
+        print("no PNG: matplotlib is not importable")
+        return
+    fig, ax = plt.subplots(figsize=(6, 6))
+    for strategy in sorted({r["strategy"] for r in rows}):
+        pts = [r for r in rows if r["strategy"] == strategy]
+        ax.scatter([r["measured_S"] for r in pts], [r["predicted_S"] for r in pts], label=strategy)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    lo, hi = 0.005, 1.2
+    ax.plot([lo, hi], [lo, hi], "k--", lw=0.8)
+    ax.fill_between([lo, hi], [lo * 0.75, hi * 0.75], [lo * 1.25, hi * 1.25], alpha=0.15)
+    ax.set_xlabel("measured scaling factor")
+    ax.set_ylabel("predicted scaling factor")
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(out / "predicted_vs_measured.png", dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("study", type=Path, help="a study folder (summary.csv)")
+    p.add_argument("--out", type=Path, default=REPO / "results" / "advise")
+    args = p.parse_args(argv)
+    measured = measured_profile()
+    specs: dict[tuple[str, int], advise.ModelSpec] = {}
+    with (args.study / "summary.csv").open() as f:
+        rows = [predict_row(r, measured, specs) for r in csv.DictReader(f)
+                if r["strategy"] != "single" and r["scaling"]]
+    args.out.mkdir(parents=True, exist_ok=True)
+    with (args.out / "study_predictions.csv").open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    command = f"python bench/advise_study.py {args.study} --out {args.out}"
+    summary = write_readme(args.out, rows, command)
+    with (args.out / "README.md").open("a") as f:
+        f.write("\n".join(seed_check(measured)) + "\n")
+    plot(args.out, rows)
+    print(f"{summary['within_25']}/{summary['rows']} rows within 25%; Spearman >= 0.8 in "
+          f"{summary['good']}/{summary['setups']} setups; wrote {args.out}/README.md")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,227 @@
+"""nanoccl-advise (torch_ext/nanoccl/advise.py): its traffic model of each strategy against the
+bytes nanoccl counts per op while the reference trainers run it (2 ranks on loopback, as two
+emulated nodes or one node), its input validation, and its ranking."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from study_helpers import Launch, launch  # noqa: E402
+
+advise = pytest.importorskip("nanoccl.advise")
+_C = pytest.importorskip("nanoccl._C")
+if not hasattr(_C, "predict_collective"):
+    pytest.skip("nanoccl._C predates predict_collective: rebuild the extension",
+                allow_module_level=True)
+
+MODEL, BATCH, SEQ = "gpt2-nano", 4, 32
+# Two warm-up steps, as the study takes: DDP rebuilds its buckets (and broadcasts their
+# layout) in the second step, a one-off outside the steady state the model describes.
+COMMON = ["--model", MODEL, "--batch", str(BATCH), "--steps", "4", "--warmup-steps", "2",
+          "--print-every", "0"]
+# A fixed profile: the traffic does not depend on it, and no rates are measured in a test.
+RATES = ("reduce_MBps 5000\n"
+         "codec int8 encode_MBps 2000 decode_MBps 3000 accumulate_MBps 2500\n"
+         "codec int4 encode_MBps 1500 decode_MBps 2500 accumulate_MBps 2000\n"
+         "codec bf16 encode_MBps 4000 decode_MBps 4000 accumulate_MBps 4000\n")
+PROFILE = advise.profile_by_hand(1.0, 50.0, 100.0, 10.0, cpu_rates=RATES)
+# name: (strategy, backend, extra trainer flags, two nodes?)
+CASES = {
+    "dp": ("dp", "nanoccl", [], True),
+    "dp-int8": ("dp", "nanoccl+int8", [], True),
+    "dp-one-node": ("dp", "nanoccl", [], False),
+    "zero1": ("zero1", "nanoccl", [], True),
+    "zero2": ("zero2", "nanoccl", [], True),
+    "zero3": ("zero3", "nanoccl", [], True),
+    "tp": ("tp", "nanoccl", [], True),
+    "pp": ("pp", "nanoccl", ["--microbatches", "2", "--schedule", "1f1b"], True),
+}
+_runs: dict[str, Launch] = {}
+
+
+def predicted(case: str) -> advise.Config:
+    strategy, backend, _, two_nodes = CASES[case]
+    cluster = advise.Cluster(2, 1) if two_nodes else advise.Cluster(1, 2)
+    spec = advise.model_spec(MODEL, BATCH, SEQ)
+    cfg = advise.Config(strategy, backend.partition("+")[2] or "none", microbatches=2)
+    return advise.evaluate(spec, cluster, advise.Predictor(cluster, PROFILE), cfg, 1.0, math.inf)
+
+
+def per_op(cfg: advise.Config) -> dict[str, float]:
+    """Bytes a step sends per op, under nanoccl.stats()' op names."""
+    out: dict[str, float] = defaultdict(float)
+    for p in cfg.calls:
+        out["send/recv" if p.call.op == "send" else p.call.op] += p.intra_bytes + p.inter_bytes
+    return dict(out)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("case", list(CASES))
+def test_traffic_model_matches_the_bytes_nanoccl_counts(case: str, tmp_path: Path) -> None:
+    strategy, backend, extra, two_nodes = CASES[case]
+    nodes = {r: {"NANOCCL_NODE_ID": f"node{r if two_nodes else 0}"} for r in range(2)}
+    res = launch(2, COMMON + ["--strategy", strategy, "--backend", backend, *extra], tmp_path,
+                 timeout_s=50, rank_env=nodes)
+    if not res.ok and strategy in ("tp", "pp") and res.refused_on_cpu():
+        pytest.skip(f"torch refuses {strategy} on CPU: {res.refused_on_cpu()}")
+    assert res.ok, res.output[-3000:]
+    assert res.result is not None
+    moved = res.result["nanoccl_bytes"]
+    steps = res.result["timed_steps"]
+    cfg = predicted(case)
+    assert not cfg.refused, cfg.refused
+    # Link classes: all across the two emulated nodes, or all within the one node.
+    assert moved["inter_sent"] / steps == pytest.approx(cfg.inter_bytes, rel=0.02)
+    assert moved["intra_sent"] / steps == pytest.approx(cfg.intra_bytes, rel=0.02, abs=64)
+    assert (cfg.inter_bytes > 0) == two_nodes
+    # Per op: every op the trainer used, and only those, with the modelled bytes.
+    measured = {k[len("sent_"):]: v / steps for k, v in moved.items()
+                if k.startswith("sent_") and v > 0}
+    model = per_op(cfg)
+    assert set(measured) == set(model), (measured, model)
+    for op, nbytes in model.items():
+        assert measured[op] == pytest.approx(nbytes, rel=0.02), op
+    if backend.endswith("int8"):  # the codec's quarter of the float32 bytes on the wire
+        assert cfg.inter_bytes < 0.3 * predicted("dp").inter_bytes
+
+
+# ------------------------------------------------------------------------ input validation
+def test_unknown_model_and_bad_sizes_are_named() -> None:
+    with pytest.raises(advise.AdviseError, match="unknown model 'gpt5'"):
+        advise.model_spec("gpt5", 8)
+    with pytest.raises(advise.AdviseError, match="do not hold 12 layers"):
+        advise.gpt_by_hand(1_000_000, 12, 768, 1024, 8)
+    with pytest.raises(advise.AdviseError, match="does not split into 5 heads"):
+        advise.gpt_by_hand(None, 2, 64, 32, 8, heads=5, vocab=256)
+    with pytest.raises(advise.AdviseError, match="batch 0"):
+        advise.model_spec(MODEL, 0)
+    # By hand, the sizes of gpt2-small give gpt2-small's parameters back.
+    small = advise.model_spec("gpt2-small", 8)
+    hand = advise.gpt_by_hand(small.params, 12, 768, 1024, 8)
+    assert hand.params == small.params and hand.vocab == 50257
+
+
+@pytest.mark.parametrize("text", ["2x", "0x2", "2x0", "axb", "2x2x2", ""])
+def test_bad_cluster_shapes_are_refused(text: str) -> None:
+    with pytest.raises(advise.AdviseError, match="cluster"):
+        advise.parse_cluster(text)
+
+
+def test_one_device_is_nothing_to_advise() -> None:
+    with pytest.raises(advise.AdviseError, match="cluster 1x1: one device"):
+        advise.advise(advise.model_spec(MODEL, BATCH, SEQ), advise.parse_cluster("1x1"),
+                      PROFILE, 1.0, math.inf)
+
+
+def test_profile_files_are_checked(tmp_path: Path) -> None:
+    bad = tmp_path / "profile.txt"
+    bad.write_text("version 1\nshape 2x2\ninter alpha_us fast\n")
+    with pytest.raises(advise.AdviseError, match="profile.txt:3"):
+        advise.profile_from_file(str(bad))
+    with pytest.raises(advise.AdviseError, match="no file at"):
+        advise.profile_from_file(str(tmp_path / "missing.txt"))
+    with pytest.raises(advise.AdviseError, match="bandwidth"):
+        advise.profile_by_hand(0.0, 50, 100, 10, cpu_rates=RATES)
+    # A profile without inter-node links cannot price a cluster of two nodes.
+    one_node = PROFILE.replace(PROFILE.splitlines()[5], "inter none")
+    ranked = advise.advise(advise.model_spec(MODEL, BATCH, SEQ), advise.Cluster(2, 1),
+                           one_node, 1.0, math.inf, codecs=["none"])
+    assert ranked and all(c.refused for c in ranked)
+
+
+def test_a_model_that_does_not_fit_is_reported_not_ranked(capsys: pytest.CaptureFixture[str]
+                                                          ) -> None:
+    spec = advise.model_spec("gpt2-medium", 4)
+    cluster = advise.parse_cluster("2x2")
+    # 355 M parameters: 5.7 GB of model state for DP, a quarter of it under ZeRO-3, plus
+    # 1.5 GB of activations for the one sequence a device holds.
+    limit = 5 * 2**30
+    ranked = advise.advise(spec, cluster, PROFILE, 0.5, limit, codecs=["none"])
+    runnable = [c for c in ranked if not c.refused]
+    assert {c.strategy for c in runnable} >= {"zero1", "zero3", "pp"}
+    assert all(c.memory_bytes <= limit for c in runnable)
+    for strategy in ("dp", "tp"):
+        refused = next(c for c in ranked if c.strategy == strategy)
+        assert refused.refused and "does not fit" in refused.refused, strategy
+        assert ranked.index(refused) > ranked.index(runnable[-1])
+    # Nothing fits: the CLI says so and ranks nothing.
+    code = advise.main(["--model", "gpt2-small", "--batch", "16", "--cluster", "2x2",
+                        "--inter-gbps", "1", "--step-seconds", "0.5",
+                        "--device-memory-gb", "0.1", "--codecs", "none"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "nothing fits" in out and "does not fit" in out and "recommended:" not in out
+
+
+def test_cli_errors_are_messages(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--model", MODEL, "--batch", "4", "--cluster", "2x1", "--inter-gbps", "1"]
+    assert advise.main(base) == 2
+    assert "--step-seconds" in capsys.readouterr().err
+    assert advise.main(base + ["--step-seconds", "-1"]) == 2
+    assert "must be a time > 0" in capsys.readouterr().err
+    assert advise.main(base + ["--step-seconds", "1", "--codecs", "int3"]) == 2
+    assert "codec 'int3'" in capsys.readouterr().err
+    assert advise.main(base + ["--step-seconds", "1", "--setting", "algo=nope"]) == 2
+    assert "nope" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------- ranking
+def test_ranking_is_by_predicted_step_and_the_same_every_time() -> None:
+    spec = advise.model_spec("gpt2-small", 16)
+    cluster = advise.parse_cluster("2x2")
+    first = advise.advise(spec, cluster, PROFILE, 0.556, 48 * 2**30)
+    again = advise.advise(spec, cluster, PROFILE, 0.556, 48 * 2**30)
+    assert [c.label for c in first] == [c.label for c in again]
+    runnable = [c for c in first if not c.refused]
+    steps = [c.step_s for c in runnable]
+    assert steps == sorted(steps)
+    assert {c.strategy for c in runnable} >= {"dp", "zero1", "zero2", "zero3", "tp", "pp"}
+    for c in runnable:  # S = T_1 / (n x step), every byte counted on some link
+        assert c.scaling == pytest.approx(0.556 / (4 * c.step_s))
+        assert c.inter_bytes > 0
+    # At 1 Gbit/s the codecs shrink DP's inter-node bytes and time.
+    dp = {c.codec: c for c in runnable if c.strategy == "dp" and c.bucket_mb is None}
+    assert dp["int8"].inter_bytes < 0.3 * dp["none"].inter_bytes
+    assert dp["int8"].step_s < dp["none"].step_s
+
+
+def test_pipeline_without_communication_is_m_plus_p_minus_1_slots() -> None:
+    for schedule in ("gpipe", "1f1b"):
+        assert advise.pipeline_step(2, 4, schedule, 1.0, [0.0]) == pytest.approx(5.0)
+        assert advise.pipeline_step(4, 8, schedule, 1.0, [0.0] * 3) == pytest.approx(11.0)
+    # A slow link: the boundary carries every microbatch one way, and the grads back.
+    slow = advise.pipeline_step(2, 4, "1f1b", 0.1, [1.0])
+    assert slow >= 4 * 1.0
+
+
+def test_tree_broadcast_edges_follow_the_binomial_tree() -> None:
+    assert sorted(advise.tree_edges(4, 0)) == [(0, 1), (0, 2), (2, 3)]
+    assert sorted(advise.tree_edges(4, 1)) == [(1, 2), (1, 3), (3, 0)]
+    # 2 nodes x 2: root 0 crosses once, root 1 three times.
+    assert advise.link_bytes("broadcast", "tree", 10.0, 2, 2, root=0) == (20.0, 10.0)
+    assert advise.link_bytes("broadcast", "tree", 10.0, 2, 2, root=1) == (0.0, 30.0)
+
+
+def test_the_cli_ranks_recommends_and_draws(tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    png = tmp_path / "advice.png"
+    code = advise.main(["--model", "gpt2-small", "--batch", "16", "--cluster", "2x2",
+                        "--inter-gbps", "1", "--step-seconds", "0.556", "--top", "5",
+                        "--png", str(png)])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "recommended:" in out and "overlap:" in out
+    assert out.count("\n| ") == 5 + 1  # the header and the five best
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "no PNG: matplotlib is not importable" in out
+    else:
+        assert png.stat().st_size > 1000 and f"wrote {png}" in out

@@ -1,0 +1,591 @@
+"""nanoccl-advise: which parallelism, codec and bucket size for this model on this cluster.
+
+    nanoccl-advise --model gpt2-small --batch 16 --cluster 2x2 --inter-gbps 1 \\
+        --step-seconds 0.556 --png advice.png
+
+For every strategy the reference trainers run (trainers/strategies.py: DP, ZeRO-1, ZeRO-2/3 as
+FSDP2, PP with GPipe or 1F1B, TP), each with the codecs nanoccl would apply to its calls, the
+advisor predicts the step time, the scaling factor S = T_1 / (n x step), the bytes a step puts
+on each link class and the memory a device needs, and ranks the configurations that fit.
+
+Where the numbers come from:
+- Traffic: the calls each trainer makes in one step, as nanoccl.stats() counts them in the
+  study runs (results/study/full/runs/*.json; tests/study/test_advise.py checks them against
+  bytes measured through nanoccl): DDP's gradient buckets (DDP's own bucketing rule,
+  nanoccl.tune.ddp_bucket_sizes); ZeroRedundancyOptimizer's one broadcast per parameter from
+  its owner after the step; FSDP2's allgather per unit in forward (and again in backward for
+  ZeRO-3) and reduce-scatter per unit in backward; DTensor TP's 2 forward and 4 backward
+  allreduces of a block's activations; the pipeline's activations and their gradients at
+  each stage boundary, per microbatch.
+- Time of each call: nanoccl's planner and cost model (collectives/cost_model.h) through
+  nanoccl._C.predict_collective, from a link profile: the tuner's file (nanoccl-tune), or
+  bandwidth and latency per link class given here plus this machine's codec rates.
+- Overlap of communication with compute (stated in the output): forward is 1/3 and backward
+  2/3 of a device's compute; DDP's buckets run one after another as backward produces them
+  (nanoccl.tune.ddp_step_seconds); FSDP2's allgathers are prefetched (a unit waits for its
+  own) and its reduce-scatters follow each unit's backward; TP's allreduces and ZeRO-1's
+  broadcasts are on the critical path; a pipeline step is simulated microbatch by
+  microbatch (GPipe or 1F1B order; a stage waits for its input, each boundary link carries
+  one message at a time each way). The calls of one group run one after another (nanoccl's
+  queue), and compute never slows down for communication (no CPU contention modelled).
+- Memory (fp32 training with AdamW, 16 bytes a parameter, sharded as each strategy shards
+  it) plus activations counted by running the model once on the meta device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+from nanoccl.advise_traffic import (AdviseError, Call, Cluster, ModelSpec, ddp_buckets,
+                                    fsdp_calls, gpt_by_hand, link_bytes, model_spec,
+                                    parse_cluster, reference_trainers, strategy_refusal,
+                                    tp_calls, tree_edges, zero1_broadcasts)
+from nanoccl.tune import BUCKET_CANDIDATES_MB, ddp_step_seconds
+
+__all__ = ["AdviseError", "Call", "Cluster", "Config", "ModelSpec", "Predictor", "advise",
+           "evaluate", "gpt_by_hand", "link_bytes", "main", "model_spec", "parse_cluster",
+           "pipeline_step", "profile_by_hand", "profile_from_file", "tree_edges"]
+
+CODECS = ("none", "bf16", "int8", "int4")
+# The group's codec applies to calls of at least this many bytes (NANOCCL_COMPRESSION_MIN_BYTES'
+# default); DDP's error-feedback hook compresses every bucket.
+COMPRESSION_MIN_BYTES = 1 << 20
+FORWARD_SHARE = 1.0 / 3.0  # of a device's compute; backward takes the rest
+BYTES_PER_PARAM = 16  # fp32 parameter + gradient + AdamW's two moments
+OVERLAP_TEXT = (
+    "overlap: forward 1/3, backward 2/3 of compute; DP/ZeRO-1 buckets overlap backward in "
+    "order (DDP); ZeRO-1's broadcasts after the step are exposed; FSDP2 allgathers prefetched, "
+    "reduce-scatters after each unit's backward; TP allreduces exposed; PP's schedule "
+    "simulated (a stage waits for its inputs, a boundary link carries one message at a time "
+    "each way); calls of one group run one after another")
+
+
+# --------------------------------------------------------------------------- link profile
+def profile_from_file(path: str) -> str:
+    """The text of a link profile saved by nanoccl-tune; AdviseError naming the file."""
+    from nanoccl import _C
+
+    try:
+        loaded = _C.load_link_profile(path)
+    except ValueError as exc:
+        raise AdviseError(f"link profile: {exc}") from None
+    if loaded is None:
+        raise AdviseError(f"link profile: no file at {path} (run nanoccl-tune first, or give "
+                          "--inter-gbps)")
+    return str(loaded["text"])
+
+
+def profile_by_hand(inter_gbps: float, inter_latency_us: float, intra_gbps: float,
+                    intra_latency_us: float, cpu_share: float = 1.0,
+                    cpu_rates: str | None = None) -> str:
+    """A link profile from bandwidth (Gbit/s, one direction) and latency per link class; the
+    reduce and codec rates are `cpu_rates` (a profile's text) or measured here (~50 ms)."""
+    from nanoccl import _C
+
+    for what, v in (("inter-node bandwidth", inter_gbps), ("intra-node bandwidth", intra_gbps)):
+        if not v > 0:
+            raise AdviseError(f"{what} {v} Gbit/s: must be > 0")
+    if inter_latency_us < 0 or intra_latency_us < 0:
+        raise AdviseError("latencies must be >= 0")
+    rates = cpu_rates if cpu_rates is not None else _C.measure_cpu_rates()
+    keep = [ln for ln in rates.splitlines()
+            if ln.split()[:1] and ln.split()[0] in ("reduce_MBps", "codec")]
+    inter, intra = inter_gbps * 1e3 / 8, intra_gbps * 1e3 / 8
+    return "\n".join([
+        "version 1", "shape given", "transport tcp", "nsocks 1", "measured by-hand",
+        f"inter alpha_us {inter_latency_us:g} pair_MBps {inter:g} node_MBps {inter:g}",
+        f"intra alpha_us {intra_latency_us:g} pair_MBps {intra:g} node_MBps {intra:g}",
+        f"cpu_share {min(max(cpu_share, 0.01), 1.0):g}", *keep]) + "\n"
+
+
+# ------------------------------------------------------------------------------- calls
+@dataclass
+class Priced:
+    call: Call
+    seconds: float
+    algorithm: str
+    codec: str
+    intra_bytes: float  # sent over all ranks
+    inter_bytes: float
+
+
+class Predictor:
+    """Prices calls with nanoccl's planner and cost model (cached per distinct call)."""
+
+    def __init__(self, cluster: Cluster, profile: str, settings: dict[str, str] | None = None):
+        self.cluster, self.profile, self.settings = cluster, profile, dict(settings or {})
+        self._cache: dict[tuple[Any, ...], tuple[str, str, float, float]] = {}
+
+    def _predict(self, op: str, count: int, codec: str, crossing: int = 1
+                 ) -> tuple[str, str, float, float]:
+        from nanoccl import _C
+
+        key = (op, count, codec, crossing)
+        if key not in self._cache:
+            try:
+                self._cache[key] = _C.predict_collective(
+                    op, count, "float32", self.cluster.nodes, self.cluster.per_node,
+                    self.profile, codec, crossing, self.settings)
+            except ValueError as exc:
+                raise AdviseError(str(exc)) from None
+        return self._cache[key]
+
+    def price(self, call: Call, codec: str) -> Priced:
+        c = self.cluster
+        nbytes = 4.0 * call.count
+        if call.op == "send":
+            inter = call.src // c.per_node != call.dst // c.per_node
+            op = "send_inter" if inter else "send_intra"
+            _, _, seconds, _ = self._predict(op, call.count, "")
+            return Priced(call, seconds, "direct", "none", 0 if inter else nbytes,
+                          nbytes if inter else 0)
+        use = codec if codec != "none" and (call.hook or nbytes >= COMPRESSION_MIN_BYTES) else ""
+        if call.op not in ("allreduce", "reduce_scatter"):
+            use = ""
+        algorithm, chosen, seconds, ratio = self._predict(call.op, call.count, use)
+        intra, inter = link_bytes(call.op, algorithm, nbytes, c.nodes, c.per_node, ratio,
+                                  call.root)
+        return Priced(call, seconds, algorithm, chosen, intra, inter)
+
+
+# ---------------------------------------------------------------------- time, with overlap
+def fsdp_step(forward_s: float, backward_s: float, shares: list[float],
+              gathers: list[float], again: list[float], reduces: list[float]) -> float:
+    """One FSDP2 step, its calls on one queue in the order they are issued: forward's
+    allgathers ahead of the compute (a unit waits for its own); in backward, ZeRO-3's
+    allgather of the next unit when a unit starts (prefetch) and a unit's reduce-scatter when
+    its backward ends. `shares`: each unit's part of the compute, in forward order; backward
+    runs the units in reverse (the lists `again` and `reduces` are in backward order)."""
+    comm = t = 0.0
+    for share, ag in zip(shares, gathers):
+        comm += ag
+        t = max(t, comm) + forward_s * share
+    back = list(reversed(shares[1:])) + shares[:1]
+    ready = [0.0] * len(back)
+    if again:
+        comm = max(comm, t) + again[0]
+        ready[0] = comm
+    for i, share in enumerate(back):
+        start = max(t, ready[i])
+        if again and i + 1 < len(back):
+            comm = max(comm, start) + again[i + 1]
+            ready[i + 1] = comm
+        t = start + backward_s * share
+        comm = max(comm, t) + reduces[i]
+    return max(t, comm)
+
+
+def pipeline_step(stages: int, microbatches: int, schedule: str, slot_s: float,
+                  sends: list[float]) -> float:
+    """A pipeline step, simulated: stage s runs its forwards (F) and backwards (B) in the
+    schedule's order (GPipe: all F then all B; 1F1B: min(m, p - s) F first, then B and F in
+    turn); an F needs the activation from stage s - 1, a B the gradient from stage s + 1; each
+    boundary's link carries one message at a time in each direction (`sends[b]` seconds for
+    boundary b, either way). `slot_s`: one microbatch's F + B on one stage."""
+    p, m = stages, microbatches
+    f_s, b_s = slot_s * FORWARD_SHARE, slot_s * (1 - FORWARD_SHARE)
+    orders = []
+    for s in range(p):
+        if schedule == "gpipe":
+            orders.append([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
+            continue
+        warm = min(m, p - s)
+        order = [("F", i) for i in range(warm)]
+        nb, nf = 0, warm
+        while nb < m:
+            order.append(("B", nb))
+            nb += 1
+            if nf < m:
+                order.append(("F", nf))
+                nf += 1
+        orders.append(order)
+    arrive: dict[tuple[str, int, int], float] = {}  # (kind, stage, mb) -> input ready
+    link_free = {(b, d): 0.0 for b in range(p - 1) for d in ("fwd", "bwd")}
+    clock = [0.0] * p
+    pos = [0] * p
+    while any(pos[s] < len(orders[s]) for s in range(p)):
+        progressed = False
+        for s in range(p):
+            while pos[s] < len(orders[s]):
+                kind, i = orders[s][pos[s]]
+                need = None
+                if kind == "F" and s > 0:
+                    need = arrive.get(("F", s, i))
+                elif kind == "B" and s < p - 1:
+                    need = arrive.get(("B", s, i))
+                if (kind == "F" and s > 0 or kind == "B" and s < p - 1) and need is None:
+                    break
+                start = max(clock[s], need or 0.0)
+                clock[s] = start + (f_s if kind == "F" else b_s)
+                if kind == "F" and s < p - 1:
+                    key = (s, "fwd")
+                    go = max(clock[s], link_free[key])
+                    link_free[key] = go + sends[s]
+                    arrive[("F", s + 1, i)] = go + sends[s]
+                elif kind == "B" and s > 0:
+                    key = (s - 1, "bwd")
+                    go = max(clock[s], link_free[key])
+                    link_free[key] = go + sends[s - 1]
+                    arrive[("B", s - 1, i)] = go + sends[s - 1]
+                pos[s] += 1
+                progressed = True
+        if not progressed:
+            raise AdviseError(f"pipeline schedule {schedule} deadlocked (p={p}, m={m})")
+    return max(clock)
+
+
+# ------------------------------------------------------------------------ a configuration
+@dataclass
+class Config:
+    """One configuration the advisor predicts, and what it predicts of it."""
+
+    strategy: str
+    codec: str = "none"
+    bucket_mb: float | None = None  # dp, zero1: DDP's bucket_cap_mb (None: DDP's default)
+    microbatches: int = 0  # pp
+    schedule: str = "1f1b"  # pp
+    step_s: float = math.inf
+    comm_s: float = 0.0  # every call's predicted time, summed
+    inter_bytes: float = 0.0  # sent over all ranks, a step
+    intra_bytes: float = 0.0
+    memory_bytes: float = 0.0  # the busiest device
+    scaling: float = 0.0
+    fits: bool = True
+    refused: str | None = None  # why it cannot run (trainers' rules, memory)
+    calls: list[Priced] = field(default_factory=list)
+
+    @property
+    def label(self) -> str:
+        name = {"dp": "DP", "zero1": "ZeRO-1", "zero2": "ZeRO-2 (FSDP2)",
+                "zero3": "ZeRO-3 (FSDP2)", "tp": "TP", "pp": "PP"}[self.strategy]
+        if self.strategy in ("dp", "zero1"):
+            name += f" bucket {self.bucket_mb:g} MB" if self.bucket_mb else " (DDP buckets)"
+        if self.strategy == "pp":
+            name += f" {self.schedule} m={self.microbatches}"
+        return name + ("" if self.codec == "none" else f" +{self.codec}")
+
+
+def memory_bytes(spec: ModelSpec, cluster: Cluster, cfg: Config) -> float:
+    """Bytes the busiest device holds: fp32 parameters, gradients and AdamW's two moments
+    (16 bytes a parameter) as the strategy shards them, plus the activations backward keeps
+    (counted on the meta device; the framework's own workspace is not included)."""
+    n, P = cluster.world, spec.params
+    act = spec.act_bytes_per_sample
+    unit = 4.0 * max(spec.units)
+    local = spec.batch / n
+    if cfg.strategy == "dp":
+        return BYTES_PER_PARAM * P + act * local
+    if cfg.strategy == "zero1":
+        return 8.0 * P + 8.0 * P / n + act * local
+    if cfg.strategy == "zero2":  # whole parameters, a unit's gradients before its shard
+        return 4.0 * P + 12.0 * P / n + unit + act * local
+    if cfg.strategy == "zero3":  # shards, plus a gathered unit and the prefetched one
+        return BYTES_PER_PARAM * P / n + 2 * 2 * unit + act * local
+    if cfg.strategy == "tp":  # the blocks' 12 d^2 split, the rest replicated; about half the
+        split = 12.0 * spec.hidden ** 2 * spec.layers  # activations live in the split layers
+        return BYTES_PER_PARAM * (P - split + split / n) + act * spec.batch * (0.5 + 0.5 / n)
+    assert spec.stage_params is not None
+    stage = max(spec.stage_params(n))
+    in_flight = cfg.microbatches if cfg.schedule == "gpipe" else min(cfg.microbatches, n)
+    return BYTES_PER_PARAM * stage + act * spec.batch / cfg.microbatches / n * in_flight
+
+
+def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Config,
+             one_device_s: float, device_bytes: float) -> Config:
+    """Fills in cfg's predictions: `one_device_s` is one device's step on the whole global
+    batch (compute only), `device_bytes` a device's memory."""
+    n = cluster.world
+    cfg.refused = strategy_refusal(spec, cluster, cfg.strategy, cfg.microbatches)
+    if cfg.refused:
+        return cfg
+    cfg.memory_bytes = memory_bytes(spec, cluster, cfg)
+    cfg.fits = cfg.memory_bytes <= device_bytes
+    if not cfg.fits:
+        cfg.refused = (f"does not fit: needs {cfg.memory_bytes / 2**30:.1f} GiB a device, "
+                       f"has {device_bytes / 2**30:.1f}")
+
+    def price(call: Call) -> Priced:
+        return predictor.price(call, cfg.codec)
+
+    compute = one_device_s / n
+    fwd, bwd = compute * FORWARD_SHARE, compute * (1 - FORWARD_SHARE)
+    if cfg.strategy in ("dp", "zero1"):
+        buckets = ddp_buckets(spec, cfg.bucket_mb)
+        priced = [price(c) for c, _ in buckets]
+        total = sum(nbytes for nbytes, _ in spec.grads)
+        end = ddp_step_seconds([p.seconds for p in priced], [r for _, r in buckets], total, bwd)
+        cfg.step_s = fwd + max(bwd, end)
+        if cfg.strategy == "zero1":
+            priced += [price(c) for c in zero1_broadcasts(spec, n)]
+            cfg.step_s += sum(p.seconds for p in priced[len(buckets):])
+    elif cfg.strategy in ("zero2", "zero3"):
+        forward, again, reduce = fsdp_calls(spec, int(cfg.strategy[-1]))
+        groups = [[price(c) for c in calls] for calls in (forward, again, reduce)]
+        shares = [u / spec.params for u in spec.units]
+        cfg.step_s = fsdp_step(fwd, bwd, shares, *[[p.seconds for p in g] for g in groups])
+        priced = [p for g in groups for p in g]
+    elif cfg.strategy == "tp":
+        priced = [price(c) for c in tp_calls(spec)]
+        cfg.step_s = compute + sum(p.seconds for p in priced)
+    else:
+        m = cfg.microbatches
+        count = spec.batch // m * spec.seq * spec.hidden
+        boundary = [price(Call("send", count, "forward", src=s, dst=s + 1)) for s in range(n - 1)]
+        cfg.step_s = pipeline_step(n, m, cfg.schedule, one_device_s / (m * n),
+                                   [p.seconds for p in boundary])
+        priced = [p for p in boundary for _ in range(2 * m)]  # F and B, every microbatch
+    cfg.calls = priced
+    cfg.comm_s = sum(p.seconds for p in priced)
+    cfg.inter_bytes = sum(p.inter_bytes for p in priced)
+    cfg.intra_bytes = sum(p.intra_bytes for p in priced)
+    cfg.scaling = one_device_s / (n * cfg.step_s) if cfg.step_s > 0 else 0.0
+    if not math.isfinite(cfg.step_s):
+        cfg.refused = cfg.refused or "the link profile lacks a link class this cluster uses"
+    return cfg
+
+
+def best_bucket_mb(spec: ModelSpec, cluster: Cluster, predictor: Predictor, codec: str,
+                   one_device_s: float) -> float:
+    """The DDP bucket_cap_mb (of nanoccl.tune's candidates) predicted fastest: the same
+    choice as nanoccl.tune.ddp_bucket_cap_mb, without a live group."""
+    def step(cap: float) -> float:
+        return evaluate(spec, cluster, predictor, Config("dp", codec, bucket_mb=cap),
+                        one_device_s, math.inf).step_s
+    return min(BUCKET_CANDIDATES_MB, key=lambda c: (step(c), c))
+
+
+def candidates(spec: ModelSpec, cluster: Cluster, predictor: Predictor,
+               one_device_s: float, codecs: Sequence[str] = CODECS) -> list[Config]:
+    """Every configuration worth predicting: each strategy with each codec that touches its
+    calls (none where there is one node, or for the pipeline's sends); DP and ZeRO-1 with
+    DDP's default buckets and with the recommended size; PP with GPipe and 1F1B over
+    p, 2p, 4p, ... microbatches. TP and PP once only where the trainers do not run them."""
+    n = cluster.world
+    usable = [c for c in codecs if c == "none" or cluster.nodes > 1]
+    out: list[Config] = []
+    for codec in usable:
+        tuned = best_bucket_mb(spec, cluster, predictor, codec, one_device_s)
+        for strategy in ("dp", "zero1"):
+            out.append(Config(strategy, codec))
+            out.append(Config(strategy, codec, bucket_mb=tuned))
+        out += [Config("zero2", codec), Config("zero3", codec)]
+        if spec.gpt or codec == "none":
+            out.append(Config("tp", codec))
+    m = n
+    while m <= (max(n, spec.batch) if spec.gpt else n):
+        out += [Config("pp", microbatches=m, schedule=s) for s in ("1f1b", "gpipe")]
+        m *= 2
+    return out
+
+
+def advise(spec: ModelSpec, cluster: Cluster, profile: str, one_device_s: float,
+           device_bytes: float, settings: dict[str, str] | None = None,
+           codecs: Sequence[str] = CODECS) -> list[Config]:
+    """Every candidate predicted; those that can run ranked fastest first (ties by label, so
+    the order is the same at every call), the others after them."""
+    if cluster.world < 2:
+        raise AdviseError(f"cluster {cluster}: one device, nothing to parallelize")
+    if not (one_device_s > 0 and math.isfinite(one_device_s)):
+        raise AdviseError(f"one device's step time {one_device_s!r}: must be a time > 0")
+    for c in codecs:
+        if c not in CODECS:
+            raise AdviseError(f"codec {c!r}: choose from {', '.join(CODECS)}")
+    predictor = Predictor(cluster, profile, settings)
+    done = [evaluate(spec, cluster, predictor, c, one_device_s, device_bytes)
+            for c in candidates(spec, cluster, predictor, one_device_s, codecs)]
+    unique: dict[str, Config] = {}
+    for c in done:
+        unique.setdefault(c.label, c)
+    ranked = sorted((c for c in unique.values() if not c.refused),
+                    key=lambda c: (round(c.step_s, 12), c.label))
+    return ranked + sorted((c for c in unique.values() if c.refused), key=lambda c: c.label)
+
+
+# ---------------------------------------------------------------------------------- output
+def stock_dp(ranked: Sequence[Config]) -> Config | None:
+    """DP as the trainers run it by default: DDP's bucket size, no codec."""
+    return next((c for c in ranked if c.strategy == "dp" and c.codec == "none"
+                 and c.bucket_mb is None and not c.refused), None)
+
+
+def table(ranked: Sequence[Config], spec: ModelSpec, cluster: Cluster,
+          stock: Config | None = None) -> str:
+    """The ranking as a Markdown table; `x stock DP` compares with `stock` (stock_dp())."""
+    head = ("| # | configuration | step s | S | x stock DP | comm s | inter MB/step | "
+            "intra MB/step | GiB/device | note |\n|---|---|---|---|---|---|---|---|---|---|")
+    lines = [f"{spec.name}, global batch {spec.batch}"
+             + (f" x {spec.seq} tokens" if spec.gpt else "")
+             + f", {spec.params / 1e6:.1f} M parameters, cluster {cluster} "
+             f"({cluster.world} devices)", OVERLAP_TEXT, "", head]
+    for i, c in enumerate(ranked, 1):
+        if c.refused and not c.memory_bytes:
+            lines.append(f"| - | {c.label} | - | - | - | - | - | - | - | {c.refused} |")
+            continue
+        speed = f"{stock.step_s / c.step_s:.2f}" if stock else "-"
+        lines.append(
+            f"| {'-' if c.refused else i} | {c.label} | {c.step_s:.3f} | {c.scaling:.3f} | "
+            f"{speed} | {c.comm_s:.3f} | {c.inter_bytes / 1e6:.1f} | {c.intra_bytes / 1e6:.1f} | "
+            f"{c.memory_bytes / 2**30:.2f} | {c.refused or ''} |")
+    return "\n".join(lines)
+
+
+def plot(ranked: Sequence[Config], path: Path, title: str) -> str | None:
+    """A bar chart of the scaling factors (runnable configurations); None, or why not."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except Exception as exc:  # matplotlib is optional
+        return f"no PNG: matplotlib is not importable ({exc})"
+    rows = [c for c in ranked if not c.refused][:20]
+    fig, ax = plt.subplots(figsize=(8, 0.35 * len(rows) + 1.5))
+    ax.barh([c.label for c in rows][::-1], [c.scaling for c in rows][::-1], color="tab:blue")
+    ax.set_xlabel("predicted scaling factor S = T_1 / (n x step)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+def probe_step_seconds(spec: ModelSpec, steps: int = 3) -> float:
+    """One device's training step on the whole global batch, measured here: the reference
+    model (real weights on CPU, or the first CUDA device), AdamW, random data; the median of
+    `steps` after one warm-up step."""
+    import statistics
+    import time
+
+    import torch
+
+    models, _ = reference_trainers()
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if spec.gpt:
+        cfg = models.GPTConfig(spec.layers, spec.heads, spec.hidden, spec.vocab, spec.seq)
+        model = models.GPT(cfg).to(dev)
+        x = torch.randint(0, spec.vocab, (spec.batch, spec.seq), device=dev)
+        y = x
+        loss_fn = models.gpt_loss
+    else:
+        model = models.build_model(spec.name, 0).to(dev)
+        x = torch.randn(spec.batch, 3, 32, 32, device=dev)
+        y = torch.randint(0, 10, (spec.batch,), device=dev)
+        loss_fn = torch.nn.functional.cross_entropy
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    times = []
+    for i in range(steps + 1):
+        start = time.perf_counter()
+        optim.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        optim.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        if i:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+# ------------------------------------------------------------------------------------ CLI
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="nanoccl-advise",
+        description="Predict and rank DP, ZeRO-1/2/3, PP and TP (with nanoccl's codecs) for a "
+                    "model on a cluster, from a link profile and one device's step time.")
+    m = p.add_argument_group("model (a reference trainer's, or a GPT by hand)")
+    m.add_argument("--model", help="a name of trainers/models.py (gpt2-small, resnet18, ...)")
+    m.add_argument("--params", type=int, help="by hand: parameters in all")
+    m.add_argument("--layers", type=int, help="by hand: transformer blocks")
+    m.add_argument("--hidden", type=int, help="by hand: hidden size")
+    m.add_argument("--heads", type=int, help="by hand: attention heads (default hidden/64)")
+    m.add_argument("--seq", type=int, help="tokens a sequence (default: the model's context)")
+    m.add_argument("--batch", type=int, required=True, help="global batch (sequences, images)")
+    c = p.add_argument_group("cluster and links")
+    c.add_argument("--cluster", required=True, help="nodes x devices per node, e.g. 2x2")
+    c.add_argument("--profile", help="a link profile saved by nanoccl-tune")
+    c.add_argument("--inter-gbps", type=float, help="by hand: inter-node Gbit/s, one way")
+    c.add_argument("--inter-latency-us", type=float, default=50.0)
+    c.add_argument("--intra-gbps", type=float, default=100.0,
+                   help="by hand: intra-node Gbit/s (default 100: PCIe-class)")
+    c.add_argument("--intra-latency-us", type=float, default=10.0)
+    c.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                   help="a nanoccl setting the group would run with (algo=ring, chunk_bytes=...)")
+    t = p.add_argument_group("compute and memory")
+    t.add_argument("--step-seconds", type=float,
+                   help="one device's training step on the whole global batch")
+    t.add_argument("--probe", action="store_true",
+                   help="measure --step-seconds here: a few steps of the model on this machine")
+    t.add_argument("--device-memory-gb", type=float, default=48.0,
+                   help="memory of one device, GiB (default 48: an A40)")
+    o = p.add_argument_group("output")
+    o.add_argument("--codecs", default=",".join(CODECS), help="codecs to consider")
+    o.add_argument("--top", type=int, default=0, help="show only the N best (0: all)")
+    o.add_argument("--png", help="write a bar chart of the scaling factors here")
+    return p
+
+
+def spec_from_args(args: argparse.Namespace) -> ModelSpec:
+    by_hand = args.layers is not None or args.hidden is not None or args.params is not None
+    if args.model and by_hand:
+        raise AdviseError("give --model or the sizes by hand (--params --layers --hidden), "
+                          "not both")
+    if args.model:
+        return model_spec(args.model, args.batch, args.seq)
+    if args.layers is None or args.hidden is None:
+        raise AdviseError("no model: give --model NAME, or --params --layers --hidden --seq")
+    return gpt_by_hand(args.params, args.layers, args.hidden, args.seq or 1024, args.batch,
+                       args.heads)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        spec = spec_from_args(args)
+        cluster = parse_cluster(args.cluster)
+        if args.profile and args.inter_gbps is not None:
+            raise AdviseError("give --profile or --inter-gbps, not both")
+        if args.profile:
+            profile = profile_from_file(args.profile)
+        elif args.inter_gbps is not None:
+            profile = profile_by_hand(args.inter_gbps, args.inter_latency_us, args.intra_gbps,
+                                      args.intra_latency_us)
+        else:
+            raise AdviseError("no links: give --profile FILE (nanoccl-tune) or --inter-gbps")
+        settings = dict(s.split("=", 1) for s in args.setting if "=" in s)
+        if len(settings) != len(args.setting):
+            raise AdviseError(f"--setting takes NAME=VALUE, got {args.setting}")
+        if args.step_seconds is None and not args.probe:
+            raise AdviseError("give --step-seconds (one device, whole global batch) or --probe")
+        step = probe_step_seconds(spec) if args.probe else args.step_seconds
+        codecs = [c.strip() for c in args.codecs.split(",") if c.strip()]
+        ranked = advise(spec, cluster, profile, step, args.device_memory_gb * 2**30, settings,
+                        codecs)
+    except AdviseError as exc:
+        print(f"nanoccl-advise: {exc}", file=sys.stderr)
+        return 2
+    shown = ranked[: args.top] if args.top > 0 else ranked
+    print(f"one device's step: {step:.4f} s" + (" (probed here)" if args.probe else ""))
+    print(table(shown, spec, cluster, stock_dp(ranked)))
+    runnable = [c for c in ranked if not c.refused]
+    if not runnable:
+        print("\nnothing fits: every configuration needs more memory than a device has, or "
+              "cannot run here (see the notes)")
+    else:
+        best = runnable[0]
+        print(f"\nrecommended: {best.label} (S {best.scaling:.3f}, {best.step_s:.3f} s a step)")
+        tuned = next((c for c in runnable if c.strategy == "dp" and c.bucket_mb), None)
+        if tuned:
+            print(f"DDP bucket_cap_mb predicted fastest: {tuned.bucket_mb:g} (for {tuned.label}; "
+                  "DDP's default is 25, its first bucket 1)")
+    if args.png:
+        why = plot(ranked, Path(args.png), f"{spec.name} b{spec.batch} on {cluster}")
+        print(why or f"wrote {args.png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

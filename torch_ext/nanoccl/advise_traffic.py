@@ -1,0 +1,317 @@
+"""What the reference trainers send in one step, and what a model is to the advisor.
+
+nanoccl-advise's traffic model (torch_ext/nanoccl/advise.py prices it): per strategy, the
+calls one training step makes, as nanoccl.stats() counts them while the trainers
+(trainers/strategies.py) run, and the bytes each call puts on each link class for the
+algorithm nanoccl runs it with. tests/study/test_advise.py checks it against the bytes nanoccl
+counts per op; results/advise/ against the study's runs.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+from nanoccl.tune import ddp_bucket_sizes
+
+
+class AdviseError(ValueError):
+    """The inputs cannot be advised on (a bad model spec, cluster, profile or time)."""
+
+
+# ----------------------------------------------------------------------------- the model
+@dataclass
+class ModelSpec:
+    """What the traffic and memory models need of a model, in the trainers' terms."""
+
+    name: str
+    gpt: bool
+    batch: int  # global batch (sequences or images)
+    seq: int  # tokens a sequence (1 for images)
+    params: int  # distinct parameters (tied weights once)
+    grads: list[tuple[int, Any]]  # (bytes, dtype) per parameter, in the model's order
+    units: list[int]  # FSDP2 units' parameters: the root's first, then each block's
+    act_bytes_per_sample: float  # activations kept for backward, one sample
+    layers: int = 0
+    hidden: int = 0
+    heads: int = 0
+    vocab: int = 0
+    stage_params: Callable[[int], list[int]] | None = None  # PP: parameters per stage
+
+    @property
+    def per_sample(self) -> int:
+        """Units of throughput a sample: tokens for GPT, 1 image."""
+        return self.seq if self.gpt else 1
+
+
+def reference_trainers() -> Any:
+    """trainers.models and trainers.strategies from the nanoccl repository (the reference
+    trainers are not part of the installed package)."""
+    try:
+        import trainers.models  # noqa: F401
+    except ImportError:
+        repo = Path(__file__).resolve().parents[2]
+        if not (repo / "trainers" / "models.py").is_file():
+            raise AdviseError("the reference models need the nanoccl repository (trainers/); "
+                              "give the model by hand (--params --layers --hidden)") from None
+        sys.path.insert(0, str(repo))
+    import trainers.models as models
+    import trainers.strategies as strategies
+
+    return models, strategies
+
+
+def _activations_per_sample(model: Any, sample: Any) -> float:
+    """Bytes of the leaf modules' outputs for one sample, on the meta device: what backward
+    keeps (fp32), plus the residual sums of GPT blocks."""
+    import torch
+
+    total = [0]
+
+    def hook(_m: Any, _i: Any, out: Any) -> None:
+        if isinstance(out, torch.Tensor):
+            total[0] += out.numel() * out.element_size()
+
+    handles = [m.register_forward_hook(hook) for m in model.modules()
+               if not list(m.children())]
+    try:
+        model(sample)
+    finally:
+        for h in handles:
+            h.remove()
+    return float(total[0])
+
+
+def model_spec(name: str, batch: int, seq: int | None = None, *,
+               gpt_config: Any = None) -> ModelSpec:
+    """A reference trainer's model (trainers/models.py), or a GPT of `gpt_config`, built on
+    the meta device (no memory, no weights) to read its parameters and activations."""
+    import torch
+
+    models, strategies = reference_trainers()
+    if gpt_config is None and name not in models.MODEL_NAMES:
+        raise AdviseError(f"unknown model {name!r}: choose from {', '.join(models.MODEL_NAMES)} "
+                          "or give it by hand (--params --layers --hidden)")
+    if batch < 1:
+        raise AdviseError(f"batch {batch}: must be >= 1")
+    gpt = gpt_config is not None or models.is_gpt(name)
+    # build_model seeds torch's generator: leave the caller's as it was.
+    with torch.random.fork_rng(devices=[]), torch.device("meta"):
+        if gpt_config is not None:
+            model = models.GPT(gpt_config)
+        else:
+            model = models.build_model(name, 0)
+    if gpt:
+        cfg = model.cfg
+        seq = seq or cfg.block_size
+        if seq > cfg.block_size or seq < 1:
+            raise AdviseError(f"{name}: sequence length {seq} outside 1..{cfg.block_size}")
+        sample = torch.zeros((1, seq), dtype=torch.long, device="meta")
+        blocks = list(model.blocks)
+    else:
+        seq = 1
+        sample = torch.zeros((1, 3, 32, 32), device="meta")
+        blocks = [m for m in model.modules() if isinstance(m, models.BasicBlock)]
+    act = _activations_per_sample(model, sample)
+    if gpt:
+        act += 2 * cfg.n_layer * seq * cfg.n_embd * 4  # the two residual sums a block
+    seen: set[int] = set()
+    grads = []
+    for p in model.parameters():
+        if id(p) not in seen:
+            seen.add(id(p))
+            grads.append((p.numel() * p.element_size(), p.dtype))
+    params = sum(n for n, _ in grads) // 4
+    block_params = [sum(p.numel() for p in b.parameters()) for b in blocks]
+    units = [params - sum(block_params)] + block_params
+    spec = ModelSpec(name=name, gpt=gpt, batch=batch, seq=seq, params=params, grads=grads,
+                     units=units, act_bytes_per_sample=act)
+    if gpt:
+        spec.layers, spec.hidden, spec.heads, spec.vocab = (
+            cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size)
+        embed = cfg.vocab_size * cfg.n_embd + cfg.block_size * cfg.n_embd
+        head = 2 * cfg.n_embd + cfg.vocab_size * cfg.n_embd  # untied for the pipeline
+        per_block = block_params[0] if block_params else 0
+
+        def stage_params(p: int) -> list[int]:
+            ranges = strategies.split_layers(cfg.n_layer, p)
+            return [len(r) * per_block + (embed if s == 0 else 0) + (head if s == p - 1 else 0)
+                    for s, r in enumerate(ranges)]
+
+        spec.stage_params = stage_params
+    return spec
+
+
+def gpt_by_hand(params: int | None, layers: int, hidden: int, seq: int, batch: int,
+                heads: int | None = None, vocab: int | None = None) -> ModelSpec:
+    """A GPT-2-shaped model from its sizes; the vocabulary is what `params` leaves over."""
+    models, _ = reference_trainers()
+    if layers < 1 or hidden < 1 or seq < 1:
+        raise AdviseError(f"layers {layers}, hidden {hidden}, seq {seq}: each must be >= 1")
+    heads = heads or max(1, hidden // 64)
+    if hidden % heads:
+        raise AdviseError(f"hidden {hidden} does not split into {heads} heads")
+    per_block = 12 * hidden * hidden + 13 * hidden
+    fixed = layers * per_block + seq * hidden + 2 * hidden
+    if vocab is None:
+        if params is None:
+            raise AdviseError("a model by hand needs --params or --vocab")
+        vocab = (params - fixed) // hidden
+        if vocab < 1:
+            raise AdviseError(f"{params} parameters do not hold {layers} layers of hidden {hidden} "
+                              f"(those alone take {fixed}): check --params/--layers/--hidden")
+    cfg = models.GPTConfig(n_layer=layers, n_head=heads, n_embd=hidden, vocab_size=vocab,
+                           block_size=seq)
+    return model_spec(f"gpt({layers}x{hidden})", batch, seq, gpt_config=cfg)
+
+
+@dataclass(frozen=True)
+class Cluster:
+    nodes: int
+    per_node: int
+
+    @property
+    def world(self) -> int:
+        return self.nodes * self.per_node
+
+    def __str__(self) -> str:
+        return f"{self.nodes}x{self.per_node}"
+
+
+def parse_cluster(text: str) -> Cluster:
+    parts = text.lower().split("x")
+    try:
+        nodes, per_node = (int(p) for p in parts)
+    except ValueError:
+        raise AdviseError(f"cluster {text!r}: give nodes x GPUs per node, e.g. 2x2") from None
+    if nodes < 1 or per_node < 1 or nodes * per_node > 4096:
+        raise AdviseError(f"cluster {text!r}: nodes and GPUs per node must be >= 1 (at most "
+                          "4096 devices)")
+    return Cluster(nodes, per_node)
+
+
+@dataclass(frozen=True)
+class Call:
+    """One collective (or send) of a step: `count` float32 elements, as the trainer issues it."""
+
+    op: str  # allreduce, reduce_scatter, allgather, broadcast, send
+    count: int
+    phase: str  # forward, backward, step
+    hook: bool = False  # DDP's error-feedback hook: compressed whatever its size
+    root: int = 0  # broadcast: the owner's rank
+    src: int = 0  # send: from this rank
+    dst: int = 1  # send: to this rank
+
+
+def tree_edges(n: int, root: int) -> list[tuple[int, int]]:
+    """The binomial tree's edges (collectives/tree.cc): virtual rank v (v = rank - root mod n)
+    gets the buffer from v less its lowest set bit."""
+    return [(((v & (v - 1)) + root) % n, (v + root) % n) for v in range(1, n)]
+
+
+def link_bytes(op: str, algorithm: str, nbytes: float, nodes: int, per_node: int,
+               ratio: float = 1.0, root: int = 0) -> tuple[float, float]:
+    """Bytes one call sends over all ranks, (intra-node, inter-node), by the algorithm nanoccl
+    runs (collectives/*.cc); `nbytes` is the whole buffer (allreduce, broadcast), one rank's
+    input (reduce_scatter) or the output (allgather); `ratio` shrinks the compressed inter
+    leg. Even splits: the hierarchical rows' hand-over steps inside a node move nothing."""
+    n, lr, nn = nodes * per_node, per_node, nodes
+    if n < 2:
+        return 0.0, 0.0
+    node = [r // per_node for r in range(n)]
+
+    def hops(pairs: list[tuple[int, int]]) -> tuple[float, float]:
+        inter = sum(1 for a, b in pairs if node[a] != node[b])
+        return (len(pairs) - inter) * nbytes, inter * nbytes
+
+    if op == "broadcast":
+        if algorithm == "tree":
+            return hops(tree_edges(n, root))
+        if algorithm == "ring":  # a chain from the root through every rank
+            return hops([((root + i) % n, (root + i + 1) % n) for i in range(n - 1)])
+        if algorithm == "hierarchical":  # shards out, a chain of nodes a shard, node allgather
+            return (lr - 1) / lr * nbytes + nn * (lr - 1) * nbytes, (nn - 1) * nbytes
+    passes = {"allreduce": 2, "reduce_scatter": 1, "allgather": 1}.get(op)
+    if passes is None or op == "allgather" and algorithm not in ("ring", "hierarchical"):
+        raise AdviseError(f"no byte accounting for {op} over {algorithm}")
+    if algorithm == "hierarchical":  # intra stage(s), each shard across nodes, codec there
+        squeeze = ratio if op != "allgather" else 1.0
+        return (n * passes * (lr - 1) / lr * nbytes,
+                n * passes * (nn - 1) / nn * nbytes / lr * squeeze)
+    if algorithm == "compressed":  # one rank a node: every segment to its owner, encoded
+        return 0.0, n * passes * (n - 1) / n * nbytes * ratio
+    if algorithm == "recursive_doubling":  # log2(n) exchanges of the whole buffer
+        return hops([(0, 1 << d) for d in range(int(math.log2(n)))] * n)
+    # A ring (or the tree row, priced like one) over node-ordered ranks: each rank sends
+    # passes x (n - 1)/n of the buffer to its successor.
+    per_rank = passes * (n - 1) / n * nbytes
+    inter_edges = sum(1 for r in range(n) if node[r] != node[(r + 1) % n])
+    return (n - inter_edges) * per_rank, inter_edges * per_rank
+
+
+# ------------------------------------------------------------------- traffic per strategy
+def ddp_buckets(spec: ModelSpec, cap_mb: float | None) -> list[tuple[Call, int]]:
+    """DDP's gradient buckets (its own rule, nanoccl.tune.ddp_bucket_sizes) with the bytes of
+    gradients backward has produced when each is ready. `cap_mb` None: DDP's default (25 MB,
+    and 1 MiB for the first bucket, as DDP does only under its default)."""
+    cap = int((25 if cap_mb is None else cap_mb) * (1 << 20))
+    first = (1 << 20) if cap_mb is None else cap
+    return [(Call("allreduce", max(1, nbytes // 4), "backward", hook=True), ready)
+            for nbytes, _, ready in ddp_bucket_sizes(spec.grads, cap, first)]
+
+
+def zero1_broadcasts(spec: ModelSpec, world: int) -> list[Call]:
+    """ZeroRedundancyOptimizer after each step: every parameter broadcast by the rank that owns
+    it; parameters go largest first to the rank holding the fewest (torch's partition)."""
+    sizes = [0] * world
+    calls_per_rank: list[list[Call]] = [[] for _ in range(world)]
+    order = sorted(range(len(spec.grads)), key=lambda i: -spec.grads[i][0])
+    for i in order:
+        owner = min(range(world), key=lambda r: sizes[r])
+        count = spec.grads[i][0] // 4
+        sizes[owner] += count
+        calls_per_rank[owner].append(Call("broadcast", count, "step", root=owner))
+    return [c for rank_calls in calls_per_rank for c in rank_calls]
+
+
+def fsdp_calls(spec: ModelSpec, stage: int) -> tuple[list[Call], list[Call], list[Call]]:
+    """FSDP2 (fully_shard per block, then the root): forward allgathers, backward allgathers
+    (ZeRO-3 only: parameters were resharded after forward) and backward reduce-scatters."""
+    forward = [Call("allgather", u, "forward") for u in spec.units]
+    order = list(reversed(spec.units[1:])) + spec.units[:1]
+    again = [Call("allgather", u, "backward") for u in order] if stage == 3 else []
+    reduce = [Call("reduce_scatter", u, "backward") for u in order]
+    return forward, again, reduce
+
+
+def tp_calls(spec: ModelSpec) -> list[Call]:
+    """DTensor TP per block: the row-wise attention and MLP projections' allreduce in forward,
+    and in backward one allreduce of the input gradient of each column-wise layer (q, k, v,
+    fc): 6 allreduces of the whole batch's activations a block."""
+    count = spec.batch * spec.seq * spec.hidden
+    forward, backward = Call("allreduce", count, "forward"), Call("allreduce", count, "backward")
+    per_block = [forward] * 2 + [backward] * 4
+    return per_block * spec.layers
+
+
+def strategy_refusal(spec: ModelSpec, cluster: Cluster, strategy: str,
+                     microbatches: int = 0) -> str | None:
+    """Why the reference trainers cannot run `strategy` here (their StrategyError), or None."""
+    n = cluster.world
+    if n < 2:
+        return "one device: no parallelism"
+    if strategy in ("dp", "zero1", "zero2", "zero3") and spec.batch % n:
+        return f"global batch {spec.batch} does not split over {n} ranks"
+    if strategy in ("tp", "pp") and not spec.gpt:
+        return "implemented for the GPT models only"
+    if strategy == "tp" and (spec.heads % n or (4 * spec.hidden) % n):
+        return f"{spec.heads} heads do not split over {n} ranks"
+    if strategy == "pp":
+        if spec.layers < n:
+            return f"{spec.layers} layers for {n} stages"
+        if microbatches < 1 or spec.batch % microbatches:
+            return f"global batch {spec.batch} does not split into {microbatches} microbatches"
+    return None
