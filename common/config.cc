@@ -132,6 +132,23 @@ const std::vector<Field>& fields() {
          return Status::ok();
        },
        [](const Config& c) { return c.tcpEngine; }},
+      {"tcp_congestion",
+       [](Config& c, const std::string& v) {
+         // A kernel algorithm's name (TCP_CA_NAME_MAX is 16 with the terminator); whether the
+         // kernel has and allows it is checked where the sockets are made.
+         const bool ok = v.size() < 16 && std::all_of(v.begin(), v.end(), [](char ch) {
+           return std::islower(static_cast<unsigned char>(ch)) ||
+                  std::isdigit(static_cast<unsigned char>(ch)) || ch == '_';
+         });
+         if (!ok) {
+           return invalidArgument("tcp_congestion=" + v +
+                                  ": expected an algorithm's name (cubic, reno, bbr, ...) or "
+                                  "empty for the host's default");
+         }
+         c.tcpCongestion = v;
+         return Status::ok();
+       },
+       [](const Config& c) { return c.tcpCongestion; }},
       {"nsocks",
        [](Config& c, const std::string& v) {
          NANOCCL_ASSIGN_OR_RETURN(const int64_t x, parseInt("nsocks", v, 1, 64));

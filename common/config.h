@@ -31,6 +31,10 @@ struct Config {
   bool railPerLocalRank = false;
   // "auto" (io_uring when the kernel allows it, else epoll), "uring" or "epoll".
   std::string tcpEngine = "auto";
+  // The TCP congestion control of nanoccl's connections (TCP_CONGESTION: "cubic", "reno",
+  // "bbr", ...); empty: the host's default. The kernel must allow it
+  // (/proc/sys/net/ipv4/tcp_allowed_congestion_control).
+  std::string tcpCongestion;
   // TCP connections per peer on each rail; messages of at least stripeMinBytes are striped
   // across them (over every rail). With a link profile that measured one connection a peer as
   // fast, every call the planner plans travels on one a rail (OpFingerprint::lanes) unless

@@ -48,7 +48,7 @@ class ScopedEnv {
 };
 
 const char* kNames[] = {"socket_ifname",       "rail_mbps",  "rail_per_local_rank",
-                        "tcp_engine", "nsocks",
+                        "tcp_engine", "tcp_congestion", "nsocks",
                         "stripe_min_bytes",    "algo",       "chunk_bytes",
                         "small_message_bytes", "spin_us", "timeout_ms", "connect_timeout_ms",
                         "node_id",             "transport",  "intra_transport", "compression",
@@ -83,6 +83,7 @@ TEST(ConfigTest, DefaultsAndTableOrder) {
   EXPECT_EQ(m.at("socket_ifname"), "");
   EXPECT_EQ(m.at("rail_mbps"), "");
   EXPECT_EQ(m.at("tcp_engine"), "auto");
+  EXPECT_EQ(m.at("tcp_congestion"), "");
   EXPECT_EQ(m.at("nsocks"), "2");
   EXPECT_EQ(m.at("stripe_min_bytes"), "262144");
   EXPECT_EQ(m.at("algo"), "auto");
@@ -203,7 +204,9 @@ TEST(ConfigTest, SetRejectsBadValuesAndKeepsTheOldOne) {
   Config c;
   for (const auto& [name, value] : std::vector<std::pair<std::string, std::string>>{
            {"nsocks", "zero"}, {"nsocks", "0"}, {"NANOCCL_NSOCKS", "2.0"},
-           {"tcp_engine", "EPOLL"}, {"chunk_bytes", "-4096"}, {"timeout_ms", ""}}) {
+           {"tcp_engine", "EPOLL"}, {"chunk_bytes", "-4096"}, {"timeout_ms", ""},
+           {"tcp_congestion", "Cubic"}, {"tcp_congestion", "reno bbr"},
+           {"NANOCCL_TCP_CONGESTION", "a_name_longer_than_15"}}) {
     const Config before = c;
     const Status s = c.set(name, value);
     EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << name << "=" << value;

@@ -2,6 +2,7 @@
 // the job goes on. Raw sockets play the strangers; the wire structs come from wire.h.
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -642,6 +643,55 @@ TEST(Rails, RanksWithDifferentRailCountsFailAlike) {
   }
   for (auto& l : two) close(l.fd);
   close(one[0].fd);
+}
+
+// NANOCCL_TCP_CONGESTION: every connection of the mesh, connected and accepted, runs the
+// algorithm asked for; one the kernel does not have fails listen() on that rank, naming the
+// setting and what the host allows.
+TEST(TcpCongestion, EveryConnectionRunsItAndAnUnknownOneIsNamed) {
+  auto lo = iface("lo", "127.0.0.1");
+  std::vector<tcp::Listener> listeners = {tcp::openListener(lo).value(),
+                                          tcp::openListener(lo).value()};
+  const std::vector<std::string> addresses = {tcp::formatRails({{listeners[0].address}}),
+                                              tcp::formatRails({{listeners[1].address}})};
+  auto params = [](int rank) {
+    tcp::MeshParams p{keyOf("test-secret")};
+    p.rank = rank;
+    p.size = 2;
+    p.nsocks = 2;
+    p.tcpCongestion = "reno";  // built into every Linux kernel and allowed by default
+    return p;
+  };
+  const tcp::MeshParams p0 = params(0), p1 = params(1);
+  auto mesh0 = std::async(std::launch::async, [&] {
+    return tcp::buildMesh({listeners[0]}, addresses, p0, soon(20));
+  });
+  auto mesh1 = tcp::buildMesh({listeners[1]}, addresses, p1, soon(20));
+  auto links0 = mesh0.get();
+  ASSERT_TRUE(links0.isOk()) << links0.status().toString();
+  ASSERT_TRUE(mesh1.isOk()) << mesh1.status().toString();
+  for (const auto& link : {(*links0)[1][0], (*links0)[1][1], (*mesh1)[0][0], (*mesh1)[0][1]}) {
+    char name[16] = {};
+    socklen_t len = sizeof(name);
+    ASSERT_EQ(getsockopt(link.fd, IPPROTO_TCP, TCP_CONGESTION, name, &len), 0);
+    EXPECT_STREQ(name, "reno");
+  }
+  for (auto* links : {&*links0, &mesh1.value()}) {
+    for (auto& row : *links) {
+      for (auto& l : row) close(l.fd);
+    }
+  }
+  for (auto& l : listeners) close(l.fd);
+
+  Config cfg = loopbackConfig("epoll", 1);
+  ASSERT_TRUE(cfg.set("tcp_congestion", "nosuchcc").isOk());  // well formed, not a kernel's
+  auto t = createTransport("tcp", optionsFor(0, 2, cfg)).value();
+  const auto listened = t->listen();
+  ASSERT_EQ(listened.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(listened.status().message().find("NANOCCL_TCP_CONGESTION=nosuchcc"),
+            std::string::npos) << listened.status().message();
+  EXPECT_NE(listened.status().message().find("this host allows: "), std::string::npos)
+      << listened.status().message();
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include <cerrno>
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <thread>
 
@@ -22,10 +23,34 @@ namespace {
 // flood of strangers cannot exhaust descriptors.
 constexpr size_t kMaxPendingIncoming = 256;
 
-void tuneSocket(int fd) {
+// Every connection: no Nagle delay, and the congestion control asked for (if any).
+Status tuneSocket(int fd, const std::string& congestion) {
   const int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  return congestion.empty() ? Status::ok() : setCongestionControl(fd, congestion);
 }
+
+}  // namespace
+
+Status setCongestionControl(int fd, const std::string& name) {
+  if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(), name.size()) == 0) {
+    return Status::ok();
+  }
+  const int err = errno;
+  std::string allowed;
+  if (FILE* f = std::fopen("/proc/sys/net/ipv4/tcp_allowed_congestion_control", "r")) {
+    char line[256] = {};
+    if (std::fgets(line, sizeof(line), f) != nullptr) allowed = line;
+    std::fclose(f);
+    while (!allowed.empty() && (allowed.back() == '\n' || allowed.back() == ' ')) allowed.pop_back();
+  }
+  return invalidArgument("NANOCCL_TCP_CONGESTION=" + name + ": the kernel refused it (" +
+                         std::strerror(err) + "); this host allows: " +
+                         (allowed.empty() ? std::string("?") : allowed) +
+                         " (/proc/sys/net/ipv4/tcp_allowed_congestion_control)");
+}
+
+namespace {
 
 std::string peerName(int fd) {
   SocketAddress a;
@@ -237,7 +262,10 @@ class MeshBuilder {
     const SocketAddress& target = targets_[peer][rail];
     const int fd = socket(target.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0) return systemError("socket", errno);
-    tuneSocket(fd);
+    if (Status st = tuneSocket(fd, p_.tcpCongestion); !st.isOk()) {
+      close(fd);
+      return st;
+    }
     if (rails() > 1) {
       // Leave from the rail's own address (its port picked at connect time), so that a host
       // routing by source address sends it out of that interface.
@@ -313,7 +341,9 @@ class MeshBuilder {
         close(fd);
         continue;
       }
-      tuneSocket(fd);
+      // Accepted sockets inherit the listener's congestion control (set in listen()); setting it
+      // again cannot fail where that succeeded.
+      (void)tuneSocket(fd, p_.tcpCongestion);
       Pending pc{};
       pc.stage = Pending::Stage::kReceiving;
       pc.outgoing = false;

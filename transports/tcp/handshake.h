@@ -45,7 +45,13 @@ struct MeshParams {
   int nsocks = 1;
   uint64_t stripeMinBytes = 0;
   bool encrypt = false;  // must agree on every rank
+  // TCP_CONGESTION of every connection (NANOCCL_TCP_CONGESTION); empty: the host's default.
+  std::string tcpCongestion;
 };
+
+// Sets `fd`'s TCP congestion control to `name` (TCP_CONGESTION); an error naming
+// NANOCCL_TCP_CONGESTION and the algorithms this host allows where the kernel refuses it.
+Status setCongestionControl(int fd, const std::string& name);
 
 // One connection of the mesh and the keys this rank seals (tx) and opens (rx) records with.
 struct MeshLink {
