@@ -334,7 +334,8 @@ Result<CallPrediction> predictCall(const std::string& op, size_t count, DataType
     out.wireRatio = static_cast<double>(p.codec->encodedBytes(n, p.codecParams)) / (4.0 * n);
   }
   out.seconds = reduces ? p.predictedSeconds
-                        : predictMovementSeconds(*p.row, args, topology, profile, config.chunkBytes);
+                        : predictMovementSeconds(*p.row, args, topology, profile,
+                                                 config.chunkBytes);
   if (topology.size() < 2) out.seconds = 0;
   return out;
 }

@@ -5,8 +5,8 @@
 //
 // - complete(status, source) is called exactly once by whoever finishes the thing; later calls
 //   are ignored (the first wins), so a late completion after an abort does no harm.
-// - wait(deadline, spin) polls for up to `spin` first (common/spin.h: SpinPolicy), then sleeps until completion
-//   or the deadline; Deadline::never() waits without a timeout.
+// - wait(deadline, spin) polls for up to `spin` first (common/spin.h: SpinPolicy), then
+//   sleeps until completion or the deadline; Deadline::never() waits without a timeout.
 // - onComplete(cb) runs cb(status, source) once: on the completing thread, outside the lock,
 //   or at once on the calling thread where it is already complete. Callbacks must not block.
 // Thread-safe; done() never blocks.

@@ -42,7 +42,9 @@ Status setCongestionControl(int fd, const std::string& name) {
     char line[256] = {};
     if (std::fgets(line, sizeof(line), f) != nullptr) allowed = line;
     std::fclose(f);
-    while (!allowed.empty() && (allowed.back() == '\n' || allowed.back() == ' ')) allowed.pop_back();
+    while (!allowed.empty() && (allowed.back() == '\n' || allowed.back() == ' ')) {
+      allowed.pop_back();
+    }
   }
   return invalidArgument("NANOCCL_TCP_CONGESTION=" + name + ": the kernel refused it (" +
                          std::strerror(err) + "); this host allows: " +
