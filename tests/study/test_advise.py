@@ -225,3 +225,96 @@ def test_the_cli_ranks_recommends_and_draws(tmp_path: Path,
         assert "no PNG: matplotlib is not importable" in out
     else:
         assert png.stat().st_size > 1000 and f"wrote {png}" in out
+
+
+# ------------------------------------------------------------------------------------ check
+def _can_make_namespaces() -> bool:
+    import os
+    import shutil
+
+    return os.geteuid() == 0 and shutil.which("ip") is not None and shutil.which("tc") is not None
+
+
+def test_check_maps_each_configuration_to_the_trainers_flags() -> None:
+    check = pytest.importorskip("nanoccl.advise_check")
+    C = advise.Config
+    assert check.trainer_args(C("dp", "none")) == ("nanoccl", [])
+    assert check.trainer_args(C("dp", "int4", bucket_mb=5.0)) == (
+        "nanoccl+int4", ["--bucket-cap-mb", "5"])
+    assert check.trainer_args(C("zero1", "int8", bucket_mb=0.5)) == (
+        "nanoccl+int8", ["--bucket-cap-mb", "0.5"])
+    assert check.trainer_args(C("zero3", "int8")) == ("nanoccl+int8", [])
+    assert check.trainer_args(C("pp", microbatches=16, schedule="gpipe")) == (
+        "nanoccl", ["--microbatches", "16", "--schedule", "gpipe"])
+    # A tuned bucket is the same configuration for any model (its size is the model's).
+    assert check.config_key(C("dp", "int4", bucket_mb=100.0)) == check.config_key(
+        C("dp", "int4", bucket_mb=1.0))
+    assert check.config_key(C("dp", "int4")) != check.config_key(C("dp", "int4", bucket_mb=1.0))
+
+
+def test_check_picks_the_best_and_stock_dp_once() -> None:
+    check = pytest.importorskip("nanoccl.advise_check")
+    spec = advise.model_spec("gpt2-small", 16)
+    ranked = advise.advise(spec, advise.parse_cluster("2x2"), PROFILE, 0.556, 48 * 2**30)
+    runnable = [c for c in ranked if not c.refused]
+    chosen = check.pick(ranked, 2)
+    assert [c.label for c in chosen[:2]] == [c.label for c in runnable[:2]]
+    assert chosen[-1].label == "DP (DDP buckets)" and len(chosen) == 3
+    stock_rank = next(i for i, c in enumerate(runnable) if c.label == "DP (DDP buckets)")
+    assert len(check.pick(ranked, stock_rank + 1)) == stock_rank + 1  # not twice
+
+
+def test_check_dilation_keeps_the_advised_gradients_to_step_ratio() -> None:
+    check = pytest.importorskip("nanoccl.advise_check")
+    study = check.study_module()
+    # Advised: 124.4 M parameters, 0.556 s a step, 1 Gbit/s (the study's A40 reference).
+    dil = check.dilate(study, "gpt2-tiny", "auto", 1.0, 0.082, 867_000, 0.556, 124_400_000)
+    advised_ratio = 0.556 / (124_400_000 * 32 / 1e9)
+    here_ratio = 0.082 / (867_000 * 32 / dil.rate_bits)
+    assert here_ratio == pytest.approx(advised_ratio, rel=1e-3)
+    assert dil.factor == pytest.approx(1e9 / dil.rate_bits)
+    assert check.dilate(study, "gpt2-tiny", "none", 1.0, 0.082, 867_000, 0.556, 1).rate_bits \
+        == 10**9
+    assert check.dilate(study, "gpt2-tiny", "4", 1.0, 0.082, 867_000, 0.556, 1).rate_bits \
+        == 250_000_000
+    with pytest.raises(advise.AdviseError, match="--check-dilation"):
+        check.dilate(study, "gpt2-tiny", "-2", 1.0, 0.082, 867_000, 0.556, 1)
+
+
+def test_check_errors_are_messages(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--model", MODEL, "--batch", "4", "--cluster", "2x1", "--step-seconds", "1"]
+    assert advise.main(base + ["--profile", "/nonexistent", "--check", "1"]) == 2
+    assert "--check emulates the inter-node link" in capsys.readouterr().err
+    assert advise.main(base + ["--inter-gbps", "1", "--check", "1", "--check-steps", "2",
+                               "--check-warmup", "2"]) == 2
+    assert "--check-steps > --check-warmup" in capsys.readouterr().err
+    assert advise.main(["--params", "1000000", "--layers", "2", "--hidden", "64", "--batch",
+                        "4", "--cluster", "2x1", "--step-seconds", "1", "--inter-gbps", "1",
+                        "--check", "1"]) == 2
+    assert "--check-model" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not _can_make_namespaces(), reason="needs root and iproute2 (network "
+                    "namespaces for the emulated cluster)")
+def test_check_runs_the_best_and_stock_dp_on_the_emulated_cluster(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    out = tmp_path / "check"
+    code = advise.main(["--model", MODEL, "--batch", "8", "--cluster", "2x1", "--inter-gbps",
+                        "1", "--step-seconds", "0.01", "--check", "1", "--check-dilation",
+                        "none", "--check-steps", "3", "--check-warmup", "1", "--check-out",
+                        str(out)])
+    text = capsys.readouterr().out
+    assert code == 0, text
+    doc = json.loads((out / "check.json").read_text())
+    labels = [r["label"] for r in doc["rows"]]
+    best = text.split("recommended: ", 1)[1].split(" (S ", 1)[0]
+    assert labels[0] == best and labels[-1] == "DP (DDP buckets)"
+    assert doc["rate_bits"] == 10**9 and doc["t1_shared_s"] > 0
+    for row in doc["rows"]:  # every one ran, predicted and measured
+        assert row["error"] == "" and row["measured_step_s"] > 0 and row["predicted_step_s"] > 0
+        assert row["measured_S"] == pytest.approx(
+            doc["t1_shared_s"] / (2 * row["measured_step_s"]))
+    assert (out / "link_profile.txt").is_file() and "step s measured" in text
+    assert (out / "check.md").read_text().count("\n| ") == len(labels) + 1

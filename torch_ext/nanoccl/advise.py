@@ -30,6 +30,9 @@ Where the numbers come from:
   queue), and compute never slows down for communication (no CPU contention modelled).
 - Memory (fp32 training with AdamW, 16 bytes a parameter, sharded as each strategy shards
   it) plus activations counted by running the model once on the meta device.
+
+``--check N`` then trains the N best and stock DP on the emulated cluster of this machine and
+prints predicted against measured (nanoccl/advise_check.py).
 """
 
 from __future__ import annotations
@@ -525,6 +528,21 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--codecs", default=",".join(CODECS), help="codecs to consider")
     o.add_argument("--top", type=int, default=0, help="show only the N best (0: all)")
     o.add_argument("--png", help="write a bar chart of the scaling factors here")
+    k = p.add_argument_group("check (nanoccl.advise_check: the emulated cluster, root)")
+    k.add_argument("--check", type=int, default=0, metavar="N",
+                   help="train the N best configurations and stock DP on the emulated cluster "
+                        "of this machine and print predicted against measured")
+    k.add_argument("--check-model", help="the model the check trains (default --model; a "
+                   "smaller stand-in where the advised one is too slow here, e.g. gpt2-tiny)")
+    k.add_argument("--check-batch", type=int, help="its global batch (default --batch)")
+    k.add_argument("--check-dilation", default="auto",
+                   help="auto (the emulated link keeps the advised gradients-to-step ratio), "
+                        "none (--inter-gbps as is) or a factor D (--inter-gbps / D)")
+    k.add_argument("--check-steps", type=int, default=6, help="steps a run (default 6)")
+    k.add_argument("--check-warmup", type=int, default=2,
+                   help="of them, left out of the timing (default 2)")
+    k.add_argument("--check-out", help="where the check writes check.md, check.json and the "
+                   "runs' logs (default: a new temporary folder)")
     return p
 
 
@@ -546,6 +564,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         spec = spec_from_args(args)
         cluster = parse_cluster(args.cluster)
+        if args.check:
+            if args.check < 0 or args.check_steps <= args.check_warmup or args.check_warmup < 0:
+                raise AdviseError("--check N needs N >= 1 and --check-steps > --check-warmup "
+                                  ">= 0")
+            if args.inter_gbps is None:
+                raise AdviseError("--check emulates the inter-node link --inter-gbps gives: "
+                                  "give it (a --profile cannot be emulated)")
+            if not args.model and not args.check_model:
+                raise AdviseError("--check trains a reference model: give --check-model for a "
+                                  "model given by hand")
         if args.profile and args.inter_gbps is not None:
             raise AdviseError("give --profile or --inter-gbps, not both")
         if args.profile:
@@ -584,6 +612,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.png:
         why = plot(ranked, Path(args.png), f"{spec.name} b{spec.batch} on {cluster}")
         print(why or f"wrote {args.png}")
+    if args.check:
+        from nanoccl.advise_check import run_check
+
+        print()
+        try:
+            run_check(cluster, ranked, args.check, args.check_model or spec.name,
+                      args.check_batch or spec.batch, args.inter_gbps, step, spec.params,
+                      args.check_dilation, args.check_steps, args.check_warmup,
+                      Path(args.check_out) if args.check_out else None, codecs=codecs)
+        except AdviseError as exc:
+            print(f"nanoccl-advise: {exc}", file=sys.stderr)
+            return 2
     return 0
 
 
