@@ -89,6 +89,12 @@ class Options:
     the same on every rank.
     """
 
+    # torch's Backend.Options carry the group's timeout here, and DeviceMesh reads it from the
+    # options a mesh dimension is given (init_device_mesh(backend_override=...): device_mesh.py
+    # `pg_options._timeout`), which without it raised AttributeError. None: the timeout
+    # new_group gives a group; set a datetime.timedelta to pick another.
+    _timeout: datetime.timedelta | None = None
+
     def __init__(
         self,
         *,
