@@ -107,7 +107,7 @@ class Profile:
     extra_args: tuple[str, ...] = ()
 
 
-GPT_STRATEGIES = ("dp", "tp", "pp", "zero1", "zero2", "zero3")
+GPT_STRATEGIES = ("dp", "tp", "pp", "zero1", "zero2", "zero3", "hsdp")
 
 PROFILES: dict[str, Profile] = {
     "smoke": Profile(
@@ -127,14 +127,15 @@ PROFILES: dict[str, Profile] = {
         {"gpt2-tiny": (8, 16, 32), "resnet18": (8, 32)},
         {"gpt2-tiny": 16, "resnet18": 32}, reps=3, steps=6, warmup=2, budget_min=70.0,
         extra_backends={"dp": ("nanoccl+int4",)},
-        description="about an hour: gpt2-tiny (DP/TP/PP/ZeRO-1/2/3, DP also at batch 8 and "
-                    "32) and ResNet-18 (DP, batch 8 and 32) on 1x1..4x1, Gloo / nanoccl / "
-                    "nanoccl+int8 (DP also nanoccl+int4 at the reference batch), "
+        description="about an hour: gpt2-tiny (DP/TP/PP/ZeRO-1/2/3, HSDP on 2x2, DP also at "
+                    "batch 8 and 32) and ResNet-18 (DP, batch 8 and 32) on 1x1..4x1, Gloo / "
+                    "nanoccl / nanoccl+int8 (DP also nanoccl+int4 at the reference batch), "
                     "3 repetitions; runs still queued after 70 minutes are skipped and "
                     "listed"),
     "cluster": Profile(
         "cluster", ("gpt2-small", "resnet18"),
-        {"gpt2-small": ("dp", "tp", "pp", "zero1", "zero2", "zero3"), "resnet18": ("dp",)},
+        {"gpt2-small": ("dp", "tp", "pp", "zero1", "zero2", "zero3", "hsdp"),
+         "resnet18": ("dp",)},
         ("1x1", "1x2", "2x1", "2x2"), ("nccl", "nanoccl"),
         {"gpt2-small": (4, 8, 16), "resnet18": (32, 128, 512, 2048)},
         {"gpt2-small": 16, "resnet18": 512}, reps=5, steps=50, warmup=10,
@@ -198,6 +199,13 @@ def applicable(model: str, strategy: str, setup: Setup) -> str | None:
         cfg = gpt_config(model)
         if cfg.n_head % setup.world:
             return f"{cfg.n_head} heads do not split over {setup.world} ranks"
+    # The trainer runs hsdp on any layout, but on one node it makes zero2's calls, and with one
+    # rank per node it shards nothing (a full-gradient allreduce per block: DP without
+    # buckets): the study runs it only where it differs from both.
+    if strategy == "hsdp" and setup.nodes < 2:
+        return "hsdp on one node is zero2"
+    if strategy == "hsdp" and setup.ppn < 2:
+        return "hsdp with one rank per node shards nothing (DP through FSDP2)"
     return None
 
 

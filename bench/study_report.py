@@ -50,9 +50,9 @@ RUN_FIELDS = [
 ]
 
 SETUP_ORDER = ["1x1", "1x2", "1x4", "2x1", "2x2", "4x1"]
-STRATEGY_ORDER = ["single", "dp", "tp", "pp", "zero1", "zero2", "zero3"]
+STRATEGY_ORDER = ["single", "dp", "tp", "pp", "zero1", "zero2", "zero3", "hsdp"]
 STRATEGY_LABEL = {"single": "Single", "dp": "Data", "tp": "Tensor", "pp": "Pipeline",
-                  "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3"}
+                  "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "hsdp": "HSDP"}
 
 
 def _num(value: Any) -> float | None:

@@ -11,7 +11,7 @@ import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch.distributed as dist
 
@@ -121,14 +121,37 @@ def init(spec: BackendSpec, timeout_s: float, standalone: bool = False,
         dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
 
 
-def nanoccl_stats(spec: BackendSpec) -> dict[str, int] | None:
-    """Bytes this rank moved through nanoccl so far (totals and per link class)."""
+def nanoccl_stats(spec: BackendSpec, groups: Sequence[Any] = (None,)) -> dict[str, int] | None:
+    """Bytes this rank moved through nanoccl so far (totals and per link class), summed over
+    `groups` (None: the default group; each group counted once): a strategy on a DeviceMesh
+    (hsdp) runs its collectives on the mesh's sub-groups, whose counts the default group's
+    stats do not hold."""
     if not spec.is_nanoccl:
         return None
     try:
-        stats = import_nanoccl().stats()
+        nanoccl = import_nanoccl()
+        default = dist.distributed_c10d._get_default_group()
+        seen: set[str] = set()
+        per_group = []
+        for group in groups:
+            group = default if group is None else group
+            if group.group_name in seen:
+                continue
+            seen.add(group.group_name)
+            try:
+                per_group.append(nanoccl.stats(group))
+            except ValueError:  # a group on another backend
+                continue
     except Exception:  # the stats API is optional to the study
         return None
+    counts: dict[str, int] = {}
+    for stats in per_group:
+        for key, value in _counts(stats).items():
+            counts[key] = counts.get(key, 0) + value
+    return counts if per_group else None
+
+
+def _counts(stats: Any) -> dict[str, int]:
     per_link = stats.get("per_link", {})
     counts = {
         "sent": int(stats.get("bytes_sent", 0)),

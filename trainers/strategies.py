@@ -8,6 +8,8 @@ same global batches; they differ only in how the work and the state are split:
   zero1   DDP + ZeroRedundancyOptimizer (optimizer state sharded)
   zero2   FSDP2 fully_shard, reshard_after_forward=False (optimizer state + gradients)
   zero3   FSDP2 fully_shard, reshard_after_forward=True (+ parameters)
+  hsdp    FSDP2 fully_shard over a 2-D mesh (replicate across nodes, shard within a node):
+          ZeRO-2 inside each node, gradient shards allreduced across nodes
   tp      DTensor tensor parallel: q/k/v and MLP fc column-wise, attention and MLP
           projections row-wise; every rank sees the whole global batch (GPT only)
   pp      torch.distributed.pipelining, one stage per rank, GPipe or 1F1B over
@@ -20,8 +22,9 @@ computes no loss (pipeline stages before the last).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -30,10 +33,10 @@ from trainers.data import Source, shard
 from trainers.models import (GPT, BasicBlock, Block, GPTEmbedding, GPTHead, build_model,
                              count_params, gpt_config, gpt_loss, is_gpt)
 
-STRATEGIES = ("single", "dp", "tp", "pp", "zero1", "zero2", "zero3")
+STRATEGIES = ("single", "dp", "tp", "pp", "zero1", "zero2", "zero3", "hsdp")
 # How the global batch reaches a rank (the studies' Table II).
 BATCH_SPLIT = {"single": "whole", "dp": "split", "zero1": "split", "zero2": "split",
-               "zero3": "split", "tp": "whole", "pp": "microbatches"}
+               "zero3": "split", "hsdp": "split", "tp": "whole", "pp": "microbatches"}
 
 
 class StrategyError(RuntimeError):
@@ -54,6 +57,9 @@ class TrainConfig:
     microbatches: int | None = None
     schedule: str = "1f1b"
     device: str = "cpu"
+    # Ranks per node (torchrun's LOCAL_WORLD_SIZE): hsdp shards within a node of this many.
+    # None: LOCAL_WORLD_SIZE from the environment, else the whole world (one node).
+    local_world: int | None = None
     # nanoccl+<codec>: the group compresses its inter-node leg (Options(compression=...)), and
     # DDP's gradient buckets go through nanoccl.hooks' error-feedback hook with this codec.
     codec: str | None = None
@@ -87,6 +93,11 @@ class Strategy:
 
     def train_step(self, step: int) -> float | None:
         raise NotImplementedError
+
+    def comm_groups(self) -> list[Any]:
+        """The process groups the strategy's collectives run on (None: the default group);
+        the trainer reports their nanoccl byte counts, summed."""
+        return [None]
 
     def describe(self) -> str:
         return self.name
@@ -221,6 +232,101 @@ class Zero23(_WholeModel):
     def describe(self) -> str:
         reshard = self.name == "zero3"
         return f"{self.name} (FSDP2 fully_shard, reshard_after_forward={reshard})"
+
+
+class HybridSharded(_WholeModel):
+    """HSDP: FSDP2 over the 2-D mesh (nodes, ranks per node), dims ("replicate", "shard").
+
+    Parameters, gradients and optimizer state are sharded among a node's ranks and
+    replicated across nodes. Per unit, a backward reduce-scatters the gradients on the shard
+    group (within the node) and then allreduces each rank's shard on the replicate group
+    (across nodes: the only inter-node traffic, 1/local_world of the gradients per rank);
+    forward all-gathers parameters within the node only.
+
+    reshard_after_forward=False, as zero2: parameters stay gathered from forward to backward,
+    so the backward makes no second all-gather per unit. True (zero3's choice) would save only
+    memory, at one more intra-node collective per unit on the critical path (the studies' ZeRO-2
+    lost to ZeRO-1 on such small calls); the trainers' models fit with their parameters whole.
+
+    The sub-groups the mesh creates get the default group's codec (nanoccl+<codec>), so the
+    replicate group's allreduces are compressed on the inter-node leg like any other group's
+    (float32 calls of compression_min_bytes and more, 1 MiB by default).
+
+    One node: the mesh is (1, world), FSDP2 within the node (zero2's calls). One rank per
+    node: (nodes, 1), nothing sharded, a full-gradient allreduce per unit across nodes.
+    A layout the mesh cannot follow (nodes of unequal size, ranks not numbered node by node)
+    is refused on every rank.
+    """
+
+    name = "hsdp"
+
+    def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int) -> None:
+        from torch.distributed.device_mesh import init_device_mesh
+        from torch.distributed.fsdp import fully_shard
+
+        local = _node_layout(cfg, rank, world)
+        super().__init__(cfg, source, rank, world)
+        self.nodes, self.local = world // local, local
+        mesh = init_device_mesh(self.device.type, (self.nodes, local),
+                                mesh_dim_names=("replicate", "shard"),
+                                backend_override=_mesh_backend_override(cfg, ("replicate",
+                                                                              "shard")))
+        for unit in _units(self.model):
+            fully_shard(unit, mesh=mesh, reshard_after_forward=False)
+        fully_shard(self.model, mesh=mesh, reshard_after_forward=False)
+        self.optim = make_optimizer(self.model.parameters(), cfg.lr)
+        self.groups = [mesh.get_group("replicate"), mesh.get_group("shard")]
+
+    def comm_groups(self) -> list[Any]:
+        return [None, *self.groups]
+
+    def describe(self) -> str:
+        return (f"hsdp (FSDP2 fully_shard on mesh replicate {self.nodes} x shard {self.local}, "
+                "reshard_after_forward=False)")
+
+
+def _node_layout(cfg: TrainConfig, rank: int, world: int) -> int:
+    """Ranks per node for hsdp's mesh, checked on every rank's view at once (one gather on
+    the default group), so that a layout the mesh cannot follow is refused on every rank
+    alike instead of leaving the others waiting in init_device_mesh."""
+    import torch.distributed as dist
+
+    local = cfg.local_world or _env_int("LOCAL_WORLD_SIZE", world)
+    mine = (local, _env_int("LOCAL_RANK", rank % max(1, local)))
+    views: list[Any] = [None] * world
+    dist.all_gather_object(views, mine)
+    sizes = sorted({v[0] for v in views})
+    if len(sizes) > 1:
+        raise StrategyError(f"hsdp needs the same number of ranks on every node: "
+                            f"LOCAL_WORLD_SIZE is {', '.join(map(str, sizes))} across ranks")
+    if local < 1 or world % local:
+        raise StrategyError(f"hsdp needs the same number of ranks on every node: {world} "
+                            f"ranks do not split into nodes of {local} (LOCAL_WORLD_SIZE)")
+    for r, (_, local_rank) in enumerate(views):
+        if local_rank != r % local:
+            raise StrategyError(f"hsdp needs the ranks numbered node by node, as torchrun "
+                                f"numbers them: rank {r} is local rank {local_rank}, not "
+                                f"{r % local} of {local}")
+    return local
+
+
+def _env_int(name: str, default: int) -> int:
+    try:
+        return int(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def _mesh_backend_override(cfg: TrainConfig, dims: tuple[str, ...]) -> dict[str, Any] | None:
+    """nanoccl+<codec>'s Options for the groups a DeviceMesh creates: new_group gives a group
+    the backend's defaults (NANOCCL_* settings) and not the default group's pg_options, so
+    without this the replicate group would run lossless."""
+    if cfg.codec is None:
+        return None
+    from trainers import backends
+
+    options = backends.pg_options(backends.parse_backend(f"nanoccl+{cfg.codec}"))
+    return {dim: ("nanoccl", options) for dim in dims}
 
 
 class TensorParallel(_WholeModel):
@@ -368,6 +474,8 @@ def make_strategy(cfg: TrainConfig, source: Source, rank: int, world: int) -> St
         return Zero1(cfg, source, rank, world)
     if name in ("zero2", "zero3"):
         return Zero23(cfg, source, rank, world, stage=int(name[-1]))
+    if name == "hsdp":
+        return HybridSharded(cfg, source, rank, world)
     if name == "tp":
         return TensorParallel(cfg, source, rank, world)
     if name == "pp":

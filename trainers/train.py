@@ -186,7 +186,8 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
     cfg = TrainConfig(model=args.model, strategy=args.strategy, global_batch=batch,
                       seq_len=seq_len, lr=args.lr, seed=args.seed,
                       bucket_cap_mb=args.bucket_cap_mb, microbatches=args.microbatches,
-                      schedule=args.schedule, device=device, codec=spec.codec)
+                      schedule=args.schedule, device=device, local_world=local_world,
+                      codec=spec.codec)
     strategy = make_strategy(cfg, source, rank, world)
     unit = "tokens" if gpt else "images"
     per_sample = seq_len if gpt else 1
@@ -212,7 +213,7 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
         if step == warmup:
             dist.barrier(group=ctrl)
             counters_start = _read_counters(ifname) if count_link else None
-            stats_start = backends.nanoccl_stats(spec)
+            stats_start = backends.nanoccl_stats(spec, strategy.comm_groups())
             t_start = time.perf_counter()
         begin = time.perf_counter()
         loss = strategy.train_step(step)
@@ -229,7 +230,7 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
     dist.barrier(group=ctrl)
     t_end = time.perf_counter()
     counters_end = _read_counters(ifname) if count_link else None
-    stats_end = backends.nanoccl_stats(spec)
+    stats_end = backends.nanoccl_stats(spec, strategy.comm_groups())
 
     link: tuple[int, int] | None = None
     if counters_start is not None and counters_end is not None:
@@ -267,7 +268,7 @@ def combine_losses(strategy: str, per_rank: list[list[float | None]]) -> list[fl
         values = [r[s] for r in per_rank if r[s] is not None]
         if not values:
             out.append(None)
-        elif strategy in ("dp", "zero1", "zero2", "zero3", "single"):
+        elif strategy in ("dp", "zero1", "zero2", "zero3", "hsdp", "single"):
             out.append(statistics.fmean(values))  # type: ignore[arg-type]
         else:
             out.append(values[0])

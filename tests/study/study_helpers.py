@@ -95,6 +95,14 @@ def launch(world: int, args: Sequence[str], tmp: Path, timeout_s: float = 90.0,
     return Launch([p.returncode for p in procs], output, result)
 
 
+def node_env(nodes: int, per_node: int, **extra: str) -> dict[int, dict[str, str]]:
+    """`rank_env` for launch(): ranks numbered node by node, as torchrun numbers them, on
+    `nodes` emulated nodes (NANOCCL_NODE_ID) of `per_node` ranks; `extra` for every rank."""
+    return {r: {"NANOCCL_NODE_ID": f"node{r // per_node}", "LOCAL_RANK": str(r % per_node),
+                "LOCAL_WORLD_SIZE": str(per_node), "GROUP_RANK": str(r // per_node), **extra}
+            for r in range(nodes * per_node)}
+
+
 def run_study(args: Sequence[str], timeout_s: float = 150.0) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     return subprocess.run([sys.executable, str(STUDY), *args], capture_output=True, text=True,

@@ -72,6 +72,20 @@ def test_plan_leaves_out_what_cannot_run() -> None:
     assert any("tp" in n and "GPT" in n for n in plan.notes)
 
 
+def test_hsdp_runs_where_it_differs_from_zero2_and_dp() -> None:
+    """The full and cluster profiles run HSDP on 2x2 only (on one node it is zero2's calls,
+    with one rank per node DP through FSDP2), with every backend of the profile."""
+    assert study.applicable("gpt2-tiny", "hsdp", study.Setup(2, 2)) is None
+    assert "zero2" in (study.applicable("gpt2-tiny", "hsdp", study.Setup(1, 2)) or "")
+    assert "shards nothing" in (study.applicable("gpt2-tiny", "hsdp", study.Setup(2, 1)) or "")
+    for name in ("full", "cluster"):
+        profile = study.PROFILES[name]
+        plan = study.build_plan(profile, check_backends=False)
+        hsdp = {(r.setup.name, r.backend) for r in plan.runs if r.strategy == "hsdp"}
+        assert hsdp == {("2x2", b) for b in profile.backends}, name
+        assert any("hsdp on 1x2 left out" in n for n in plan.notes)
+
+
 def test_summarize_scaling_and_volume() -> None:
     base = {"model": "m", "batch": 8, "unit": "tokens", "status": "ok", "timed_steps": 4,
             "step_time_mean_s": 0.1}
