@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from study_helpers import Launch, launch  # noqa: E402
+from study_helpers import Launch, launch, node_env  # noqa: E402
 
 advise = pytest.importorskip("nanoccl.advise")
 _C = pytest.importorskip("nanoccl._C")
@@ -90,6 +90,39 @@ def test_traffic_model_matches_the_bytes_nanoccl_counts(case: str, tmp_path: Pat
         assert measured[op] == pytest.approx(nbytes, rel=0.02), op
     if backend.endswith("int8"):  # the codec's quarter of the float32 bytes on the wire
         assert cfg.inter_bytes < 0.3 * predicted("dp").inter_bytes
+
+
+@pytest.mark.timeout(90)
+def test_hsdp_traffic_on_2x2_matches_the_bytes_nanoccl_counts(tmp_path: Path) -> None:
+    """HSDP's mesh groups: allgathers and reduce-scatters within each node, each rank's
+    shard allreduced across the nodes, as the advisor prices them."""
+    res = launch(4, COMMON + ["--strategy", "hsdp", "--backend", "nanoccl"], tmp_path,
+                 timeout_s=80, rank_env=node_env(2, 2))
+    assert res.ok, res.output[-3000:]
+    assert res.result is not None
+    moved, steps = res.result["nanoccl_bytes"], res.result["timed_steps"]
+    cluster = advise.Cluster(2, 2)
+    cfg = advise.evaluate(advise.model_spec(MODEL, BATCH, SEQ), cluster,
+                          advise.Predictor(cluster, PROFILE), advise.Config("hsdp"), 1.0,
+                          math.inf)
+    assert not cfg.refused, cfg.refused
+    assert moved["inter_sent"] / steps == pytest.approx(cfg.inter_bytes, rel=0.02)
+    assert moved["intra_sent"] / steps == pytest.approx(cfg.intra_bytes, rel=0.02)
+    measured = {k[len("sent_"):]: v / steps for k, v in moved.items()
+                if k.startswith("sent_") and v > 0}
+    model = per_op(cfg)
+    assert set(measured) == set(model) == {"allgather", "reduce_scatter", "allreduce"}
+    for op, nbytes in model.items():
+        assert measured[op] == pytest.approx(nbytes, rel=0.02), op
+
+
+def test_hsdp_is_refused_where_it_would_be_another_strategy() -> None:
+    spec = advise.model_spec(MODEL, BATCH, SEQ)
+    for shape in ("1x2", "2x1"):
+        cluster = advise.parse_cluster(shape)
+        cfg = advise.evaluate(spec, cluster, advise.Predictor(cluster, PROFILE),
+                              advise.Config("hsdp"), 1.0, math.inf)
+        assert cfg.refused and "several nodes of several ranks" in cfg.refused
 
 
 # ------------------------------------------------------------------------ input validation

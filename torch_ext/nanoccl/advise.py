@@ -4,7 +4,7 @@
         --step-seconds 0.556 --png advice.png
 
 For every strategy the reference trainers run (trainers/strategies.py: DP, ZeRO-1, ZeRO-2/3 as
-FSDP2, PP with GPipe or 1F1B, TP), each with the codecs nanoccl would apply to its calls, the
+FSDP2, HSDP, PP with GPipe or 1F1B, TP), each with the codecs nanoccl would apply to its calls, the
 advisor predicts the step time, the scaling factor S = T_1 / (n x step), the bytes a step puts
 on each link class and the memory a device needs, and ranks the configurations that fit.
 
@@ -14,7 +14,9 @@ Where the numbers come from:
   bytes measured through nanoccl): DDP's gradient buckets (DDP's own bucketing rule,
   nanoccl.tune.ddp_bucket_sizes); ZeroRedundancyOptimizer's one broadcast per parameter from
   its owner after the step; FSDP2's allgather per unit in forward (and again in backward for
-  ZeRO-3) and reduce-scatter per unit in backward; DTensor TP's 2 forward and 4 backward
+  ZeRO-3) and reduce-scatter per unit in backward; HSDP's the same within a node, then each
+  rank's shard allreduced across nodes (the replicate groups of a node share its link);
+  DTensor TP's 2 forward and 4 backward
   allreduces of a block's activations; the pipeline's activations and their gradients at
   each stage boundary, per microbatch.
 - Time of each call: nanoccl's planner and cost model (collectives/cost_model.h) through
@@ -38,6 +40,7 @@ prints predicted against measured (nanoccl/advise_check.py).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from dataclasses import dataclass, field
@@ -45,7 +48,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from nanoccl.advise_traffic import (AdviseError, Call, Cluster, ModelSpec, ddp_buckets,
-                                    fsdp_calls, gpt_by_hand, link_bytes, model_spec,
+                                    fsdp_calls, gpt_by_hand, hsdp_calls, link_bytes, model_spec,
                                     parse_cluster, reference_trainers, strategy_refusal,
                                     tp_calls, tree_edges, zero1_broadcasts)
 from nanoccl.tune import BUCKET_CANDIDATES_MB, ddp_step_seconds
@@ -123,6 +126,31 @@ class Predictor:
     def __init__(self, cluster: Cluster, profile: str, settings: dict[str, str] | None = None):
         self.cluster, self.profile, self.settings = cluster, profile, dict(settings or {})
         self._cache: dict[tuple[Any, ...], tuple[str, str, float, float]] = {}
+        self._groups: dict[tuple[int, int], Predictor] = {}
+
+    def _group(self, nodes: int, per_node: int) -> "Predictor":
+        if (nodes, per_node) not in self._groups:
+            self._groups[(nodes, per_node)] = Predictor(Cluster(nodes, per_node), self.profile,
+                                                        self.settings)
+        return self._groups[(nodes, per_node)]
+
+    def _price_in_mesh(self, call: Call, codec: str) -> Priced:
+        """A call on one of HSDP's mesh groups; every such group runs it at once. A node's
+        ranks (shard) stay on their node; the replicate groups (one a local rank) share each
+        node's link, so their time is one allreduce of all of them between the nodes."""
+        c = self.cluster
+        alone = dataclasses.replace(call, group="world")
+        if call.group == "shard":
+            p = self._group(1, c.per_node).price(alone, codec)
+            return Priced(call, p.seconds, p.algorithm, p.codec, p.intra_bytes * c.nodes, 0.0)
+        if call.group != "replicate":
+            raise AdviseError(f"no process group {call.group!r}")
+        across = self._group(c.nodes, 1)
+        one = across.price(alone, codec)  # the group's codec choice, by its own call's size
+        together = across.price(Call(call.op, call.count * c.per_node, call.phase, hook=True),
+                                one.codec if one.codec not in ("", "none") else "none")
+        return Priced(call, together.seconds, one.algorithm, one.codec,
+                      one.intra_bytes * c.per_node, one.inter_bytes * c.per_node)
 
     def _predict(self, op: str, count: int, codec: str, crossing: int = 1
                  ) -> tuple[str, str, float, float]:
@@ -140,6 +168,8 @@ class Predictor:
 
     def price(self, call: Call, codec: str) -> Priced:
         c = self.cluster
+        if call.group != "world":
+            return self._price_in_mesh(call, codec)
         nbytes = 4.0 * call.count
         if call.op == "send":
             inter = call.src // c.per_node != call.dst // c.per_node
@@ -265,7 +295,8 @@ class Config:
     @property
     def label(self) -> str:
         name = {"dp": "DP", "zero1": "ZeRO-1", "zero2": "ZeRO-2 (FSDP2)",
-                "zero3": "ZeRO-3 (FSDP2)", "tp": "TP", "pp": "PP"}[self.strategy]
+                "zero3": "ZeRO-3 (FSDP2)", "hsdp": "HSDP (FSDP2)", "tp": "TP",
+                "pp": "PP"}[self.strategy]
         if self.strategy in ("dp", "zero1"):
             name += f" bucket {self.bucket_mb:g} MB" if self.bucket_mb else " (DDP buckets)"
         if self.strategy == "pp":
@@ -287,6 +318,8 @@ def memory_bytes(spec: ModelSpec, cluster: Cluster, cfg: Config) -> float:
         return 8.0 * P + 8.0 * P / n + act * local
     if cfg.strategy == "zero2":  # whole parameters, a unit's gradients before its shard
         return 4.0 * P + 12.0 * P / n + unit + act * local
+    if cfg.strategy == "hsdp":  # zero2's, sharded over a node's ranks only
+        return 4.0 * P + 12.0 * P / cluster.per_node + unit + act * local
     if cfg.strategy == "zero3":  # shards, plus a gathered unit and the prefetched one
         return BYTES_PER_PARAM * P / n + 2 * 2 * unit + act * local
     if cfg.strategy == "tp":  # the blocks' 12 d^2 split, the rest replicated; about half the
@@ -332,6 +365,14 @@ def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Confi
         shares = [u / spec.params for u in spec.units]
         cfg.step_s = fsdp_step(fwd, bwd, shares, *[[p.seconds for p in g] for g in groups])
         priced = [p for g in groups for p in g]
+    elif cfg.strategy == "hsdp":  # a unit's reduce-scatter, then its shard across nodes
+        forward, reduce, cross = hsdp_calls(spec, cluster.per_node)
+        gathers, scatters, allreduces = [[price(c) for c in calls]
+                                         for calls in (forward, reduce, cross)]
+        shares = [u / spec.params for u in spec.units]
+        cfg.step_s = fsdp_step(fwd, bwd, shares, [p.seconds for p in gathers], [],
+                               [a.seconds + b.seconds for a, b in zip(scatters, allreduces)])
+        priced = gathers + scatters + allreduces
     elif cfg.strategy == "tp":
         priced = [price(c) for c in tp_calls(spec)]
         cfg.step_s = compute + sum(p.seconds for p in priced)
@@ -376,7 +417,7 @@ def candidates(spec: ModelSpec, cluster: Cluster, predictor: Predictor,
         for strategy in ("dp", "zero1"):
             out.append(Config(strategy, codec))
             out.append(Config(strategy, codec, bucket_mb=tuned))
-        out += [Config("zero2", codec), Config("zero3", codec)]
+        out += [Config("zero2", codec), Config("zero3", codec), Config("hsdp", codec)]
         if spec.gpt or codec == "none":
             out.append(Config("tp", codec))
     m = n

@@ -204,6 +204,9 @@ class Call:
     root: int = 0  # broadcast: the owner's rank
     src: int = 0  # send: from this rank
     dst: int = 1  # send: to this rank
+    # The process group it runs on: the whole world, or one of HSDP's mesh groups: "shard"
+    # (a node's ranks) or "replicate" (the ranks of the same local rank across nodes).
+    group: str = "world"
 
 
 def tree_edges(n: int, root: int) -> list[tuple[int, int]]:
@@ -287,6 +290,17 @@ def fsdp_calls(spec: ModelSpec, stage: int) -> tuple[list[Call], list[Call], lis
     return forward, again, reduce
 
 
+def hsdp_calls(spec: ModelSpec, per_node: int) -> tuple[list[Call], list[Call], list[Call]]:
+    """HSDP (FSDP2 over the mesh (nodes, ranks a node), reshard_after_forward=False): forward
+    allgathers of each unit within a node, and in backward each unit's reduce-scatter within
+    the node followed by the allreduce of the rank's shard (1 / per_node) across nodes."""
+    forward = [Call("allgather", u, "forward", group="shard") for u in spec.units]
+    order = list(reversed(spec.units[1:])) + spec.units[:1]
+    reduce = [Call("reduce_scatter", u, "backward", group="shard") for u in order]
+    cross = [Call("allreduce", -(-u // per_node), "backward", group="replicate") for u in order]
+    return forward, reduce, cross
+
+
 def tp_calls(spec: ModelSpec) -> list[Call]:
     """DTensor TP per block: the row-wise attention and MLP projections' allreduce in forward,
     and in backward one allreduce of the input gradient of each column-wise layer (q, k, v,
@@ -303,8 +317,11 @@ def strategy_refusal(spec: ModelSpec, cluster: Cluster, strategy: str,
     n = cluster.world
     if n < 2:
         return "one device: no parallelism"
-    if strategy in ("dp", "zero1", "zero2", "zero3") and spec.batch % n:
+    if strategy in ("dp", "zero1", "zero2", "zero3", "hsdp") and spec.batch % n:
         return f"global batch {spec.batch} does not split over {n} ranks"
+    if strategy == "hsdp" and (cluster.nodes < 2 or cluster.per_node < 2):
+        return ("HSDP needs several nodes of several ranks (on one node it is ZeRO-2, with one "
+                "rank a node DP)")
     if strategy in ("tp", "pp") and not spec.gpt:
         return "implemented for the GPT models only"
     if strategy == "tp" and (spec.heads % n or (4 * spec.hidden) % n):
