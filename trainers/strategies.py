@@ -63,6 +63,9 @@ class TrainConfig:
     # nanoccl+<codec>: the group compresses its inter-node leg (Options(compression=...)), and
     # DDP's gradient buckets go through nanoccl.hooks' error-feedback hook with this codec.
     codec: str | None = None
+    # The process group timeout (train.py --timeout); a DeviceMesh's nanoccl groups get it too.
+    timeout_s: float | None = None
+    nanoccl: bool = False  # the backend is nanoccl (with or without a codec)
 
 
 def loss_fn_for(model_name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -318,14 +321,23 @@ def _env_int(name: str, default: int) -> int:
 
 
 def _mesh_backend_override(cfg: TrainConfig, dims: tuple[str, ...]) -> dict[str, Any] | None:
-    """nanoccl+<codec>'s Options for the groups a DeviceMesh creates: new_group gives a group
-    the backend's defaults (NANOCCL_* settings) and not the default group's pg_options, so
-    without this the replicate group would run lossless."""
-    if cfg.codec is None:
+    """nanoccl's Options for the groups a DeviceMesh creates: new_group gives a group the
+    backend's defaults (NANOCCL_* settings) and not the default group's pg_options, so
+    without this the replicate group would run lossless under nanoccl+<codec>; and new_group's
+    default timeout (30 minutes), not --timeout, so a dead peer would be reported that late."""
+    if not cfg.nanoccl:
         return None
+    import datetime
+
     from trainers import backends
 
-    options = backends.pg_options(backends.parse_backend(f"nanoccl+{cfg.codec}"))
+    options = None
+    if cfg.codec is not None:
+        options = backends.pg_options(backends.parse_backend(f"nanoccl+{cfg.codec}"))
+    if options is None:
+        options = backends.import_nanoccl().Options()
+    if cfg.timeout_s:
+        options._timeout = datetime.timedelta(seconds=cfg.timeout_s)
     return {dim: ("nanoccl", options) for dim in dims}
 
 

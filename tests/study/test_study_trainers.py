@@ -309,3 +309,25 @@ def test_parse_backend() -> None:
     for bad in ("mpi", "gloo+int8", "nanoccl+"):
         with pytest.raises(ValueError):
             backends.parse_backend(bad)
+
+
+def test_hsdp_mesh_groups_get_the_trainers_timeout_and_codec() -> None:
+    """new_group would give the mesh's nanoccl groups its own 30-minute default and nanoccl's
+    default settings: the trainer passes --timeout and the codec to every mesh dimension."""
+    import datetime
+
+    from trainers.strategies import TrainConfig, _mesh_backend_override
+
+    base = dict(model="gpt2-nano", strategy="hsdp", global_batch=8, seq_len=32)
+    assert _mesh_backend_override(TrainConfig(**base), ("replicate", "shard")) is None  # gloo
+    plain = _mesh_backend_override(TrainConfig(**base, nanoccl=True, timeout_s=42),
+                                   ("replicate", "shard"))
+    assert plain is not None and set(plain) == {"replicate", "shard"}
+    backend, options = plain["replicate"]
+    assert backend == "nanoccl" and options._timeout == datetime.timedelta(seconds=42)
+    int8 = _mesh_backend_override(TrainConfig(**base, nanoccl=True, timeout_s=7, codec="int8"),
+                                  ("replicate", "shard"))
+    assert int8 is not None
+    options = int8["shard"][1]
+    assert options._timeout == datetime.timedelta(seconds=7)
+    assert "int8" in options.settings.values()
