@@ -343,7 +343,13 @@ def test_check_runs_the_best_and_stock_dp_on_the_emulated_cluster(
     doc = json.loads((out / "check.json").read_text())
     labels = [r["label"] for r in doc["rows"]]
     best = text.split("recommended: ", 1)[1].split(" (S ", 1)[0]
-    assert labels[0] == best and labels[-1] == "DP (DDP buckets)"
+    # A tuned DDP bucket is the check model's own size under the measured profile.
+    import re
+
+    def same(label: str) -> str:
+        return re.sub(r"bucket [0-9.]+ MB", "bucket * MB", label)
+
+    assert same(labels[0]) == same(best) and labels[-1] == "DP (DDP buckets)"
     assert doc["rate_bits"] == 10**9 and doc["t1_shared_s"] > 0
     for row in doc["rows"]:  # every one ran, predicted and measured
         assert row["error"] == "" and row["measured_step_s"] > 0 and row["predicted_step_s"] > 0
