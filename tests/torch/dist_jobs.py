@@ -1132,7 +1132,27 @@ def main(scenarios: dict[str, Callable[[argparse.Namespace, Checks], None]] | No
     sys.stderr.flush()
     if a.scenario in leave_hard:
         os._exit(0)
+    close_gloo_groups()
     return 0
+
+
+def close_gloo_groups() -> None:
+    """Destroys the scenario's Gloo side groups before the interpreter exits: a Gloo worker
+    thread still holding a Python tensor at finalization decrefs it after Python is gone and
+    aborts the rank ('terminate called without an active exception', seen once in CI in
+    ProcessGroupGloo::runLoop after every check had passed). Local: no collective runs."""
+    if not dist.is_initialized():
+        return
+    c10d = dist.distributed_c10d
+    default = c10d._get_default_group()
+    for group in list(c10d._world.pg_map):
+        if group is default:
+            continue
+        try:
+            if dist.get_backend(group) == "gloo":
+                dist.destroy_process_group(group)
+        except Exception:  # noqa: BLE001 - a group torch already dropped
+            continue
 
 
 if __name__ == "__main__":
