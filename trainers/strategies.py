@@ -294,8 +294,8 @@ def _node_layout(cfg: TrainConfig, rank: int, world: int) -> int:
     alike instead of leaving the others waiting in init_device_mesh."""
     import torch.distributed as dist
 
-    local = cfg.local_world or _env_int("LOCAL_WORLD_SIZE", world)
-    mine = (local, _env_int("LOCAL_RANK", rank % max(1, local)))
+    local = cfg.local_world or env_int("LOCAL_WORLD_SIZE", world)
+    mine = (local, env_int("LOCAL_RANK", rank % max(1, local)))
     views: list[Any] = [None] * world
     dist.all_gather_object(views, mine)
     sizes = sorted({v[0] for v in views})
@@ -313,7 +313,9 @@ def _node_layout(cfg: TrainConfig, rank: int, world: int) -> int:
     return local
 
 
-def _env_int(name: str, default: int) -> int:
+def env_int(name: str, default: int) -> int:
+    """An integer from the environment (torchrun's LOCAL_RANK, ...); `default` where it is
+    unset or not a number."""
     try:
         return int(os.environ.get(name, default))
     except ValueError:

@@ -38,7 +38,7 @@ from trainers import backends  # noqa: E402
 from trainers.data import make_source  # noqa: E402
 from trainers.models import MODEL_NAMES, gpt_config, gpt_flops_per_token, is_gpt  # noqa: E402
 from trainers.strategies import (STRATEGIES, StrategyError, TrainConfig,  # noqa: E402
-                                 check_batch, make_strategy)
+                                 check_batch, env_int, make_strategy)
 
 RESULT_KIND = "nanoccl_train_result"
 
@@ -79,13 +79,6 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, help="also write the result here (rank 0)")
     p.add_argument("--print-every", type=int, default=1, help="step lines every N steps (0: none)")
     return p
-
-
-def _env_int(name: str, default: int) -> int:
-    try:
-        return int(os.environ.get(name, default))
-    except ValueError:
-        return default
 
 
 def _read_counters(ifname: str | None) -> tuple[int, int] | None:
@@ -132,10 +125,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.steps < 1 or not 0 <= warmup < args.steps:
         print("train: need --steps >= 1 and 0 <= --warmup-steps < --steps", file=sys.stderr)
         return 2
-    threads = args.threads or _env_int("OMP_NUM_THREADS", 1)
+    threads = args.threads or env_int("OMP_NUM_THREADS", 1)
     torch.set_num_threads(max(1, threads))
     device = args.device or ("cuda" if spec.name == "nccl" else "cpu")
-    local_rank = _env_int("LOCAL_RANK", 0)
+    local_rank = env_int("LOCAL_RANK", 0)
     if args.standalone and args.strategy != "single":
         print("train: --standalone runs strategy 'single' only", file=sys.stderr)
         return 2
@@ -146,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     tuning = None
     if args.bucket_cap_mb == "tuned":
         if (not spec.is_nanoccl or args.strategy not in ("dp", "zero1") or args.standalone
-                or _env_int("WORLD_SIZE", 1) < 2):
+                or env_int("WORLD_SIZE", 1) < 2):
             print("train: --bucket-cap-mb tuned needs --backend nanoccl[+codec], strategy dp "
                   "or zero1 (DDP) and at least 2 ranks (a link to tune for)", file=sys.stderr)
             return 2
@@ -176,7 +169,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_len: int,
          warmup: int, threads: int, device: str, local_rank: int) -> int:
     rank, world = dist.get_rank(), dist.get_world_size()
-    local_world = world if args.standalone else _env_int("LOCAL_WORLD_SIZE", world)
+    local_world = world if args.standalone else env_int("LOCAL_WORLD_SIZE", world)
     nodes = max(1, world // max(1, local_world))
     check_batch(args.strategy, batch, world)
     ctrl = dist.new_group(backend="gloo") if spec.name != "gloo" else None
