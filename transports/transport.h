@@ -147,8 +147,8 @@ class Transport {
   virtual std::string describe() const = 0;
 
   // For a call that timed out waiting on `peer`: what the transport sees stuck on its way
-  // there ("connection 1 to rank 0 on eth1: 2.1 MB not acknowledged for 14.8 s"), or "" where
-  // it sees nothing (or cannot tell). Thread-safe.
+  // there ("connection 1 to rank 0 on eth1: 2.1 MB not acknowledged for 14.8 s", or "...: eth1
+  // is down here"), or "" where it sees nothing (or cannot tell). Thread-safe.
   virtual std::string stallReport(int peer) const { return ""; }
 };
 

@@ -1,6 +1,7 @@
 #include "transports/tcp/tcp_transport.h"
 
 #include <linux/sockios.h>
+#include <net/if.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/ioctl.h>
@@ -272,8 +273,10 @@ class TcpTransport : public Transport {
     return out;
   }
 
-  // Connections to `peer` holding bytes the peer has not acknowledged for a while: a link
-  // (a rail) that went down, or a peer whose host stopped, leaves its connections like that.
+  // Connections to `peer` that are stuck: bytes the peer has not acknowledged for a while, bytes
+  // queued that have not left for a while, or a rail whose interface is down here. A link (a
+  // rail) that went down, or a peer whose host stopped, leaves its connections like that; a
+  // rank waiting only to receive sees the last of these where its own rail went down.
   std::string stallReport(int peer) const override {
     if (peer < 0 || peer >= o_.size || peer == o_.rank || !thread_.joinable()) return "";
     std::string out;
@@ -285,16 +288,42 @@ class TcpTransport : public Transport {
           ioctl(c->fd, SIOCOUTQ, &queued) != 0) {
         continue;
       }
-      if (ti.tcpi_unacked == 0 || ti.tcpi_last_ack_recv < kStallReportMs) continue;
-      char line[160];
-      std::snprintf(line, sizeof(line), "%sconnection %d to rank %d%s%s: %.2f MB not acknowledged "
-                    "for %.1f s (%u retransmissions)", out.empty() ? "" : "; ", c->index, peer,
-                    rails_ > 1 ? " on " : "",
-                    rails_ > 1 ? listeners_[c->index % rails_].ifname.c_str() : "",
-                    queued / 1e6, ti.tcpi_last_ack_recv / 1e3, ti.tcpi_total_retrans);
+      const size_t rail = static_cast<size_t>(c->index % rails_);
+      const std::string ifname = rail < listeners_.size() ? listeners_[rail].ifname : "";
+      const bool unacked = ti.tcpi_unacked > 0 && ti.tcpi_last_ack_recv >= kStallReportMs;
+      const bool unsent = queued > 0 && ti.tcpi_unacked == 0 &&
+                          ti.tcpi_last_data_sent >= kStallReportMs;
+      const bool down = interfaceDown(c->fd, ifname);
+      if (!unacked && !unsent && !down) continue;
+      char line[224];
+      int n = std::snprintf(line, sizeof(line), "%sconnection %d to rank %d%s%s:",
+                            out.empty() ? "" : "; ", c->index, peer, rails_ > 1 ? " on " : "",
+                            rails_ > 1 ? ifname.c_str() : "");
+      if (unacked) {
+        n += std::snprintf(line + n, sizeof(line) - n, " %.2f MB not acknowledged for %.1f s "
+                           "(%u retransmissions)", queued / 1e6, ti.tcpi_last_ack_recv / 1e3,
+                           ti.tcpi_total_retrans);
+      } else if (unsent) {
+        n += std::snprintf(line + n, sizeof(line) - n, " %.2f MB not sent for %.1f s",
+                           queued / 1e6, ti.tcpi_last_data_sent / 1e3);
+      }
+      if (down) {
+        std::snprintf(line + n, sizeof(line) - n, "%s%s is down here",
+                      unacked || unsent ? ", " : " ", ifname.c_str());
+      }
       out += line;
     }
     return out.empty() ? out : out + " (is a link down?)";
+  }
+
+  // Whether interface `ifname` is administratively down or has no carrier (asked through any
+  // socket, `fd`); false where it cannot be told.
+  static bool interfaceDown(int fd, const std::string& ifname) {
+    ifreq ifr{};
+    if (ifname.empty() || ifname.size() >= sizeof(ifr.ifr_name)) return false;
+    std::memcpy(ifr.ifr_name, ifname.c_str(), ifname.size());
+    if (ioctl(fd, SIOCGIFFLAGS, &ifr) != 0) return false;
+    return (ifr.ifr_flags & IFF_UP) == 0 || (ifr.ifr_flags & IFF_RUNNING) == 0;
   }
 
   std::string describe() const override {
