@@ -69,8 +69,10 @@ struct CallArgs {
   // NANOCCL_COMPRESSION=auto on a call that could be compressed: the planner picks the codec
   // (or none) from compression_allow by the cost model and sets `codec`.
   bool codecAuto = false;
-  // Error feedback (allreduce only, may be null): `count` floats owned by the caller; what this
-  // rank's encodings lose is kept here and added to what it encodes next time.
+  // Error feedback (may be null): floats owned by the caller, `count` for an allreduce and the
+  // whole input (sum of counts) for a reduce-scatter; what this rank's encodings lose is kept
+  // here and added to what it encodes next time. Its layout is the algorithm's (the same every
+  // call of the same sizes on the same topology), not necessarily the input's.
   float* residual = nullptr;
   // The chunk of the compressed exchange, in float32 bytes: the planner's choice (0:
   // config.chunkBytes). Context::codecChunkBytes() hands it to compressed.cc.
@@ -401,10 +403,13 @@ Status compressedAllreduce(Context& ctx, const codec::Codec& codec,
                            float* residual, uint32_t tagBase);
 // Reduce-scatter: segment i (counts[i] float32 at seg[i]) goes to rank i, encoded; this rank
 // accumulates what it receives into seg[rank] (which holds its own contribution). The other
-// segments are only read. Tags [tagBase, tagBase + chunks of the largest segment).
+// segments are only read. `residual`: empty, or per segment counts[i] floats of error feedback
+// for the segments this rank encodes (residual[rank] unused). Tags [tagBase, tagBase + chunks
+// of the largest segment).
 Status compressedReduceScatter(Context& ctx, const codec::Codec& codec,
                                const codec::CodecParams& params, const std::vector<size_t>& counts,
-                               const std::vector<float*>& seg, uint32_t tagBase);
+                               const std::vector<float*>& seg, uint32_t tagBase,
+                               const std::vector<float*>& residual = {});
 // The flat rows: every node has one rank.
 Status allreduceCompressed(Context& ctx, const CallArgs& args);
 Status reduceScatterCompressed(Context& ctx, const CallArgs& args);

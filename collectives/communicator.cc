@@ -318,9 +318,10 @@ struct Communicator::Impl {
   static constexpr uint64_t kDriftCalls = 32;
   static constexpr double kDriftRatio = 3;
   bool driftWarned = false;  // under timingMu
-  // Sets args.codec where the call is to be compressed: `request` from allreduceCompressed, else
-  // the config's codec for calls of at least compressionMinBytes. An explicit request the call
-  // cannot honour (dtype, reduction) is an argument error.
+  // Sets args.codec where the call is to be compressed: `request` from allreduceCompressed or
+  // reduceScatterCompressed, else the config's codec for calls of at least
+  // compressionMinBytes. An explicit request the call cannot honour (dtype, reduction) is an
+  // argument error.
   Status chooseCodec(CallArgs& args, const CompressionRequest* request) const;
   void workerLoop();
   // The head of the queue, marked running (mu held, queue not empty).
@@ -538,8 +539,9 @@ Status Communicator::Impl::chooseCodec(CallArgs& args, const CompressionRequest*
        args.redop == ReduceOp::kPremulSum);
   if (!floatSum) {
     if (request == nullptr) return Status::ok();  // integers, MIN, MAX...: lossless
-    return invalidArgument(std::string("compressed allreduce takes float32, float16 or bfloat16 "
-                                       "with sum, avg or premul_sum, got ") +
+    return invalidArgument(std::string("compressed ") + opTypeName(args.op) +
+                           " takes float32, float16 or bfloat16 with sum, avg or premul_sum, "
+                           "got " +
                            dataTypeName(args.dtype) + " with " + reduceOpName(args.redop));
   }
   if (name == "auto" && request == nullptr) {  // the planner picks from compression_allow
@@ -1081,6 +1083,22 @@ std::shared_ptr<Task> Communicator::allgather(const void* send, size_t sendCount
 std::shared_ptr<Task> Communicator::reduceScatter(const void* send, void* recv,
                                                   const std::vector<size_t>& counts, DataType dtype,
                                                   ReduceOp op, double premulFactor) {
+  return reduceScatterWith(send, recv, counts, dtype, op, premulFactor, nullptr);
+}
+
+std::shared_ptr<Task> Communicator::reduceScatterCompressed(const void* send, void* recv,
+                                                            const std::vector<size_t>& counts,
+                                                            DataType dtype, ReduceOp op,
+                                                            const CompressionRequest& compression,
+                                                            double premulFactor) {
+  return reduceScatterWith(send, recv, counts, dtype, op, premulFactor, &compression);
+}
+
+std::shared_ptr<Task> Communicator::reduceScatterWith(const void* send, void* recv,
+                                                      const std::vector<size_t>& counts,
+                                                      DataType dtype, ReduceOp op,
+                                                      double premulFactor,
+                                                      const CompressionRequest* request) {
   CallArgs a;
   a.op = OpType::kReduceScatter;
   a.dtype = dtype;
@@ -1094,7 +1112,7 @@ std::shared_ptr<Task> Communicator::reduceScatter(const void* send, void* recv,
                  [&] { return checkCounts("counts", counts, size()); },
                  [&] { return checkBuffer("send", send, sum(counts)); },
                  [&] { return checkBuffer("recv", recv, counts[rank()]); },
-                 [&] { return impl_->chooseCodec(a, nullptr); });
+                 [&] { return impl_->chooseCodec(a, request); });
   if (invalid.isOk()) a.count = counts[rank()];
   const size_t total = invalid.isOk() ? sum(counts) : 0;
   return impl_->submit(OpFingerprint{OpType::kReduceScatter, dtype, op, -1, total, 0}, std::move(a),

@@ -257,6 +257,17 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   std::shared_ptr<Task> reduceScatter(const void* send, void* recv,
                                       const std::vector<size_t>& counts, DataType dtype,
                                       ReduceOp op, double premulFactor = 1.0);
+  // reduceScatter with compression asked for by this call, whatever its size and the config
+  // (as allreduceCompressed: float32, float16 or bfloat16 with kSum, kAvg or kPremulSum, the
+  // inter-node leg only; lossless on a single-node communicator, the residual untouched).
+  // compression.residual: null, or sum(counts) floats of error feedback the caller keeps
+  // between calls of the same counts (zeros at first; each rank's own, laid out as the
+  // algorithm encodes, not as the input).
+  std::shared_ptr<Task> reduceScatterCompressed(const void* send, void* recv,
+                                                const std::vector<size_t>& counts,
+                                                DataType dtype, ReduceOp op,
+                                                const CompressionRequest& compression,
+                                                double premulFactor = 1.0);
   // Rank r's part of `send` (sendCounts[r] elements, back to back) goes to rank r; `recv`
   // gets recvCounts[r] elements from rank r, back to back.
   std::shared_ptr<Task> alltoall(const void* send, const std::vector<size_t>& sendCounts,
@@ -287,6 +298,11 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
  private:
   struct Impl;
   explicit Communicator(std::unique_ptr<Impl> impl);
+  // reduceScatter and reduceScatterCompressed (request null: the config's compression).
+  std::shared_ptr<Task> reduceScatterWith(const void* send, void* recv,
+                                          const std::vector<size_t>& counts, DataType dtype,
+                                          ReduceOp op, double premulFactor,
+                                          const CompressionRequest* request);
   // allreduce and allreduceCompressed (request null: the config's compression, if any).
   std::shared_ptr<Task> allreduceWith(void* buf, size_t count, DataType dtype, ReduceOp op,
                                       double premulFactor, const CompressionRequest* request);

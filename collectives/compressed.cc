@@ -213,7 +213,8 @@ Status compressedAllreduce(Context& ctx, const codec::Codec& codec,
 
 Status compressedReduceScatter(Context& ctx, const codec::Codec& codec,
                                const codec::CodecParams& params, const std::vector<size_t>& counts,
-                               const std::vector<float*>& seg, uint32_t tagBase) {
+                               const std::vector<float*>& seg, uint32_t tagBase,
+                               const std::vector<float*>& residual) {
   const int n = ctx.size();
   const int me = ctx.rank();
   const size_t ce = compressedChunk(ctx, codec, params);
@@ -241,7 +242,8 @@ Status compressedReduceScatter(Context& ctx, const codec::Codec& codec,
       const int j = (me + d) % n;
       if (c >= out[j].size()) continue;
       const uint64_t where = (uint64_t{tagBase} << 32) ^ (static_cast<uint64_t>(j) << 24) ^ c;
-      NANOCCL_CHECK(encodePiece(ctx, codec, params, out[j][c], nullptr, where));
+      float* r = residual.empty() ? nullptr : residual[j] + (out[j][c].data - seg[j]);
+      NANOCCL_CHECK(encodePiece(ctx, codec, params, out[j][c], r, where));
       sends.push_back(ctx.isend(j, tagBase + c, out[j][c].stream, out[j][c].bytes));
     }
   }
@@ -286,7 +288,13 @@ Status reduceScatterCompressed(Context& ctx, const CallArgs& args) {
   float* own = static_cast<float*>(args.recv);
   std::memmove(own, seg[ctx.rank()], args.counts[ctx.rank()] * sizeof(float));
   seg[ctx.rank()] = own;
-  NANOCCL_CHECK(compressedReduceScatter(ctx, *args.codec, args.codecParams, args.counts, seg, 0));
+  // Error feedback: the residual is laid out like the input (segment j at its start).
+  std::vector<float*> residual;
+  for (int j = 0; args.residual != nullptr && j < ctx.size(); ++j) {
+    residual.push_back(args.residual + starts[j]);
+  }
+  NANOCCL_CHECK(compressedReduceScatter(ctx, *args.codec, args.codecParams, args.counts, seg, 0,
+                                        residual));
   if (args.redop == ReduceOp::kAvg) {
     return divideInPlace(own, args.counts[ctx.rank()], args.dtype, ctx.size());
   }

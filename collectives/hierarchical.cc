@@ -541,8 +541,15 @@ Status reduceScatterHierarchical(Context& ctx, const CallArgs& args) {
           NANOCCL_CHECK(widenToFloat32(shards[k], acc[k], counts[k], args.dtype));
         }
       }
+      // Error feedback: the residual is laid out like the staged copy z (this rank encodes its
+      // node's partial sums of shard lr, at lay.staged[lr][k]); the same layout every call of
+      // these counts on this topology.
+      std::vector<float*> residual;
+      for (int k = 0; args.residual != nullptr && k < m; ++k) {
+        residual.push_back(args.residual + lay.staged[lr][k]);
+      }
       NANOCCL_CHECK(inStage(h.cross, compressedReduceScatter(cross, *args.codec, args.codecParams,
-                                                             counts, shards, 0)));
+                                                             counts, shards, 0, residual)));
       if (half) {
         NANOCCL_CHECK(narrowFromFloat32(acc[node], shards[node], counts[node], args.dtype));
       }

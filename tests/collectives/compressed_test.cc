@@ -413,6 +413,114 @@ TEST(CompressedExplicit, ArgumentErrorsAndOneNode) {
   EXPECT_EQ(residual[1][999], 0.0f);
 }
 
+// reduceScatterCompressed on a lossless communicator (FSDP2's per-unit calls, below any
+// min_bytes): compressed whatever the size and the config, within int8's error; an integer
+// type is an argument error for that call only.
+TEST(CompressedExplicit, ReduceScatterAtAnySize) {
+  Comms comms;
+  WorldOptions o = compressedWorld("aabb", "none");
+  o.compressionMinBytes = 1 << 20;
+  NANOCCL_MAKE_WORLD_OR_SKIP(o, comms);
+  const int n = static_cast<int>(comms.size());
+  const std::vector<size_t> counts(n, 1001);  // 4 KB a part
+  const size_t total = 1001 * static_cast<size_t>(n);
+  std::vector<std::vector<float>> in, out(n, std::vector<float>(1001, 0.0f));
+  std::vector<double> exact(total, 0.0);
+  for (int r = 0; r < n; ++r) {
+    in.push_back(inputOf(r, total));
+    for (size_t i = 0; i < total; ++i) exact[i] += in[r][i];
+  }
+  CompressionRequest req;  // int8
+  std::vector<std::shared_ptr<Task>> tasks;
+  for (int r = 0; r < n; ++r) {
+    tasks.push_back(comms[r]->reduceScatterCompressed(in[r].data(), out[r].data(), counts,
+                                                      DataType::kFloat32, ReduceOp::kSum, req));
+  }
+  expectAllOk(tasks);
+  double worst = 0;
+  for (int r = 0; r < n; ++r) {
+    for (size_t i = 0; i < 1001; ++i) {
+      worst = std::max(worst, std::abs(out[r][i] - exact[1001 * static_cast<size_t>(r) + i]));
+    }
+  }
+  EXPECT_LE(worst, errorBound("int8", n));
+  EXPECT_GT(worst, 0.0) << "lossless: was the codec applied?";
+
+  std::vector<std::vector<int32_t>> ints(n, std::vector<int32_t>(total, 1));
+  std::vector<std::vector<int32_t>> intOut(n, std::vector<int32_t>(1001, 0));
+  for (int r = 0; r < n; ++r) {
+    const Status t = comms[r]
+                         ->reduceScatterCompressed(ints[r].data(), intOut[r].data(), counts,
+                                                   DataType::kInt32, ReduceOp::kSum, req)
+                         ->wait(Deadline::after(std::chrono::seconds(10)));
+    EXPECT_EQ(t.code(), StatusCode::kInvalidArgument) << t.toString();
+    EXPECT_NE(t.message().find("compressed reduce_scatter takes float32"), std::string::npos)
+        << t.toString();
+  }
+  // Still usable: nothing was sent.
+  tasks.clear();
+  for (int r = 0; r < n; ++r) {
+    tasks.push_back(comms[r]->reduceScatter(ints[r].data(), intOut[r].data(), counts,
+                                            DataType::kInt32, ReduceOp::kSum));
+  }
+  expectAllOk(tasks);
+  EXPECT_EQ(intOut[3][1000], 4);
+}
+
+// Error feedback on reduceScatterCompressed, as KeepsTheLongRunSum above: each rank's outputs
+// summed over steps stay within about one step's error of the exact sums with a residual, and
+// drift away without; on the hierarchical row (the residual follows its staged layout) and on
+// the flat one.
+class CompressedReduceScatterFeedback : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(CompressedReduceScatterFeedback, KeepsTheLongRunSum) {
+  Comms comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(compressedWorld(GetParam(), "none"), comms);
+  const int n = static_cast<int>(comms.size());
+  constexpr size_t kPart = 5003;
+  constexpr int kSteps = 20;
+  const size_t total = kPart * static_cast<size_t>(n);
+  const std::vector<size_t> counts(n, kPart);
+  std::vector<double> exact(total, 0.0);
+  for (int r = 0; r < n; ++r) {
+    const std::vector<float> in = inputOf(r, total);
+    for (size_t i = 0; i < total; ++i) exact[i] += in[i];
+  }
+  auto drift = [&](bool feedback) {
+    std::vector<std::vector<float>> residual(n, std::vector<float>(total, 0.0f));
+    std::vector<double> sums(total, 0.0);
+    for (int step = 0; step < kSteps; ++step) {
+      std::vector<std::vector<float>> in, out(n, std::vector<float>(kPart));
+      std::vector<std::shared_ptr<Task>> tasks;
+      for (int r = 0; r < n; ++r) in.push_back(inputOf(r, total));
+      for (int r = 0; r < n; ++r) {
+        CompressionRequest req;
+        req.codec = "int4";
+        req.residual = feedback ? residual[r].data() : nullptr;
+        tasks.push_back(comms[r]->reduceScatterCompressed(in[r].data(), out[r].data(), counts,
+                                                          DataType::kFloat32, ReduceOp::kSum,
+                                                          req));
+      }
+      expectAllOk(tasks);
+      for (int r = 0; r < n; ++r) {
+        for (size_t i = 0; i < kPart; ++i) sums[r * kPart + i] += out[r][i];
+      }
+    }
+    double worst = 0;
+    for (size_t i = 0; i < total; ++i) {
+      worst = std::max(worst, std::abs(sums[i] - kSteps * exact[i]));
+    }
+    return worst;
+  };
+  const double with = drift(true);
+  const double without = drift(false);
+  EXPECT_LE(with, 2 * errorBound("int4", n)) << "with feedback";
+  EXPECT_GT(without, 4 * with) << "without feedback " << without << ", with " << with;
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, CompressedReduceScatterFeedback,
+                         ::testing::Values("aabb", "abc", "aab"));
+
 // Ranks that disagree about compression meet a mismatch naming the codec, on every rank.
 TEST(CompressedMismatch, OneRankLosslessOrAnotherCodec) {
   for (const char* other : {"none", "int4"}) {
