@@ -276,7 +276,7 @@ Queue allgatherFlat(Communicator& comm, WorkNanoccl& work, const at::Tensor& out
 
 Queue reduceScatterFlat(Communicator& comm, WorkNanoccl& work, const at::Tensor& out,
                         const at::Tensor& in, const c10d::ReduceOp& rop, int size,
-                        const char* what) {
+                        const char* what, const CompressionRequest* compression) {
   checkTensor(in, what);
   checkTensor(out, what);
   checkSameType(in, out, what);
@@ -289,6 +289,12 @@ Queue reduceScatterFlat(Communicator& comm, WorkNanoccl& work, const at::Tensor&
   at::Tensor send = input(work, in);
   at::Tensor recv = output(work, out, false);
   std::vector<size_t> counts(static_cast<size_t>(size), static_cast<size_t>(out.numel()));
+  if (compression != nullptr) {
+    return [&comm, send, recv, counts, dt, red, request = *compression] {
+      return comm.reduceScatterCompressed(ptr(send), ptr(recv), counts, dt, red.op, request,
+                                          red.factor);
+    };
+  }
   return [&comm, send, recv, counts, dt, red] {
     return comm.reduceScatter(ptr(send), ptr(recv), counts, dt, red.op, red.factor);
   };

@@ -308,10 +308,11 @@ Queue allgatherInto(Communicator& comm, WorkNanoccl& work, const at::Tensor& in,
 Queue allgatherFlat(Communicator& comm, WorkNanoccl& work, const at::Tensor& out,
                     const at::Tensor& in, int size, const char* what);
 
-// Queues one reduce-scatter of the flat `in` (size x out.numel() elements) into `out`.
+// Queues one reduce-scatter of the flat `in` (size x out.numel() elements) into `out`;
+// with `compression`, Communicator::reduceScatterCompressed.
 Queue reduceScatterFlat(Communicator& comm, WorkNanoccl& work, const at::Tensor& out,
                         const at::Tensor& in, const c10d::ReduceOp& rop, int size,
-                        const char* what);
+                        const char* what, const CompressionRequest* compression = nullptr);
 
 // Inside run()'s lambdas: `comm` stays alive for the call (run() holds `owner`); the Tasks do
 // not need it afterwards.

@@ -14,6 +14,7 @@
 #include "backend/c10d_store.h"
 #include "backend/cuda_work.h"
 #include "backend/pg_internal.h"
+#include "collectives/codec/codec.h"
 #include "collectives/communicator.h"
 #include "common/config.h"
 #include "common/dtype.h"
@@ -353,6 +354,55 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allreduce(std::vector<at::Te
   });
 }
 
+namespace {
+
+// An error-feedback residual for `data` (undefined: none): float32, contiguous, as many
+// elements, its own memory; else the call is rejected.
+void checkResidual(const at::Tensor& residual, const at::Tensor& data, const char* what) {
+  if (!residual.defined()) return;
+  checkTensor(residual, what);
+  if (residual.scalar_type() != at::kFloat || !residual.is_contiguous() ||
+      residual.numel() != data.numel()) {
+    reject(std::string(what) + ": the residual must be a contiguous float32 tensor of " +
+           std::to_string(data.numel()) + " elements, got " +
+           std::string(c10::toString(residual.scalar_type())) + " x " +
+           std::to_string(residual.numel()));
+  }
+  if (residual.data_ptr() == data.data_ptr()) {
+    reject(std::string(what) + ": the residual must not share memory with the tensor");
+  }
+}
+
+// The codec a *_compressed call names, with its block size, or the call is rejected.
+std::pair<const codec::Codec*, codec::CodecParams> requestedCodec(const Communicator& comm,
+                                                                  const std::string& name,
+                                                                  int64_t blockSize,
+                                                                  const char* what) {
+  if (blockSize < 0 || blockSize > std::numeric_limits<uint32_t>::max()) {
+    reject(std::string(what) + ": block_size " + std::to_string(blockSize) + " out of range");
+  }
+  Result<const codec::Codec*> found = codec::findCodec(name);
+  if (!found.isOk()) reject(std::string(what) + ": " + found.status().message());
+  codec::CodecParams params;
+  params.blockSize = blockSize != 0 ? static_cast<uint32_t>(blockSize)
+                                    : static_cast<uint32_t>(comm.config().compressionBlock);
+  Result<uint32_t> block = codec::resolveBlockSize(*found.value(), params);
+  if (!block.isOk()) reject(std::string(what) + ": " + block.status().message());
+  return {found.value(), params};
+}
+
+void checkFloatTensor(const at::Tensor& t, const char* what) {
+  checkTensor(t, what);
+  const at::ScalarType st = t.scalar_type();
+  if (st != at::kFloat && st != at::kHalf && st != at::kBFloat16) {
+    reject(std::string(what) + ": takes float32, float16 or bfloat16 tensors, got " +
+           std::string(c10::toString(st)));
+  }
+}
+
+
+}  // namespace
+
 c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allreduceCompressed(
     at::Tensor& tensor, at::Tensor& residual, const std::string& codec, int64_t blockSize,
     const c10d::ReduceOp& op) {
@@ -365,19 +415,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allreduceCompressed(
              std::string(c10::toString(st)));
     }
     const DataType dt = reduceType(tensor, what);
-    if (residual.defined()) {
-      checkTensor(residual, what);
-      if (residual.scalar_type() != at::kFloat || !residual.is_contiguous() ||
-          residual.numel() != tensor.numel()) {
-        reject(std::string(what) + ": the residual must be a contiguous float32 tensor of " +
-               std::to_string(tensor.numel()) + " elements, got " +
-               std::string(c10::toString(residual.scalar_type())) + " x " +
-               std::to_string(residual.numel()));
-      }
-      if (residual.data_ptr() == tensor.data_ptr()) {
-        reject(std::string(what) + ": the residual must not share memory with the tensor");
-      }
-    }
+    checkResidual(residual, tensor, what);
     if (blockSize < 0 || blockSize > std::numeric_limits<uint32_t>::max()) {
       reject(std::string(what) + ": block_size " + std::to_string(blockSize) + " out of range");
     }
@@ -397,6 +435,88 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allreduceCompressed(
                                                          static_cast<size_t>(buf.numel()),
                                                          dt, red.op, request,
                                                          red.factor);
+                       }});
+    return work;
+  });
+}
+
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::reduceScatterCompressed(
+    at::Tensor& output, at::Tensor& input, at::Tensor& residual, const std::string& codec,
+    int64_t blockSize, const c10d::ReduceOp& op) {
+  return run("reduce_scatter_compressed", true, [&](Communicator& comm, const CommPtr& owner) {
+    const char* what = "reduce_scatter_compressed";
+    checkFloatTensor(input, what);
+    checkFloatTensor(output, what);
+    checkResidual(residual, input, what);
+    requestedCodec(comm, codec, blockSize, what);  // a clear rejection here, before queueing
+    CompressionRequest request;
+    request.codec = codec;
+    request.blockSize = static_cast<uint32_t>(blockSize);
+    auto work = NANOCCL_WORK(c10d::OpType::_REDUCE_SCATTER_BASE, what, {output});
+    if (residual.defined()) {
+      work->hold(residual);
+      request.residual = residual.data_ptr<float>();
+    }
+    WorkNanoccl::start(
+        work, {reduceScatterFlat(comm, *work, output, input, op, size_, what, &request)});
+    return work;
+  });
+}
+
+c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allgatherCompressed(
+    at::Tensor& output, at::Tensor& input, const std::string& codecName, int64_t blockSize) {
+  return run("allgather_compressed", true, [&](Communicator& comm, const CommPtr& owner) {
+    const char* what = "allgather_compressed";
+    checkFloatTensor(input, what);
+    checkFloatTensor(output, what);
+    checkSameType(input, output, what);
+    if (output.numel() != input.numel() * size_) {
+      reject(std::string(what) + ": output has " + std::to_string(output.numel()) +
+             " elements, expected " + std::to_string(size_) + " x " +
+             std::to_string(input.numel()));
+    }
+    const auto [codec, params] = requestedCodec(comm, codecName, blockSize, what);
+    auto work = NANOCCL_WORK(c10d::OpType::_ALLGATHER_BASE, what, {output});
+    if (comm.topology().numNodes() < 2 || codec->id == codec::CodecId::kNone) {
+      WorkNanoccl::start(work, {allgatherFlat(comm, *work, output, input, size_, what)});
+      return work;
+    }
+    const DataType dt = reduceType(input, what);
+    const at::Tensor in = input.contiguous();
+    const size_t n = static_cast<size_t>(in.numel());
+    const size_t bytes = codec->encodedBytes(n, params);
+    const auto byteOptions = at::TensorOptions().dtype(at::kByte);
+    at::Tensor encoded = at::empty({static_cast<int64_t>(bytes)}, byteOptions);
+    at::Tensor gathered = at::empty({static_cast<int64_t>(bytes) * size_}, byteOptions);
+    // Encoded here, on the caller's thread, once: what this rank's part becomes on every rank.
+    if (Status st = codec->encode(ptr(in), dt, n, params, encoded.data_ptr(), bytes);
+        !st.isOk()) {
+      reject(std::string(what) + ": " + st.message());
+    }
+    work->hold(encoded);
+    // Every part decoded into a contiguous float32 buffer (the output itself when it is one),
+    // then copied into the output where it is not.
+    const bool direct = output.is_contiguous() && dt == DataType::kFloat32;
+    at::Tensor out = direct ? output : at::empty(output.sizes(), byteOptions.dtype(at::kFloat));
+    const int parts = size_;
+    work->atSuccess([output, out, gathered, codec, n, bytes, parts, direct]() mutable {
+      auto* dst = static_cast<float*>(out.data_ptr());
+      const auto* src = static_cast<const char*>(gathered.data_ptr());
+      for (int r = 0; r < parts; ++r) {
+        Status st = codec->decode(src + static_cast<size_t>(r) * bytes, bytes,
+                                  dst + static_cast<size_t>(r) * n, n);
+        if (!st.isOk()) {
+          throw std::runtime_error("rank " + std::to_string(r) + "'s part: " + st.message() +
+                                   " (did every rank pass the same codec and block size?)");
+        }
+      }
+      if (!direct) output.copy_(out);  // rounded to the output's type here
+    });
+    std::vector<size_t> counts(static_cast<size_t>(size_), bytes);
+    WorkNanoccl::start(work, {[&comm, encoded, gathered, bytes, counts] {
+                         return comm.allgather(ptr(encoded), bytes, ptr(gathered), counts,
+                                               DataType::kUInt8);
                        }});
     return work;
   });

@@ -144,6 +144,23 @@ class ProcessGroupNanoccl : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduceCompressed(at::Tensor& tensor, at::Tensor& residual,
                                                      const std::string& codec, int64_t blockSize,
                                                      const c10d::ReduceOp& op);
+  // _reduce_scatter_base with its inter-node leg compressed by `codec`
+  // (nanoccl.reduce_scatter_compressed), whatever the size and NANOCCL_COMPRESSION say:
+  // float32, float16 or bfloat16 with SUM, AVG or PREMUL_SUM (FSDP2's reductions); lossless on
+  // a group within one node. `residual`: error feedback (float32, as many elements as `input`,
+  // contiguous, kept between calls of this size) or an undefined tensor.
+  c10::intrusive_ptr<c10d::Work> reduceScatterCompressed(at::Tensor& output, at::Tensor& input,
+                                                         at::Tensor& residual,
+                                                         const std::string& codec,
+                                                         int64_t blockSize,
+                                                         const c10d::ReduceOp& op);
+  // _allgather_base of a float32, float16 or bfloat16 `input` quantized by `codec` (ZeRO++'s
+  // qwZ: FSDP's parameters crossing nodes as int8, the sharded master copy untouched). Each
+  // rank encodes its own input once, the encoded bytes are gathered, and every rank (the owner
+  // too) decodes every part, so all ranks end with the same bits. A group within one node, or
+  // codec "none", gathers losslessly.
+  c10::intrusive_ptr<c10d::Work> allgatherCompressed(at::Tensor& output, at::Tensor& input,
+                                                     const std::string& codec, int64_t blockSize);
   c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
       std::vector<at::Tensor>& tensors,
       const c10d::AllreduceCoalescedOptions& opts = c10d::AllreduceCoalescedOptions()) override;

@@ -232,6 +232,24 @@ PYBIND11_MODULE(_C, m) {
           },
           py::arg("tensor"), py::arg("residual"), py::arg("codec"), py::arg("block_size"),
           py::arg("op"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "reduce_scatter_compressed",
+          [](ProcessGroupNanoccl& pg, at::Tensor output, at::Tensor input,
+             std::optional<at::Tensor> residual, const std::string& codec, int64_t blockSize,
+             const c10d::ReduceOp& op) {
+            at::Tensor r = residual ? *residual : at::Tensor();
+            return pg.reduceScatterCompressed(output, input, r, codec, blockSize, op);
+          },
+          py::arg("output"), py::arg("input"), py::arg("residual"), py::arg("codec"),
+          py::arg("block_size"), py::arg("op"), py::call_guard<py::gil_scoped_release>())
+      .def(
+          "allgather_compressed",
+          [](ProcessGroupNanoccl& pg, at::Tensor output, at::Tensor input,
+             const std::string& codec, int64_t blockSize) {
+            return pg.allgatherCompressed(output, input, codec, blockSize);
+          },
+          py::arg("output"), py::arg("input"), py::arg("codec"), py::arg("block_size"),
+          py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("comm_id", &ProcessGroupNanoccl::commId);
 
   // Connects to the group: blocks for up to the timeout, so the GIL is released (the store may

@@ -282,9 +282,207 @@ def scenario_convergence(a: argparse.Namespace, ck: Checks) -> None:
         quiesce(gloo)
 
 
+def scenario_sharded(a: argparse.Namespace, ck: Checks) -> None:
+    """reduce_scatter_compressed and all_gather_compressed (sharded training's calls), whatever
+    their size: within the codec's bound, the same bits on every rank, fewer inter-node bytes;
+    FSDP2 trained with compress_fsdp close to lossless; bad calls fail on every rank."""
+    from torch import nn
+    from torch.distributed.fsdp import fully_shard
+
+    init(a)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    nodes = len(set(gathered_node_ids(gloo)))
+    grp = dist.new_group(backend="nanoccl")  # default settings: calls this small stay lossless
+    count = 20_011  # 80 KB a part: below compression_min_bytes
+
+    def inter() -> int:
+        """Bytes every rank of the group has sent across nodes so far (the algorithms may split
+        a call's cross-node bytes unevenly among ranks, differently at different sizes)."""
+        mine = torch.tensor([nanoccl.stats(grp)["per_link"]["inter-node"]["bytes_sent"]],
+                            dtype=torch.float64)
+        dist.all_reduce(mine, group=gloo)
+        return int(mine.item())
+
+    # reduce_scatter_compressed: SUM, AVG, PREMUL_SUM (FSDP2's), float32 and bfloat16.
+    full = torch.rand(count * world, generator=torch.Generator().manual_seed(100 + rank),
+                      dtype=torch.float64).mul(2).sub(1).float()
+    want = full.double()
+    dist.all_reduce(want, group=gloo)
+    mine = want[rank * count:(rank + 1) * count]
+    out = torch.empty(count)
+    before = inter()
+    dist.reduce_scatter_tensor(out, full, group=grp)
+    lossless_rs = inter() - before
+    ck.expect("plain reduce_scatter lossless here", (out.double() - mine).abs().max().item()
+              < 1e-5)
+    premul = dist.ReduceOp.PREMUL_SUM(0.5)  # type: ignore[operator]
+    for op, scale in ((dist.ReduceOp.SUM, 1.0), (dist.ReduceOp.AVG, 1.0 / world),
+                      (premul, 0.5)):
+        before = inter()
+        nanoccl.reduce_scatter_compressed(out, full, codec="int8", op=op, group=grp)
+        sent = inter() - before
+        err = (out.double() - mine * scale).abs().max().item()
+        ck.expect(f"rs {op} error", 0 < err <= bound("int8", world, 1.0) * scale, f"{err}")
+        ck.expect(f"rs {op} inter-node bytes", sent <= 0.27 * lossless_rs,
+                  f"{sent} vs lossless {lossless_rs}")
+    # With a residual: what this rank's encodings lost is kept (ranks carrying a part across
+    # nodes write theirs); a residual of the wrong size is refused.
+    residual = torch.zeros(count * world)
+    nanoccl.reduce_scatter_compressed(out, full, residual, codec="int8", group=grp)
+    err = (out.double() - mine).abs().max().item()
+    ck.expect("rs residual error", 0 < err <= bound("int8", world, 1.0), f"{err}")
+    written = torch.tensor([float(residual.abs().sum().item() > 0)])
+    dist.all_reduce(written, group=gloo)
+    ck.expect("rs residual written", written.item() > 0, str(written.item()))
+    half = full.to(torch.bfloat16)
+    want_h = half.double()
+    dist.all_reduce(want_h, group=gloo)
+    out_h = torch.empty(count, dtype=torch.bfloat16)
+    nanoccl.reduce_scatter_compressed(out_h, half, codec="int8", op=dist.ReduceOp.AVG, group=grp)
+    mine_h = want_h[rank * count:(rank + 1) * count] / world
+    err_h = (out_h.double() - mine_h).abs()
+    allowed = bound("int8", world, 1.0) / world + mine_h.abs() * 2.0 ** -8
+    ck.expect("rs bf16 error", bool((err_h <= allowed).all()), f"{(err_h - allowed).max()}")
+    ck.expect("rs bf16 dtype", out_h.dtype == torch.bfloat16)
+
+    # all_gather_compressed: every part within int8's bound of its owner's input (half a step
+    # of its block's scale), the same bits on every rank (the owner's own part too).
+    count = 100_003  # int4's parts large enough for the same algorithm as the lossless call's
+    x = torch.rand(count, generator=torch.Generator().manual_seed(rank),
+                   dtype=torch.float64).mul(2).sub(1).float()
+    xs = gathered(x, gloo)
+    plain = torch.empty(count * world)
+    before = inter()
+    dist.all_gather_into_tensor(plain, x, group=grp)
+    lossless_ag = inter() - before
+    for codec, unit in (("int8", UNIT["int8"]), ("int4", UNIT["int4"]), ("bf16", UNIT["bf16"])):
+        got = torch.empty(count * world)
+        before = inter()
+        work = nanoccl.all_gather_compressed(got, x, codec=codec, group=grp, async_op=True)
+        assert work is not None
+        work.wait()
+        sent = inter() - before
+        everyone = gathered(got, gloo)
+        ck.expect(f"ag {codec} same bits", all(torch.equal(everyone[0], t) for t in everyone))
+        err = max((got[r * count:(r + 1) * count] - xs[r]).abs().max().item()
+                  for r in range(world))
+        ck.expect(f"ag {codec} error", 0 < err <= unit * 1.05, f"{err} > {unit}")
+        want_share = {"int8": 0.27, "int4": 0.15, "bf16": 0.51}[codec]
+        ck.expect(f"ag {codec} inter-node bytes", sent <= want_share * lossless_ag,
+                  f"{sent} vs lossless {lossless_ag}")
+    xh = x.to(torch.float16)
+    got_h = torch.empty(count * world, dtype=torch.float16)
+    nanoccl.all_gather_compressed(got_h, xh, codec="int8", group=grp)
+    everyone = gathered(got_h, gloo)
+    ck.expect("ag fp16 same bits", all(torch.equal(everyone[0], t) for t in everyone))
+    ck.expect("ag fp16 error", (got_h.double() - plain.double()).abs().max().item()
+              <= UNIT["int8"] * 1.05 + 2.0 ** -11)
+    strided = torch.empty(count * world, 2)[:, 0]  # a non-contiguous output
+    nanoccl.all_gather_compressed(strided, x, codec="int8", group=grp)
+    ck.expect("ag strided output", torch.equal(strided, everyone[0].float())
+              or (strided - plain).abs().max().item() <= UNIT["int8"] * 1.05)
+    quiesce(gloo)
+
+    # FSDP2 (ZeRO-2's fully_shard) with compress_fsdp: int8 gradients, then int8 gradients and
+    # int8 parameters, each within 2% of the lossless run's final loss after the same steps.
+    torch.manual_seed(7)
+    teacher = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 8))
+    eval_x = torch.randn(512, 32, generator=torch.Generator().manual_seed(99))
+    with torch.no_grad():
+        eval_y = teacher(eval_x)
+    losses: dict[str, float] = {}
+    for run in ("none", "rs", "rs+ag"):
+        torch.manual_seed(0)
+        net = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                            nn.Linear(256, 8))
+        for layer in net:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, reshard_after_forward=False)
+        fully_shard(net, reshard_after_forward=False)
+        comms = None
+        if run != "none":
+            comms = hooks.compress_fsdp(net, "int8",
+                                        gather_codec="int8" if run == "rs+ag" else None)
+        opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+        g = torch.Generator().manual_seed(1000 + rank)
+        for _ in range(60):
+            xb = torch.randn(64, 32, generator=g)
+            with torch.no_grad():
+                yb = teacher(xb)
+            opt.zero_grad()
+            nn.functional.mse_loss(net(xb), yb).backward()
+            opt.step()
+        with torch.no_grad():
+            loss = torch.tensor([nn.functional.mse_loss(net(eval_x), eval_y).item()])
+        everyone = gathered(loss, gloo)
+        ck.expect(f"fsdp {run} same loss everywhere", all(torch.equal(everyone[0], t)
+                                                           for t in everyone))
+        losses[run] = loss.item()
+        if comms is not None:
+            calls = comms.reduce_scatter_calls
+            ck.expect(f"fsdp {run} rs compressed", calls >= 60 * 3, str(calls))
+            want_ag = 60 * 3 if run == "rs+ag" else 0
+            ck.expect(f"fsdp {run} ag compressed", (comms.all_gather_calls >= want_ag)
+                      and (want_ag > 0) == (comms.all_gather_calls > 0),
+                      str(comms.all_gather_calls))
+            # One residual per unit that holds parameters (the three Linear layers, after the
+            # root, which holds none), restored exactly from a checkpoint.
+            state = comms.state_dict()
+            ck.expect(f"fsdp {run} residuals", sorted(state["residuals"]) == [1, 2, 3],
+                      str(sorted(state["residuals"])))
+            buf = io.BytesIO()
+            torch.save(state, buf)
+            buf.seek(0)
+            other = hooks.compress_fsdp(net, "int8")
+            other.load_state_dict(torch.load(buf))
+            ck.expect(f"fsdp {run} state_dict round trip",
+                      all((a.residual is None and b.residual is None)
+                          or (a.residual is not None and b.residual is not None
+                              and torch.equal(a.residual, b.residual))
+                          for a, b in zip(comms.reduce_scatters, other.reduce_scatters)))
+            try:
+                hooks.compress_fsdp(net, "int4").load_state_dict(state)
+                ck.fail(f"fsdp {run} state_dict codec check", "loaded into another codec")
+            except ValueError:
+                ck.expect(f"fsdp {run} state_dict codec check", True)
+        quiesce(gloo)
+    for run in ("rs", "rs+ag"):
+        ck.expect(f"fsdp {run} loss", abs(losses[run] - losses["none"]) <= 0.02 * losses["none"],
+                  str(losses))
+    ck.data["losses"] = losses
+
+    # Bad calls: a rejection on every rank (all make it), a clear message.
+    bad = dist.new_group(backend="nanoccl")
+    for name, call, words in (
+        ("ag int32", lambda: nanoccl.all_gather_compressed(
+            torch.empty(8 * world, dtype=torch.int32), torch.ones(8, dtype=torch.int32),
+            group=bad), "float32"),
+        ("ag size", lambda: nanoccl.all_gather_compressed(
+            torch.empty(8 * world + 1), torch.ones(8), group=bad), "elements"),
+        ("ag codec", lambda: nanoccl.all_gather_compressed(
+            torch.empty(8 * world), torch.ones(8), codec="zip", group=bad), "zip"),
+        ("rs int32", lambda: nanoccl.reduce_scatter_compressed(
+            torch.empty(8, dtype=torch.int32), torch.ones(8 * world, dtype=torch.int32),
+            group=bad), "float32"),
+        ("rs max", lambda: nanoccl.reduce_scatter_compressed(
+            torch.empty(8), torch.ones(8 * world), op=dist.ReduceOp.MAX, group=bad), "max"),
+        ("rs residual", lambda: nanoccl.reduce_scatter_compressed(
+            torch.empty(8), torch.ones(8 * world), torch.zeros(8), group=bad), "residual"),
+    ):
+        try:
+            call()
+            ck.fail(f"{name} rejected", "no error")
+        except (RuntimeError, ValueError) as exc:
+            ck.expect(f"{name} message", words in str(exc).lower(), str(exc)[:300])
+    quiesce(gloo)
+    ck.data["nodes"] = nodes
+
+
 SCENARIOS = {
     "compressed": scenario_compressed,
     "convergence": scenario_convergence,
+    "sharded": scenario_sharded,
 }
 
 if __name__ == "__main__":

@@ -26,6 +26,18 @@ def test_compressed_collectives(layout: str) -> None:
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.parametrize("layout", ["aabb", "abc", "aab"], ids=["2x2", "3x1", "2+1"])
+def test_compressed_sharded_calls_and_fsdp2(layout: str) -> None:
+    """reduce_scatter_compressed / all_gather_compressed at any size (bound, same bits, bytes),
+    FSDP2 with compress_fsdp within 2% of lossless, bad calls rejected on every rank."""
+    job = run_job("sharded", len(layout), rank_env=node_env(layout), timeout=190,
+                  pg_timeout=20, script=JOBS)
+    results = job.assert_ok()
+    assert all(r["checks"] > 25 for r in results), [r["checks"] for r in results]
+    print("fsdp final losses:", results[0]["losses"])
+
+
+@pytest.mark.timeout(200)
 def test_ddp_error_feedback_converges() -> None:
     """DDP on 2x2: int8 + error feedback within 2% of the lossless final loss, int4 within 5%;
     int8 with every bucket of a step fused into one call within 2% too."""

@@ -32,6 +32,7 @@ from nanoccl import _C  # noqa: E402  (after torch: the extension links against 
 
 __all__ = [
     "BACKEND_NAME",
+    "all_gather_compressed",
     "allreduce_compressed",
     "ByteCounts",
     "Options",
@@ -40,6 +41,7 @@ __all__ = [
     "Stats",
     "get_backend",
     "link_profile",
+    "reduce_scatter_compressed",
     "stats",
 ]
 
@@ -335,6 +337,66 @@ def allreduce_compressed(
     work = get_backend(group).allreduce_compressed(
         tensor, residual, codec, int(block_size), dist.ReduceOp(op)
     )
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def reduce_scatter_compressed(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    residual: torch.Tensor | None = None,
+    *,
+    codec: str = "int8",
+    block_size: int = 0,
+    op: dist.ReduceOp | dist.ReduceOp.RedOpType = dist.ReduceOp.SUM,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+) -> dist.Work | None:
+    """``dist.reduce_scatter_tensor`` of float32, float16 or bfloat16 with its inter-node leg
+    compressed by `codec`, whatever the group's ``compression`` setting and the size.
+
+    `input` holds group-size x ``output.numel()`` elements; SUM, AVG or PREMUL_SUM (what FSDP2
+    sends). float16/bfloat16 cross nodes in float32 and are rounded back once. Lossless inside
+    a node and on a group within one node (the residual then untouched).
+
+    `residual` is this rank's error feedback: a float32 tensor with as many elements as
+    `input`, zeros at first, passed again with every call of this size on this group. It is
+    laid out as the algorithm encodes (each rank encodes its node's partial sums of the parts
+    it carries across nodes), not as `input`: keep it, save it, restore it; do not index it.
+    """
+    if residual is not None and not residual.is_contiguous():
+        raise ValueError("the residual must be contiguous (it is updated in place)")
+    rop = op if isinstance(op, dist.ReduceOp) else dist.ReduceOp(op)  # PREMUL_SUM(f) is one
+    work = get_backend(group).reduce_scatter_compressed(output, input, residual, codec,
+                                                        int(block_size), rop)
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
+def all_gather_compressed(
+    output: torch.Tensor,
+    input: torch.Tensor,
+    *,
+    codec: str = "int8",
+    block_size: int = 0,
+    group: dist.ProcessGroup | None = None,
+    async_op: bool = False,
+) -> dist.Work | None:
+    """``dist.all_gather_into_tensor`` of float32, float16 or bfloat16 values quantized by
+    `codec` (ZeRO++'s qwZ: parameters gathered as int8 across nodes; the shard each rank keeps
+    is untouched).
+
+    Each rank encodes its `input` once; the encoded bytes are gathered and every rank, the
+    owner too, decodes every part into `output`, so all ranks hold the same bits, each part
+    within the codec's bound of its owner's input. A group within one node (or codec "none")
+    gathers losslessly. Only for values that tolerate the codec's error: weights for a forward
+    pass, not optimizer state or indices.
+    """
+    work = get_backend(group).allgather_compressed(output, input, codec, int(block_size))
     if async_op:
         return work
     work.wait()

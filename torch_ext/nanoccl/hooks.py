@@ -1,4 +1,5 @@
-"""DDP communication hooks: compressed gradient allreduce with error feedback.
+"""Communication hooks: DDP's compressed gradient allreduce with error feedback, and FSDP2's
+compressed reduce-scatter and parameter all-gather (``compress_fsdp``).
 
 ::
 
@@ -35,7 +36,8 @@ import torch.distributed as dist
 
 import nanoccl
 
-__all__ = ["ErrorFeedbackState", "auto_fuse_bytes", "error_feedback_hook"]
+__all__ = ["CompressedAllGather", "CompressedReduceScatter", "ErrorFeedbackState",
+           "FSDPCompression", "auto_fuse_bytes", "compress_fsdp", "error_feedback_hook"]
 
 
 class ErrorFeedbackState:
@@ -225,3 +227,153 @@ def error_feedback_hook(
     _flush(state)  # a large bucket goes on its own, after the small ones held before it
     work = _compressed(state, bucket.index(), buf)
     return work.get_future().then(_value_then(buf))
+
+
+# ---- FSDP2 -------------------------------------------------------------------------------------
+#
+# FSDP2 (torch.distributed.fsdp.fully_shard) lets a module replace its reduce-scatter of
+# gradients and its all-gather of parameters (FSDPModule.set_custom_reduce_scatter /
+# set_custom_all_gather, torch 2.8 and later). Its calls are one flat buffer per module per
+# step, often below a group's compression_min_bytes: these compress them whatever their size.
+
+try:
+    from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather as _AllGather
+    from torch.distributed.fsdp._fully_shard._fsdp_api import ReduceScatter as _ReduceScatter
+except ImportError:  # a torch without FSDP2's custom comms: compress_fsdp says so
+    _AllGather = _ReduceScatter = object  # type: ignore[assignment,misc]
+
+
+class CompressedReduceScatter(_ReduceScatter):  # type: ignore[misc,valid-type]
+    """One FSDP2 unit's gradient reduce-scatter with its inter-node leg compressed by `codec`
+    (``nanoccl.reduce_scatter_compressed``): float32, bfloat16 and float16 gradients, SUM, AVG
+    or PREMUL_SUM as FSDP2 sends them; other types and devices go lossless.
+
+    With ``error_feedback`` it keeps the unit's residual (float32, the size of the unit's
+    unsharded gradients: what this rank's encodings lost, added back next step); a unit whose
+    gradient size changes starts over (``resets``).
+    """
+
+    def __init__(self, codec: str = "int8", *, block_size: int = 0,
+                 error_feedback: bool = True) -> None:
+        self.codec, self.block_size, self.error_feedback = codec, block_size, error_feedback
+        self.residual: torch.Tensor | None = None
+        self.resets = 0
+        self.calls = 0  # compressed reduce-scatters sent
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                 group: dist.ProcessGroup, op: Any, async_op: bool = False) -> Any:
+        if input_tensor.dtype not in _COMPRESSIBLE or input_tensor.device.type != "cpu":
+            return dist.reduce_scatter_tensor(output_tensor, input_tensor, op=op, group=group,
+                                              async_op=async_op)
+        residual = None
+        if self.error_feedback:
+            if self.residual is None or self.residual.numel() != input_tensor.numel():
+                if self.residual is not None:
+                    self.resets += 1
+                self.residual = torch.zeros(input_tensor.numel(), dtype=torch.float32)
+            residual = self.residual
+        self.calls += 1
+        return nanoccl.reduce_scatter_compressed(output_tensor, input_tensor, residual,
+                                                 codec=self.codec, block_size=self.block_size,
+                                                 op=op, group=group, async_op=async_op)
+
+
+class CompressedAllGather(_AllGather):  # type: ignore[misc,valid-type]
+    """FSDP2's parameter all-gather quantized by `codec` (ZeRO++'s qwZ,
+    ``nanoccl.all_gather_compressed``): forward and backward compute with the decoded
+    parameters, the same bits on every rank; each rank's sharded parameters, which the optimizer
+    updates, stay exact. Modules whose parameters differ in type gather bytes (FSDP2 then views
+    them as uint8): those go lossless."""
+
+    def __init__(self, codec: str = "int8", *, block_size: int = 0) -> None:
+        self.codec, self.block_size = codec, block_size
+        self.calls = 0  # compressed all-gathers sent
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+    def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
+                 group: dist.ProcessGroup, async_op: bool = False) -> Any:
+        if input_tensor.dtype not in _COMPRESSIBLE or input_tensor.device.type != "cpu":
+            return dist.all_gather_into_tensor(output_tensor, input_tensor, group=group,
+                                               async_op=async_op)
+        self.calls += 1
+        return nanoccl.all_gather_compressed(output_tensor, input_tensor, codec=self.codec,
+                                             block_size=self.block_size, group=group,
+                                             async_op=async_op)
+
+
+class FSDPCompression:
+    """What ``compress_fsdp`` installed: one reduce-scatter per FSDP2 unit (in module order,
+    each with its residual) and the shared all-gather (or None). ``state_dict()`` holds the
+    residuals: save and load it per rank, next to the optimizer state (they differ per rank)."""
+
+    def __init__(self, codec: str | None, gather_codec: str | None, block_size: int,
+                 reduce_scatters: list[CompressedReduceScatter],
+                 all_gather: CompressedAllGather | None) -> None:
+        self.codec, self.gather_codec, self.block_size = codec, gather_codec, block_size
+        self.reduce_scatters, self.all_gather = reduce_scatters, all_gather
+
+    @property
+    def reduce_scatter_calls(self) -> int:
+        return sum(rs.calls for rs in self.reduce_scatters)
+
+    @property
+    def all_gather_calls(self) -> int:
+        return self.all_gather.calls if self.all_gather is not None else 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"codec": self.codec, "block_size": self.block_size,
+                "residuals": {i: rs.residual.detach().clone()
+                              for i, rs in enumerate(self.reduce_scatters)
+                              if rs.residual is not None}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("codec") != self.codec or int(state.get("block_size", 0)) != self.block_size:
+            raise ValueError(
+                f"checkpoint was written with codec {state.get('codec')!r} block "
+                f"{state.get('block_size')}, this one uses {self.codec!r} block {self.block_size}")
+        residuals = {int(i): r for i, r in state["residuals"].items()}
+        if any(i >= len(self.reduce_scatters) for i in residuals):
+            raise ValueError(f"checkpoint has residuals for units {sorted(residuals)}, this "
+                             f"model has {len(self.reduce_scatters)} FSDP2 units")
+        for i, rs in enumerate(self.reduce_scatters):
+            r = residuals.get(i)
+            rs.residual = None if r is None else r.detach().clone().to(torch.float32).contiguous()
+
+
+def compress_fsdp(module: torch.nn.Module, codec: str | None = "int8", *,
+                  gather_codec: str | None = None, block_size: int = 0,
+                  error_feedback: bool = True) -> FSDPCompression:
+    """Compresses the collectives of every FSDP2 unit in `module` (fully_shard applied to it
+    and its submodules): gradients reduce-scattered with `codec` across nodes, with error
+    feedback (a residual per unit) unless ``error_feedback=False``, and, with `gather_codec`,
+    parameters all-gathered quantized by it. On a group within one node everything stays
+    lossless.
+
+    HSDP (a 2-D mesh) is not handled here: its cross-node traffic is an all-reduce on the
+    replicate group, compressed by that group's own ``compression`` setting (without error
+    feedback: FSDP2 gives that all-reduce no hook that could carry a residual).
+    """
+    from torch.distributed.fsdp import FSDPModule
+
+    units = [m for m in module.modules() if isinstance(m, FSDPModule)]
+    if not units:
+        raise ValueError("compress_fsdp: no module has fully_shard applied")
+    if _AllGather is object or not hasattr(units[0], "set_custom_reduce_scatter"):
+        raise RuntimeError(f"compress_fsdp needs FSDP2's custom comms (torch 2.8 or later), "
+                           f"this is torch {torch.__version__}")
+    ag = CompressedAllGather(gather_codec, block_size=block_size) if gather_codec else None
+    scatters = []
+    for unit in units:
+        if codec:
+            rs = CompressedReduceScatter(codec, block_size=block_size,
+                                         error_feedback=error_feedback)
+            unit.set_custom_reduce_scatter(rs)
+            scatters.append(rs)
+        if ag is not None:
+            unit.set_custom_all_gather(ag)
+    return FSDPCompression(codec, gather_codec, block_size, scatters, ag)
