@@ -61,8 +61,12 @@ class TrainConfig:
     # None: LOCAL_WORLD_SIZE from the environment, else the whole world (one node).
     local_world: int | None = None
     # nanoccl+<codec>: the group compresses its inter-node leg (Options(compression=...)), and
-    # DDP's gradient buckets go through nanoccl.hooks' error-feedback hook with this codec.
+    # the gradients are compressed with this codec whatever their size: DDP's buckets through
+    # nanoccl.hooks' error-feedback hook, FSDP2's reduce-scatters through compress_fsdp, HSDP's
+    # cross-node allreduces on its replicate group.
     codec: str | None = None
+    # nanoccl+<codec>+qwz: FSDP2 (zero2, zero3) all-gathers parameters quantized by this codec.
+    gather_codec: str | None = None
     # The process group timeout (train.py --timeout); a DeviceMesh's nanoccl groups get it too.
     timeout_s: float | None = None
     nanoccl: bool = False  # the backend is nanoccl (with or without a codec)
@@ -230,11 +234,24 @@ class Zero23(_WholeModel):
         for unit in _units(self.model):
             fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
         fully_shard(self.model, mesh=mesh, reshard_after_forward=reshard)
+        self.compressed = ""
+        if cfg.nanoccl and cfg.codec is not None:
+            # Each unit's reduce-scatter is one call per step, mostly below the group's
+            # compression_min_bytes: compressed whatever its size (no error feedback here).
+            from trainers import backends
+
+            backends.import_nanoccl()
+            from nanoccl import hooks
+
+            hooks.compress_fsdp(self.model, cfg.codec, gather_codec=cfg.gather_codec)
+            self.compressed = f", gradients {cfg.codec}" + (
+                f", parameters {cfg.gather_codec}" if cfg.gather_codec else "")
         self.optim = make_optimizer(self.model.parameters(), cfg.lr)
 
     def describe(self) -> str:
         reshard = self.name == "zero3"
-        return f"{self.name} (FSDP2 fully_shard, reshard_after_forward={reshard})"
+        return (f"{self.name} (FSDP2 fully_shard, reshard_after_forward={reshard}"
+                f"{self.compressed})")
 
 
 class HybridSharded(_WholeModel):
@@ -251,9 +268,10 @@ class HybridSharded(_WholeModel):
     memory, at one more intra-node collective per unit on the critical path (the studies' ZeRO-2
     lost to ZeRO-1 on such small calls); the trainers' models fit with their parameters whole.
 
-    The sub-groups the mesh creates get the default group's codec (nanoccl+<codec>), so the
-    replicate group's allreduces are compressed on the inter-node leg like any other group's
-    (float32 calls of compression_min_bytes and more, 1 MiB by default).
+    The sub-groups the mesh creates get the default group's codec (nanoccl+<codec>); the
+    replicate group's, whose only calls are these gradient allreduces (one per unit per step,
+    mostly below the 1 MiB default compression_min_bytes), compresses them whatever their
+    size (no error feedback: FSDP2 gives the all-reduce no hook that could carry one).
 
     One node: the mesh is (1, world), FSDP2 within the node (zero2's calls). One rank per
     node: (nodes, 1), nothing sharded, a full-gradient allreduce per unit across nodes.
@@ -333,14 +351,20 @@ def _mesh_backend_override(cfg: TrainConfig, dims: tuple[str, ...]) -> dict[str,
 
     from trainers import backends
 
-    options = None
-    if cfg.codec is not None:
-        options = backends.pg_options(backends.parse_backend(f"nanoccl+{cfg.codec}"))
-    if options is None:
-        options = backends.import_nanoccl().Options()
-    if cfg.timeout_s:
-        options._timeout = datetime.timedelta(seconds=cfg.timeout_s)
-    return {dim: ("nanoccl", options) for dim in dims}
+    nanoccl = backends.import_nanoccl()
+    out = {}
+    for dim in dims:
+        options = None
+        if cfg.codec is not None:
+            options = backends.pg_options(backends.parse_backend(f"nanoccl+{cfg.codec}"))
+            if dim == "replicate":  # FSDP2's gradient allreduces only: whatever their size
+                options = nanoccl.Options(compression=cfg.codec, min_bytes=0)
+        if options is None:
+            options = nanoccl.Options()
+        if cfg.timeout_s:
+            options._timeout = datetime.timedelta(seconds=cfg.timeout_s)
+        out[dim] = ("nanoccl", options)
+    return out
 
 
 class TensorParallel(_WholeModel):
@@ -480,6 +504,9 @@ class PipelineParallel(Strategy):
 
 def make_strategy(cfg: TrainConfig, source: Source, rank: int, world: int) -> Strategy:
     name = cfg.strategy
+    if cfg.gather_codec is not None and name not in ("zero2", "zero3"):
+        raise StrategyError(f"+qwz quantizes FSDP2's parameter all-gathers: zero2 and zero3 "
+                            f"only, not {name}")
     if name == "single":
         return Single(cfg, source, rank, world)
     if name == "dp":

@@ -180,7 +180,8 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
                       seq_len=seq_len, lr=args.lr, seed=args.seed,
                       bucket_cap_mb=args.bucket_cap_mb, microbatches=args.microbatches,
                       schedule=args.schedule, device=device, local_world=local_world,
-                      codec=spec.codec, timeout_s=args.timeout, nanoccl=spec.is_nanoccl)
+                      codec=spec.codec, gather_codec=spec.gather_codec,
+                      timeout_s=args.timeout, nanoccl=spec.is_nanoccl)
     strategy = make_strategy(cfg, source, rank, world)
     unit = "tokens" if gpt else "images"
     per_sample = seq_len if gpt else 1

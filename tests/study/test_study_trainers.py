@@ -125,6 +125,10 @@ def test_unsupported_combinations_fail_cleanly(tmp_path: Path) -> None:
     res = launch(1, ["--backend", "nanoccl+zstd", "--steps", "2"], tmp_path)
     assert res.returncodes == [2]
     assert "nanoccl" in res.output
+    res = launch(1, ["--backend", "nanoccl+int8+qwz", "--strategy", "dp", "--steps", "2"],
+                 tmp_path)
+    assert res.returncodes == [3]
+    assert "zero2 and zero3 only" in res.output
 
 
 @pytest.mark.timeout(150)
@@ -214,15 +218,56 @@ def test_hsdp_2x2_records_its_ops(tmp_root: Path) -> None:
 def test_hsdp_2x2_with_int8_on_the_replicate_group(tmp_root: Path) -> None:
     """nanoccl+int8 reaches the groups the mesh creates: the cross-node allreduces carry int8
     (about a quarter of the bytes) and the loss stays within 2% of lossless. gpt2-nano's
-    shards are far below the 1 MiB compression_min_bytes, hence 0 here."""
+    shards are far below the 1 MiB compression_min_bytes: the replicate group compresses
+    whatever the size."""
     lossless = _hsdp_2x2("nanoccl", tmp_root).result
-    int8 = _hsdp_2x2("nanoccl+int8", tmp_root, NANOCCL_COMPRESSION_MIN_BYTES="0").result
+    int8 = _hsdp_2x2("nanoccl+int8", tmp_root).result
     assert lossless is not None and int8 is not None
     assert int8["final_loss"] == pytest.approx(lossless["final_loss"], rel=0.02)
     assert all(v is not None and math.isfinite(v) for v in int8["losses"])
     plain, packed = lossless["nanoccl_bytes"], int8["nanoccl_bytes"]
     assert packed["inter_sent"] < 0.3 * plain["inter_sent"]
     assert packed["intra_sent"] == plain["intra_sent"]  # the codec is for the inter-node leg
+
+
+# ----------------------------------------------- FSDP2 (zero2) on 2 nodes x 2 ranks, codecs
+ZERO2 = ["--model", "gpt2-nano", "--batch", "8", "--steps", "3", "--warmup-steps", "1",
+         "--print-every", "0", "--strategy", "zero2"]
+
+
+def _zero2_2x2(backend: str, tmp_root: Path) -> dict[str, Any]:
+    res = _run(f"zero2-2x2-{backend}", 4, ZERO2 + ["--backend", backend], tmp_root,
+               node_env(2, 2))
+    assert res.ok, res.output[-3000:]
+    assert res.result is not None
+    return res.result
+
+
+@pytest.mark.timeout(200)
+def test_zero2_2x2_compressed_gradients_and_parameters(single: dict[str, Any],
+                                                      tmp_root: Path) -> None:
+    """FSDP2 across 2 emulated nodes: lossless nanoccl trains Gloo's losses; nanoccl+int8
+    reduce-scatters gradients as int8 whatever their size (compress_fsdp), and +qwz also
+    all-gathers parameters as int8: fewer bytes across nodes, loss within 2% of lossless."""
+    gloo = _zero2_2x2("gloo", tmp_root)
+    lossless = _zero2_2x2("nanoccl", tmp_root)
+    assert gloo["losses"] == pytest.approx(single["losses"], rel=LOSS_RTOL)
+    assert lossless["losses"] == pytest.approx(gloo["losses"], rel=LOSS_RTOL)
+    int8 = _zero2_2x2("nanoccl+int8", tmp_root)
+    qwz = _zero2_2x2("nanoccl+int8+qwz", tmp_root)
+    assert "gradients int8" in int8["description"], int8["description"]
+    assert "parameters int8" in qwz["description"], qwz["description"]
+    for res in (int8, qwz):
+        assert res["final_loss"] == pytest.approx(lossless["final_loss"], rel=0.02)
+    plain, grads, params = (r["nanoccl_bytes"] for r in (lossless, int8, qwz))
+    # +int8: the reduce-scatters' cross-node half (about half of what crosses) shrinks to a
+    # quarter; inside a node and the all-gathers, the same bytes.
+    assert grads["inter_sent"] < 0.7 * plain["inter_sent"], (grads, plain)
+    assert grads["intra_sent"] == plain["intra_sent"]
+    assert grads["sent_allgather"] == plain["sent_allgather"]
+    # +qwz: the all-gathers move int8 (encoded once by each owner, also inside the node).
+    assert params["sent_allgather"] < 0.3 * plain["sent_allgather"], (params, plain)
+    assert params["inter_sent"] < 0.4 * plain["inter_sent"], (params, plain)
 
 
 @pytest.mark.timeout(60)
@@ -306,7 +351,10 @@ def test_parse_backend() -> None:
     assert backends.parse_backend("gloo").name == "gloo"
     spec = backends.parse_backend("nanoccl+int8")
     assert (spec.name, spec.codec, spec.is_nanoccl) == ("nanoccl", "int8", True)
-    for bad in ("mpi", "gloo+int8", "nanoccl+"):
+    spec = backends.parse_backend("nanoccl+int4+qwz")
+    assert (spec.codec, spec.gather_codec) == ("int4", "int8")
+    assert backends.parse_backend("nanoccl+int4").gather_codec is None
+    for bad in ("mpi", "gloo+int8", "nanoccl+", "nanoccl+int8+zip", "nanoccl++qwz"):
         with pytest.raises(ValueError):
             backends.parse_backend(bad)
 
@@ -331,3 +379,8 @@ def test_hsdp_mesh_groups_get_the_trainers_timeout_and_codec() -> None:
     options = int8["shard"][1]
     assert options._timeout == datetime.timedelta(seconds=7)
     assert "int8" in options.settings.values()
+    # The replicate group carries FSDP2's gradient allreduces only: compressed at any size.
+    replicate = int8["replicate"][1]
+    assert replicate._timeout == datetime.timedelta(seconds=7)
+    assert replicate.settings["compression"] == "int8"
+    assert replicate.settings["compression_min_bytes"] == "0"
