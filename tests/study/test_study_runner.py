@@ -82,7 +82,11 @@ def test_hsdp_runs_where_it_differs_from_zero2_and_dp() -> None:
         profile = study.PROFILES[name]
         plan = study.build_plan(profile, check_backends=False)
         hsdp = {(r.setup.name, r.backend) for r in plan.runs if r.strategy == "hsdp"}
-        assert hsdp == {("2x2", b) for b in profile.backends}, name
+        extra = profile.extra_backends.get("hsdp", ())
+        assert hsdp == {("2x2", b) for b in (*profile.backends, *extra)}, name
+        # +qwz (parameters all-gathered as int8) is FSDP2's: zero2 and zero3 only.
+        assert all("qwz" not in r.backend or r.strategy in ("zero2", "zero3")
+                   for r in plan.runs), name
         assert any("hsdp on 1x2 left out" in n for n in plan.notes)
 
 
