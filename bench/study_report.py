@@ -285,10 +285,16 @@ def study_table(summaries: Sequence[Summary], model: str, batch: int) -> list[st
         if s.strategy == "dp" and s.volume_mb_step:
             dp_volume[(s.setup, s.backend)] = s.volume_mb_step
     pub_dp = {r.setup: r.net_volume_gb for r in seeds.NANO_GPT2_SMALL if r.parallelism == "dp"}
+    # The lossless final loss of each (setup, strategy): nanoccl's, else Gloo's (same steps).
+    lossless: dict[tuple[str, str], float] = {}
+    for backend in ("gloo", "nanoccl"):
+        for s in rows:
+            if s.backend == backend and s.final_loss is not None:
+                lossless[(s.setup, s.strategy)] = s.final_loss
     header = ["Setup", "Parallelism", "Backend", f"Sample Thrp. (k{unit}/s)", "Scaling Factor",
               "S_iso", "Net Thrp. (Mb/s)", "Gb/s @ref", "Link use", "Net Vol. (MB/step)",
-              "Vol./DP", "Peak RSS (MB)", "‖ study Thrp.", "study S", "study Net Thrp.",
-              "study Net Vol. (GB/run)", "study Vol./DP"]
+              "Vol./DP", "Peak RSS (MB)", "Final loss", "Loss vs lossless", "‖ study Thrp.",
+              "study S", "study Net Thrp.", "study Net Vol. (GB/run)", "study Vol./DP"]
     table: list[list[str]] = []
     for s in rows:
         pub = seeds.nano_row(s.setup, s.strategy) if model.startswith("gpt2") else None
@@ -305,15 +311,20 @@ def study_table(summaries: Sequence[Summary], model: str, batch: int) -> list[st
         base_vol = dp_volume.get((s.setup, s.backend))
         if s.volume_mb_step is not None and base_vol:
             vol_ratio = s.volume_mb_step / base_vol
+        base_loss = lossless.get((s.setup, s.strategy))
+        loss_delta = None
+        if s.final_loss is not None and base_loss:
+            loss_delta = s.final_loss / base_loss - 1
         if s.reps == 0:
             cells = [s.setup, STRATEGY_LABEL.get(s.strategy, s.strategy), s.backend,
-                     "failed: " + "; ".join(s.errors)[:60]] + ["-"] * 8
+                     "failed: " + "; ".join(s.errors)[:60]] + ["-"] * 10
         else:
             cells = [s.setup, STRATEGY_LABEL.get(s.strategy, s.strategy), s.backend,
                      _pm(_kunits(s.throughput), _kunits(s.throughput_std), "{:.2f}"),
                      _pm(s.scaling, s.scaling_std, "{:.2f}"), _f(s.scaling_iso),
                      _f(s.net_mbps, "{:.1f}"), _f(s.net_gbps_ref), _f(s.link_util, "{:.0%}"),
-                     _f(s.volume_mb_step, "{:.2f}"), _f(vol_ratio), _f(s.peak_rss_mb, "{:.0f}")]
+                     _f(s.volume_mb_step, "{:.2f}"), _f(vol_ratio), _f(s.peak_rss_mb, "{:.0f}"),
+                     _f(s.final_loss, "{:.4f}"), _f(loss_delta, "{:+.2%}")]
         table.append(cells + pub_cells)
     return _md_table(header, table)
 
@@ -454,7 +465,10 @@ def write_report(out_dir: Path, records: Sequence[dict[str, Any]], meta: dict[st
               "comparable to the study's Gb/s; `Link use` = (tx + rx) / (2 x link rate). "
               "`Net Vol.` counts bytes that crossed the emulated links (eth0 tx, all nodes) per "
               "training step; absolute volumes are not comparable with the study's GB per run "
-              "(different model, unknown step count), ratios to DP are. `‖ study ...` columns "
+              "(different model, unknown step count), ratios to DP are. `Final loss` is the "
+              "mean over repetitions of the last step's loss; `Loss vs lossless` compares it "
+              "with the lossless run (nanoccl, else Gloo) of the same setup and parallelism "
+              "after the same steps. `‖ study ...` columns "
               "are the published GPT-2 small numbers for the same setup and parallelism "
               f"({seeds.NANO_SOURCE}); * = derived T_1.", ""]
     models = sorted({s.model for s in summaries})
