@@ -290,6 +290,21 @@ bool Matcher::midMessage(int peer, int laneIndex) const {
   return lane(peer, laneIndex).current != nullptr;
 }
 
+std::vector<Matcher::AwaitedLane> Matcher::awaitedLanes(int peer) const {
+  std::vector<AwaitedLane> out;
+  const auto add = [&](const Incoming& m) {
+    if (m.peer != peer || !m.req || m.complete()) return;
+    for (size_t i = 0; i < m.parts.size(); ++i) {
+      if (m.announced[i] < m.parts[i].length) {
+        out.push_back({m.parts[i].lane, m.parts[i].length - m.announced[i]});
+      }
+    }
+  };
+  for (const auto& [key, m] : inflight_) add(*m);
+  for (const IncomingPtr& m : arrivingP2P_) add(*m);
+  return out;
+}
+
 // ---- closing and failing --------------------------------------------------------------------
 
 Matcher::RequestPtr Matcher::laneClosed(int peer, int laneIndex) {

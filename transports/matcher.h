@@ -118,6 +118,16 @@ class Matcher {
   // Whether a message from `peer` on `lane` has frames still to come.
   bool midMessage(int peer, int lane) const;
 
+  // For a receive that timed out: the lanes from which a message of `peer`, matched to a
+  // posted receive and partly arrived (some lane has had a frame), still needs bytes, with how
+  // many; a striped message one of whose links went down leaves its lane here. Receives that
+  // have seen nothing at all are not listed (the peer may not have made the call).
+  struct AwaitedLane {
+    int lane;
+    uint64_t bytes;
+  };
+  std::vector<AwaitedLane> awaitedLanes(int peer) const;
+
   // Whether a receive is posted or a matched message is still arriving.
   bool hasPending() const;
   // Every request the Matcher holds; the tables are cleared (the transport is failing). A

@@ -67,6 +67,27 @@ TEST(Matcher, StripesMeetTheirReceiveInAnyOrder) {
   EXPECT_FALSE(m.hasPending());
 }
 
+// A receive that times out asks which lanes it still waits on: only messages that have begun
+// to arrive are listed (a lane that went down mid-stripe), not receives that saw nothing.
+TEST(Matcher, AwaitedLanesNameTheMissingStripe) {
+  Matcher m(twoLanes());
+  const std::string src = "0123456789abcdef";
+  const auto env = collectiveEnvelope(1, 0, 16);
+  std::string dst(16, '.');
+  auto r = recv(1, env, dst.data(), dst.size());
+  ASSERT_TRUE(m.postRecv(r).isOk());
+  EXPECT_TRUE(m.awaitedLanes(1).empty());  // nothing arrived: the peer may not have called
+  ASSERT_TRUE(deliver(m, 1, 0, env, src, 0, 8).isOk());  // lane 0's stripe, not lane 1's
+  const std::vector<Matcher::AwaitedLane> waits = m.awaitedLanes(1);
+  ASSERT_EQ(waits.size(), 1u);
+  EXPECT_EQ(waits[0].lane, 1);
+  EXPECT_EQ(waits[0].bytes, 8u);
+  EXPECT_TRUE(m.awaitedLanes(2).empty());
+  ASSERT_TRUE(deliver(m, 1, 1, env, src, 8, 8).isOk());
+  EXPECT_TRUE(r->test());
+  EXPECT_TRUE(m.awaitedLanes(1).empty());
+}
+
 TEST(Matcher, AnEarlyMessageIsHeldAndCopiedOutWhenItsReceiveComes) {
   for (bool inOrder : {false, true}) {
     Matcher m(twoLanes(inOrder));

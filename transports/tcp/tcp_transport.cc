@@ -13,6 +13,8 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <future>
+#include <map>
 #include <mutex>
 #include <new>
 #include <optional>
@@ -37,6 +39,8 @@ namespace {
 constexpr int kMaxSocketsPerPeer = 64;  // stripes are tracked in a 64-bit mask
 // stallReport() names a connection whose peer has not acknowledged its bytes for this long.
 constexpr uint32_t kStallReportMs = 1000;
+// How long stallReport() waits for the progress thread's part (receiveStalls()).
+constexpr auto kReportWait = std::chrono::milliseconds(500);
 
 // Encryption (NANOCCL_ENCRYPT=1): every frame travels as sealed records, its header as one
 // record of sizeof(FrameHeader) bytes and its payload as records of at most kRecordBytes, each
@@ -106,11 +110,15 @@ struct Conn {
   uint64_t rxLeft = 0;       // payload bytes of the frame still to come after it
 };
 
-enum class CommandKind { kSend, kRecv, kAbort, kStop };
+enum class CommandKind { kSend, kRecv, kAbort, kStop, kReport };
 struct Command {
   CommandKind kind;
   RequestPtr req;
   Status why;
+  // kReport: the receive side's stall report on `peer` (receiveStalls()), set by the progress
+  // thread, which owns the matcher.
+  int peer = -1;
+  std::shared_ptr<std::promise<std::string>> report;
 };
 
 class TcpTransport : public Transport {
@@ -274,9 +282,10 @@ class TcpTransport : public Transport {
   }
 
   // Connections to `peer` that are stuck: bytes the peer has not acknowledged for a while, bytes
-  // queued that have not left for a while, or a rail whose interface is down here. A link (a
-  // rail) that went down, or a peer whose host stopped, leaves its connections like that; a
-  // rank waiting only to receive sees the last of these where its own rail went down.
+  // queued that have not left for a while, a rail whose interface is down here, or a message
+  // partly arrived whose part on a connection is missing. A link (a rail) that went down, or a
+  // peer whose host stopped, leaves its connections like that; a rank waiting only to receive
+  // sees the last two.
   std::string stallReport(int peer) const override {
     if (peer < 0 || peer >= o_.size || peer == o_.rank || !thread_.joinable()) return "";
     std::string out;
@@ -313,7 +322,48 @@ class TcpTransport : public Transport {
       }
       out += line;
     }
+    // What this rank waits for: asked of the progress thread, which owns the matcher (briefly:
+    // a transport that is stopping may not answer).
+    auto report = std::make_shared<std::promise<std::string>>();
+    std::future<std::string> answer = report->get_future();
+    Command ask{CommandKind::kReport, nullptr, Status::ok()};
+    ask.peer = peer;
+    ask.report = report;
+    const_cast<TcpTransport*>(this)->post(std::move(ask));  // only queues a command
+    if (answer.wait_for(kReportWait) == std::future_status::ready) {
+      try {
+        const std::string waited = answer.get();
+        if (!waited.empty()) out += (out.empty() ? "" : "; ") + waited;
+      } catch (const std::future_error&) {  // dropped unanswered: nothing to add
+      }
+    }
     return out.empty() ? out : out + " (is a link down?)";
+  }
+
+  // Progress thread: the connections to `peer` from which a partly arrived message still
+  // needs bytes (Matcher::awaitedLanes), and how long each has received nothing.
+  std::string receiveStalls(int peer) const {
+    std::map<int, std::pair<uint64_t, int>> byLane;  // lane -> bytes, messages
+    for (const Matcher::AwaitedLane& a : matcher_->awaitedLanes(peer)) {
+      byLane[a.lane].first += a.bytes;
+      ++byLane[a.lane].second;
+    }
+    std::string out;
+    for (const auto& [lane, waited] : byLane) {
+      const Conn& c = *peers_[static_cast<size_t>(peer)][static_cast<size_t>(lane)];
+      tcp_info ti{};
+      socklen_t len = sizeof(ti);
+      if (getsockopt(c.fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) continue;
+      char line[200];
+      std::snprintf(line, sizeof(line), "%sconnection %d to rank %d%s%s: %.2f MB still to "
+                    "arrive (%d message%s), nothing received on it for %.1f s",
+                    out.empty() ? "" : "; ", c.index, peer, rails_ > 1 ? " on " : "",
+                    rails_ > 1 ? listeners_[c.index % rails_].ifname.c_str() : "",
+                    waited.first / 1e6, waited.second, waited.second == 1 ? "" : "s",
+                    ti.tcpi_last_data_recv / 1e3);
+      out += line;
+    }
+    return out;
   }
 
   // Whether interface `ifname` is administratively down or has no carrier (asked through any
@@ -383,6 +433,7 @@ class TcpTransport : public Transport {
           case CommandKind::kSend: startSend(cmd.req); break;
           case CommandKind::kRecv: startRecv(cmd.req); break;
           case CommandKind::kAbort: fail(cmd.why, true); break;
+          case CommandKind::kReport: cmd.report->set_value(receiveStalls(cmd.peer)); break;
           case CommandKind::kStop:
             stopping = true;
             // Peers hear about it only if this rank still had work pending.
