@@ -182,50 +182,71 @@ def gathered_node_ids(gloo: Any) -> list[str]:
     return out
 
 
+class TeacherTask:
+    """A fixed synthetic regression task (a small random teacher network), the same on every
+    rank; each rank draws its own batches."""
+
+    def __init__(self) -> None:
+        from torch import nn
+
+        torch.manual_seed(7)
+        self.teacher = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 8))
+        self.eval_x = torch.randn(512, 32, generator=torch.Generator().manual_seed(99))
+        with torch.no_grad():
+            self.eval_y = self.teacher(self.eval_x)
+
+    @staticmethod
+    def student() -> Any:
+        from torch import nn
+
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                             nn.Linear(256, 8))
+
+    def train(self, net: Any, steps: int, rank: int) -> None:
+        """`steps` of SGD with momentum on this rank's batches."""
+        from torch import nn
+
+        opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+        g = torch.Generator().manual_seed(1000 + rank)
+        for _ in range(steps):
+            xb = torch.randn(64, 32, generator=g)
+            with torch.no_grad():
+                yb = self.teacher(xb)
+            opt.zero_grad()
+            nn.functional.mse_loss(net(xb), yb).backward()
+            opt.step()
+
+    def eval_loss(self, net: Any) -> float:
+        from torch import nn
+
+        with torch.no_grad():
+            return nn.functional.mse_loss(net(self.eval_x), self.eval_y).item()
+
+
 def scenario_convergence(a: argparse.Namespace, ck: Checks) -> None:
     """DDP on a fixed synthetic task: lossless, int8 + error feedback, int4 + error feedback,
     the same steps and data; reports each run's final evaluation loss."""
-    from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     init(a)
     rank = dist.get_rank()
     gloo = dist.new_group(backend="gloo")
     steps = 120
-
-    torch.manual_seed(7)
-    teacher = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 8))
-    eval_x = torch.randn(512, 32, generator=torch.Generator().manual_seed(99))
-    with torch.no_grad():
-        eval_y = teacher(eval_x)
-
-    def model() -> nn.Module:
-        torch.manual_seed(0)
-        return nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                             nn.Linear(256, 8))
-
+    task = TeacherTask()
     losses: dict[str, float] = {}
     calls: dict[str, int] = {}
     for run in ("none", "int8", "int4", "int8-fused"):
         codec = run.split("-")[0]
-        net = DDP(model(), bucket_cap_mb=0.1)  # several buckets
+        net = DDP(task.student(), bucket_cap_mb=0.1)  # several buckets
         # int8-fused: every bucket of a step held and sent as one compressed allreduce.
         fuse = 1 << 30 if run.endswith("fused") else 0
         state = (hooks.ErrorFeedbackState(codec=codec, fuse_bytes=fuse) if codec != "none"
                  else None)
         if state is not None:
             net.register_comm_hook(state, hooks.error_feedback_hook)
-        opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-        g = torch.Generator().manual_seed(1000 + rank)
-        for _ in range(steps):
-            xb = torch.randn(64, 32, generator=g)
-            with torch.no_grad():
-                yb = teacher(xb)
-            opt.zero_grad()
-            nn.functional.mse_loss(net(xb), yb).backward()
-            opt.step()
-        with torch.no_grad():
-            losses[run] = nn.functional.mse_loss(net.module(eval_x), eval_y).item()
+        task.train(net, steps, rank)
+        losses[run] = task.eval_loss(net.module)
         params = torch.cat([p.detach().reshape(-1) for p in net.parameters()])
         everyone = gathered(params, gloo)
         ck.expect(f"{run} replicas equal", all(torch.equal(everyone[0], t) for t in everyone))
@@ -261,7 +282,7 @@ def scenario_convergence(a: argparse.Namespace, ck: Checks) -> None:
     # bfloat16 parameters: DDP's buckets are bfloat16; the hook compresses them with a float32
     # residual (fused, too), and every replica stays equal.
     for fuse in (0, 1 << 30):
-        net = DDP(model().to(torch.bfloat16), bucket_cap_mb=0.1)
+        net = DDP(task.student().to(torch.bfloat16), bucket_cap_mb=0.1)
         state = hooks.ErrorFeedbackState(codec="int8", fuse_bytes=fuse)
         net.register_comm_hook(state, hooks.error_feedback_hook)
         opt = torch.optim.SGD(net.parameters(), lr=0.05)
@@ -356,8 +377,9 @@ def scenario_sharded(a: argparse.Namespace, ck: Checks) -> None:
     before = inter()
     dist.all_gather_into_tensor(plain, x, group=grp)
     lossless_ag = inter() - before
+    by_codec: dict[str, torch.Tensor] = {}
     for codec, unit in (("int8", UNIT["int8"]), ("int4", UNIT["int4"]), ("bf16", UNIT["bf16"])):
-        got = torch.empty(count * world)
+        got = by_codec[codec] = torch.empty(count * world)
         before = inter()
         work = nanoccl.all_gather_compressed(got, x, codec=codec, group=grp, async_op=True)
         assert work is not None
@@ -380,22 +402,15 @@ def scenario_sharded(a: argparse.Namespace, ck: Checks) -> None:
               <= UNIT["int8"] * 1.05 + 2.0 ** -11)
     strided = torch.empty(count * world, 2)[:, 0]  # a non-contiguous output
     nanoccl.all_gather_compressed(strided, x, codec="int8", group=grp)
-    ck.expect("ag strided output", torch.equal(strided, everyone[0].float())
-              or (strided - plain).abs().max().item() <= UNIT["int8"] * 1.05)
+    ck.expect("ag strided output", torch.equal(strided, by_codec["int8"]))
     quiesce(gloo)
 
     # FSDP2 (ZeRO-2's fully_shard) with compress_fsdp: int8 gradients, then int8 gradients and
     # int8 parameters, each within 2% of the lossless run's final loss after the same steps.
-    torch.manual_seed(7)
-    teacher = nn.Sequential(nn.Linear(32, 64), nn.Tanh(), nn.Linear(64, 8))
-    eval_x = torch.randn(512, 32, generator=torch.Generator().manual_seed(99))
-    with torch.no_grad():
-        eval_y = teacher(eval_x)
+    task = TeacherTask()
     losses: dict[str, float] = {}
     for run in ("none", "rs", "rs+ag"):
-        torch.manual_seed(0)
-        net = nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
-                            nn.Linear(256, 8))
+        net = task.student()
         for layer in net:
             if isinstance(layer, nn.Linear):
                 fully_shard(layer, reshard_after_forward=False)
@@ -404,17 +419,8 @@ def scenario_sharded(a: argparse.Namespace, ck: Checks) -> None:
         if run != "none":
             comms = hooks.compress_fsdp(net, "int8",
                                         gather_codec="int8" if run == "rs+ag" else None)
-        opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-        g = torch.Generator().manual_seed(1000 + rank)
-        for _ in range(60):
-            xb = torch.randn(64, 32, generator=g)
-            with torch.no_grad():
-                yb = teacher(xb)
-            opt.zero_grad()
-            nn.functional.mse_loss(net(xb), yb).backward()
-            opt.step()
-        with torch.no_grad():
-            loss = torch.tensor([nn.functional.mse_loss(net(eval_x), eval_y).item()])
+        task.train(net, 60, rank)
+        loss = torch.tensor([task.eval_loss(net)])
         everyone = gathered(loss, gloo)
         ck.expect(f"fsdp {run} same loss everywhere", all(torch.equal(everyone[0], t)
                                                            for t in everyone))

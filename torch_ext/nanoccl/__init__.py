@@ -304,6 +304,14 @@ def link_profile(group: dist.ProcessGroup | None = None) -> dict[str, Any] | Non
     return result
 
 
+def _finish(work: dist.Work, async_op: bool) -> dist.Work | None:
+    """The work itself when `async_op`, else waited on (its error raised here)."""
+    if async_op:
+        return work
+    work.wait()
+    return None
+
+
 def allreduce_compressed(
     tensor: torch.Tensor,
     residual: torch.Tensor | None = None,
@@ -337,10 +345,7 @@ def allreduce_compressed(
     work = get_backend(group).allreduce_compressed(
         tensor, residual, codec, int(block_size), dist.ReduceOp(op)
     )
-    if async_op:
-        return work
-    work.wait()
-    return None
+    return _finish(work, async_op)
 
 
 def reduce_scatter_compressed(
@@ -371,10 +376,7 @@ def reduce_scatter_compressed(
     rop = op if isinstance(op, dist.ReduceOp) else dist.ReduceOp(op)  # PREMUL_SUM(f) is one
     work = get_backend(group).reduce_scatter_compressed(output, input, residual, codec,
                                                         int(block_size), rop)
-    if async_op:
-        return work
-    work.wait()
-    return None
+    return _finish(work, async_op)
 
 
 def all_gather_compressed(
@@ -397,7 +399,4 @@ def all_gather_compressed(
     pass, not optimizer state or indices.
     """
     work = get_backend(group).allgather_compressed(output, input, codec, int(block_size))
-    if async_op:
-        return work
-    work.wait()
-    return None
+    return _finish(work, async_op)
