@@ -39,6 +39,7 @@ CASES = {
     "dp-one-node": ("dp", "nanoccl", [], False),
     "zero1": ("zero1", "nanoccl", [], True),
     "zero2": ("zero2", "nanoccl", [], True),
+    "zero2-int8": ("zero2", "nanoccl+int8", [], True),  # compress_fsdp: every reduce-scatter
     "zero3": ("zero3", "nanoccl", [], True),
     "tp": ("tp", "nanoccl", [], True),
     "pp": ("pp", "nanoccl", ["--microbatches", "2", "--schedule", "1f1b"], True),
@@ -89,7 +90,10 @@ def test_traffic_model_matches_the_bytes_nanoccl_counts(case: str, tmp_path: Pat
     for op, nbytes in model.items():
         assert measured[op] == pytest.approx(nbytes, rel=0.02), op
     if backend.endswith("int8"):  # the codec's quarter of the float32 bytes on the wire
-        assert cfg.inter_bytes < 0.3 * predicted("dp").inter_bytes
+        lossless = predicted(case.removesuffix("-int8"))
+        squeezed = per_op(cfg)["allreduce" if strategy == "dp" else "reduce_scatter"]
+        assert squeezed < 0.3 * per_op(lossless)["allreduce" if strategy == "dp"
+                                                 else "reduce_scatter"]
 
 
 @pytest.mark.timeout(90)

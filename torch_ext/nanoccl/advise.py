@@ -59,7 +59,8 @@ __all__ = ["AdviseError", "Call", "Cluster", "Config", "ModelSpec", "Predictor",
 
 CODECS = ("none", "bf16", "int8", "int4")
 # The group's codec applies to calls of at least this many bytes (NANOCCL_COMPRESSION_MIN_BYTES'
-# default); DDP's error-feedback hook compresses every bucket.
+# default); DDP's error-feedback hook, FSDP2's compress_fsdp and HSDP's replicate group (as the
+# trainers set them up) compress every call (Call.hook).
 COMPRESSION_MIN_BYTES = 1 << 20
 FORWARD_SHARE = 1.0 / 3.0  # of a device's compute; backward takes the rest
 BYTES_PER_PARAM = 16  # fp32 parameter + gradient + AdamW's two moments

@@ -200,7 +200,9 @@ class Call:
     op: str  # allreduce, reduce_scatter, allgather, broadcast, send
     count: int
     phase: str  # forward, backward, step
-    hook: bool = False  # DDP's error-feedback hook: compressed whatever its size
+    # Compressed whatever its size: DDP's error-feedback hook, FSDP2's compress_fsdp, HSDP's
+    # replicate group (the trainers' settings), not the group's compression_min_bytes.
+    hook: bool = False
     root: int = 0  # broadcast: the owner's rank
     src: int = 0  # send: from this rank
     dst: int = 1  # send: to this rank
@@ -282,22 +284,25 @@ def zero1_broadcasts(spec: ModelSpec, world: int) -> list[Call]:
 
 def fsdp_calls(spec: ModelSpec, stage: int) -> tuple[list[Call], list[Call], list[Call]]:
     """FSDP2 (fully_shard per block, then the root): forward allgathers, backward allgathers
-    (ZeRO-3 only: parameters were resharded after forward) and backward reduce-scatters."""
+    (ZeRO-3 only: parameters were resharded after forward) and backward reduce-scatters, which
+    the trainers compress whatever their size (nanoccl.hooks.compress_fsdp: `hook`)."""
     forward = [Call("allgather", u, "forward") for u in spec.units]
     order = list(reversed(spec.units[1:])) + spec.units[:1]
     again = [Call("allgather", u, "backward") for u in order] if stage == 3 else []
-    reduce = [Call("reduce_scatter", u, "backward") for u in order]
+    reduce = [Call("reduce_scatter", u, "backward", hook=True) for u in order]
     return forward, again, reduce
 
 
 def hsdp_calls(spec: ModelSpec, per_node: int) -> tuple[list[Call], list[Call], list[Call]]:
     """HSDP (FSDP2 over the mesh (nodes, ranks a node), reshard_after_forward=False): forward
     allgathers of each unit within a node, and in backward each unit's reduce-scatter within
-    the node followed by the allreduce of the rank's shard (1 / per_node) across nodes."""
+    the node followed by the allreduce of the rank's shard (1 / per_node) across nodes, which
+    the trainers' replicate group compresses whatever its size (min_bytes 0: `hook`)."""
     forward = [Call("allgather", u, "forward", group="shard") for u in spec.units]
     order = list(reversed(spec.units[1:])) + spec.units[:1]
     reduce = [Call("reduce_scatter", u, "backward", group="shard") for u in order]
-    cross = [Call("allreduce", -(-u // per_node), "backward", group="replicate") for u in order]
+    cross = [Call("allreduce", -(-u // per_node), "backward", group="replicate", hook=True)
+             for u in order]
     return forward, reduce, cross
 
 
