@@ -40,6 +40,7 @@ CASES = {
     "zero1": ("zero1", "nanoccl", [], True),
     "zero2": ("zero2", "nanoccl", [], True),
     "zero2-int8": ("zero2", "nanoccl+int8", [], True),  # compress_fsdp: every reduce-scatter
+    "zero3-int8-qwz": ("zero3", "nanoccl+int8+qwz", [], True),  # and int8 parameters
     "zero3": ("zero3", "nanoccl", [], True),
     "tp": ("tp", "nanoccl", [], True),
     "pp": ("pp", "nanoccl", ["--microbatches", "2", "--schedule", "1f1b"], True),
@@ -51,7 +52,8 @@ def predicted(case: str) -> advise.Config:
     strategy, backend, _, two_nodes = CASES[case]
     cluster = advise.Cluster(2, 1) if two_nodes else advise.Cluster(1, 2)
     spec = advise.model_spec(MODEL, BATCH, SEQ)
-    cfg = advise.Config(strategy, backend.partition("+")[2] or "none", microbatches=2)
+    codec, _, qwz = (backend.partition("+")[2] or "none").partition("+")
+    cfg = advise.Config(strategy, codec, microbatches=2, gather_codec="int8" if qwz else "none")
     return advise.evaluate(spec, cluster, advise.Predictor(cluster, PROFILE), cfg, 1.0, math.inf)
 
 
@@ -89,11 +91,13 @@ def test_traffic_model_matches_the_bytes_nanoccl_counts(case: str, tmp_path: Pat
     assert set(measured) == set(model), (measured, model)
     for op, nbytes in model.items():
         assert measured[op] == pytest.approx(nbytes, rel=0.02), op
-    if backend.endswith("int8"):  # the codec's quarter of the float32 bytes on the wire
-        lossless = predicted(case.removesuffix("-int8"))
+    if "int8" in backend:  # the codec's quarter of the float32 bytes on the wire
+        lossless = predicted(case.split("-int8")[0])
         squeezed = per_op(cfg)["allreduce" if strategy == "dp" else "reduce_scatter"]
         assert squeezed < 0.3 * per_op(lossless)["allreduce" if strategy == "dp"
                                                  else "reduce_scatter"]
+    if backend.endswith("+qwz"):  # and the parameters' all-gathers, inside the node too
+        assert per_op(cfg)["allgather"] < 0.3 * per_op(predicted(strategy))["allgather"]
 
 
 @pytest.mark.timeout(90)
@@ -281,6 +285,11 @@ def test_check_maps_each_configuration_to_the_trainers_flags() -> None:
     assert check.trainer_args(C("zero1", "int8", bucket_mb=0.5)) == (
         "nanoccl+int8", ["--bucket-cap-mb", "0.5"])
     assert check.trainer_args(C("zero3", "int8")) == ("nanoccl+int8", [])
+    assert check.trainer_args(C("zero2", "int4", gather_codec="int8")) == ("nanoccl+int4+qwz", [])
+    assert check.config_key(C("zero2", "int4", gather_codec="int8")) != check.config_key(
+        C("zero2", "int4"))
+    with pytest.raises(ValueError):
+        check.trainer_args(C("zero2", "int4", gather_codec="int4"))  # the trainers have int8
     assert check.trainer_args(C("pp", microbatches=16, schedule="gpipe")) == (
         "nanoccl", ["--microbatches", "16", "--schedule", "gpipe"])
     # A tuned bucket is the same configuration for any model (its size is the model's).

@@ -178,6 +178,14 @@ class Predictor:
             _, _, seconds, _ = self._predict(op, call.count, "")
             return Priced(call, seconds, "direct", "none", 0 if inter else nbytes,
                           nbytes if inter else 0)
+        if call.op == "allgather" and call.quantized and c.nodes > 1:
+            # all_gather_compressed: each owner's encoded part gathered, inside nodes too; the
+            # encoded size from the codec's ratio on this count (codec time not counted).
+            ratio = self._predict("reduce_scatter", call.count, call.quantized)[3]
+            count = max(1, math.ceil(call.count * ratio))
+            algorithm, _, seconds, _ = self._predict("allgather", count, "")
+            intra, inter = link_bytes("allgather", algorithm, 4.0 * count, c.nodes, c.per_node)
+            return Priced(call, seconds, algorithm, call.quantized, intra, inter)
         use = codec if codec != "none" and (call.hook or nbytes >= COMPRESSION_MIN_BYTES) else ""
         if call.op not in ("allreduce", "reduce_scatter"):
             use = ""
@@ -281,6 +289,7 @@ class Config:
     strategy: str
     codec: str = "none"
     bucket_mb: float | None = None  # dp, zero1: DDP's bucket_cap_mb (None: DDP's default)
+    gather_codec: str = "none"  # zero2, zero3: parameters all-gathered by this codec (+qwz)
     microbatches: int = 0  # pp
     schedule: str = "1f1b"  # pp
     step_s: float = math.inf
@@ -302,7 +311,9 @@ class Config:
             name += f" bucket {self.bucket_mb:g} MB" if self.bucket_mb else " (DDP buckets)"
         if self.strategy == "pp":
             name += f" {self.schedule} m={self.microbatches}"
-        return name + ("" if self.codec == "none" else f" +{self.codec}")
+        return (name + ("" if self.codec == "none" else f" +{self.codec}")
+                + ("" if self.gather_codec == "none" else f" +qwz ({self.gather_codec} "
+                   "parameters)"))
 
 
 def memory_bytes(spec: ModelSpec, cluster: Cluster, cfg: Config) -> float:
@@ -361,7 +372,8 @@ def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Confi
             priced += [price(c) for c in zero1_broadcasts(spec, n)]
             cfg.step_s += sum(p.seconds for p in priced[len(buckets):])
     elif cfg.strategy in ("zero2", "zero3"):
-        forward, again, reduce = fsdp_calls(spec, int(cfg.strategy[-1]))
+        gather = "" if cfg.gather_codec == "none" else cfg.gather_codec
+        forward, again, reduce = fsdp_calls(spec, int(cfg.strategy[-1]), gather)
         groups = [[price(c) for c in calls] for calls in (forward, again, reduce)]
         shares = [u / spec.params for u in spec.units]
         cfg.step_s = fsdp_step(fwd, bwd, shares, *[[p.seconds for p in g] for g in groups])
@@ -419,6 +431,8 @@ def candidates(spec: ModelSpec, cluster: Cluster, predictor: Predictor,
             out.append(Config(strategy, codec))
             out.append(Config(strategy, codec, bucket_mb=tuned))
         out += [Config("zero2", codec), Config("zero3", codec), Config("hsdp", codec)]
+        if codec != "none":  # +qwz: FSDP2's parameters all-gathered as int8 as well
+            out += [Config(s, codec, gather_codec="int8") for s in ("zero2", "zero3")]
         if spec.gpt or codec == "none":
             out.append(Config("tp", codec))
     m = n

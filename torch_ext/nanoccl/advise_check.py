@@ -82,13 +82,18 @@ def study_module() -> Any:
 def config_key(cfg: Any) -> tuple[Any, ...]:
     """What makes two configurations the same run, whatever model they are for: DDP's tuned
     bucket size depends on the model, so it counts only as tuned or not."""
-    return (cfg.strategy, cfg.codec, cfg.bucket_mb is not None, cfg.microbatches,
-            cfg.schedule if cfg.strategy == "pp" else "")
+    return (cfg.strategy, cfg.codec, cfg.gather_codec, cfg.bucket_mb is not None,
+            cfg.microbatches, cfg.schedule if cfg.strategy == "pp" else "")
 
 
 def trainer_args(cfg: Any) -> tuple[str, list[str]]:
     """The trainer's --backend and its extra arguments for a configuration."""
     backend = "nanoccl" if cfg.codec == "none" else f"nanoccl+{cfg.codec}"
+    if cfg.gather_codec != "none":  # the trainers' +qwz gathers parameters as int8
+        if cfg.gather_codec != "int8" or cfg.codec == "none":
+            raise ValueError(f"the trainers gather parameters as int8 beside a gradient codec, "
+                             f"not {cfg.gather_codec} with {cfg.codec}")
+        backend += "+qwz"
     extra: list[str] = []
     if cfg.strategy in ("dp", "zero1") and cfg.bucket_mb is not None:
         extra += ["--bucket-cap-mb", f"{cfg.bucket_mb:g}"]

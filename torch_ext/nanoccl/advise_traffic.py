@@ -203,6 +203,9 @@ class Call:
     # Compressed whatever its size: DDP's error-feedback hook, FSDP2's compress_fsdp, HSDP's
     # replicate group (the trainers' settings), not the group's compression_min_bytes.
     hook: bool = False
+    # An allgather whose parts each owner encodes with this codec (nanoccl.all_gather_compressed,
+    # the trainers' +qwz): the encoded bytes are gathered, inside nodes too. "" for none.
+    quantized: str = ""
     root: int = 0  # broadcast: the owner's rank
     src: int = 0  # send: from this rank
     dst: int = 1  # send: to this rank
@@ -282,13 +285,16 @@ def zero1_broadcasts(spec: ModelSpec, world: int) -> list[Call]:
     return [c for rank_calls in calls_per_rank for c in rank_calls]
 
 
-def fsdp_calls(spec: ModelSpec, stage: int) -> tuple[list[Call], list[Call], list[Call]]:
+def fsdp_calls(spec: ModelSpec, stage: int, gather_codec: str = ""
+               ) -> tuple[list[Call], list[Call], list[Call]]:
     """FSDP2 (fully_shard per block, then the root): forward allgathers, backward allgathers
     (ZeRO-3 only: parameters were resharded after forward) and backward reduce-scatters, which
-    the trainers compress whatever their size (nanoccl.hooks.compress_fsdp: `hook`)."""
-    forward = [Call("allgather", u, "forward") for u in spec.units]
+    the trainers compress whatever their size (nanoccl.hooks.compress_fsdp: `hook`); with
+    `gather_codec` (+qwz) the allgathers carry parameters encoded by it."""
+    forward = [Call("allgather", u, "forward", quantized=gather_codec) for u in spec.units]
     order = list(reversed(spec.units[1:])) + spec.units[:1]
-    again = [Call("allgather", u, "backward") for u in order] if stage == 3 else []
+    again = ([Call("allgather", u, "backward", quantized=gather_codec) for u in order]
+             if stage == 3 else [])
     reduce = [Call("reduce_scatter", u, "backward", hook=True) for u in order]
     return forward, again, reduce
 
