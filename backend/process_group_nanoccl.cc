@@ -400,7 +400,6 @@ void checkFloatTensor(const at::Tensor& t, const char* what) {
   }
 }
 
-
 }  // namespace
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allreduceCompressed(
@@ -408,12 +407,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allreduceCompressed(
     const c10d::ReduceOp& op) {
   return run("allreduce_compressed", true, [&](Communicator& comm, const CommPtr& owner) {
     const char* what = "allreduce_compressed";
-    checkTensor(tensor, what);
-    const at::ScalarType st = tensor.scalar_type();
-    if (st != at::kFloat && st != at::kHalf && st != at::kBFloat16) {
-      reject(std::string(what) + ": takes float32, float16 or bfloat16 tensors, got " +
-             std::string(c10::toString(st)));
-    }
+    checkFloatTensor(tensor, what);
     const DataType dt = reduceType(tensor, what);
     checkResidual(residual, tensor, what);
     if (blockSize < 0 || blockSize > std::numeric_limits<uint32_t>::max()) {
@@ -439,7 +433,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allreduceCompressed(
     return work;
   });
 }
-
 
 c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::reduceScatterCompressed(
     at::Tensor& output, at::Tensor& input, at::Tensor& residual, const std::string& codec,
