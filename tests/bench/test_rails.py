@@ -23,6 +23,14 @@ import nanoccl  # noqa: F401  (registers the backend)
 
 mode, timeout_s = sys.argv[1], int(sys.argv[2])
 out = {"rank": int(os.environ["RANK"])}
+
+
+def report(out):
+    # One write of the whole line: a node's ranks share the output, and print() under
+    # PYTHONUNBUFFERED writes the text and its newline separately (lines interleaved).
+    os.write(1, ("RESULT " + json.dumps(out) + "\\n").encode())
+
+
 if mode == "setup":  # a rail that cannot carry anything from the start
     start = time.monotonic()
     try:
@@ -32,7 +40,7 @@ if mode == "setup":  # a rail that cannot carry anything from the start
     except Exception as exc:
         out["error"] = str(exc)
     out["elapsed"] = time.monotonic() - start
-    print("RESULT " + json.dumps(out), flush=True)
+    report(out)
     os._exit(0)
 dist.init_process_group("nanoccl", timeout=datetime.timedelta(seconds=timeout_s))
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -68,7 +76,7 @@ else:  # rail-down: rank 0 takes its eth1 down while allreduces run
     except Exception as exc:  # the collective's error, whatever its type
         out["error"] = str(exc)
     out["elapsed"] = time.monotonic() - start
-print("RESULT " + json.dumps(out), flush=True)
+report(out)
 os._exit(0)  # after a failed collective, do not wait on teardown
 """
 
@@ -91,8 +99,10 @@ def _run(emucluster: ModuleType, tmp_path: Path, mode: str, timeout_s: int,
         after = c.rail_bytes()
     sent = {key: after[key].tx_bytes - before[key].tx_bytes for key in after}
     text = buf.getvalue()
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in text.splitlines()
-               if "RESULT " in line]
+    # Every "RESULT {...}" in the output, wherever it starts (even mid-line).
+    decoder = json.JSONDecoder()
+    results = [decoder.raw_decode(part)[0] for part in text.split("RESULT ")[1:]
+               if part.startswith("{")]
     return rc, results, sent, text
 
 
