@@ -117,6 +117,25 @@ def test_summarize_scaling_and_volume() -> None:
     assert rows[("1x1", "single")].scaling == pytest.approx(1.0)
 
 
+def test_report_shows_each_codecs_loss_against_the_lossless_run() -> None:
+    """The study table's `Final loss` and `Loss vs lossless` (nanoccl's lossless run of the
+    same setup and parallelism after the same steps): a codec row's done-when is a loss."""
+    base = {"model": "m", "batch": 8, "unit": "tokens", "status": "ok", "timed_steps": 4,
+            "step_time_mean_s": 0.1, "kind": "train", "strategy": "zero2", "setup": "2x1",
+            "world": 2, "nodes": 2, "units_per_s": 400.0, "window_s": 2.0, "rep": 0}
+    records = [{**base, "backend": "gloo", "final_loss": 2.0},
+               {**base, "backend": "nanoccl", "final_loss": 2.5},
+               {**base, "backend": "nanoccl+int4+qwz", "final_loss": 2.55}]
+    table = study_report.study_table(study_report.summarize(records), "m", 8)
+    header = [c.strip() for c in table[0].strip("|").split("|")]
+    rows = {r.split("|")[3].strip(): [c.strip() for c in r.strip("|").split("|")]
+            for r in table[2:]}
+    loss, delta = header.index("Final loss"), header.index("Loss vs lossless")
+    assert rows["nanoccl+int4+qwz"][loss] == "2.5500"
+    assert rows["nanoccl+int4+qwz"][delta] == "+2.00%"  # against nanoccl's, not Gloo's
+    assert rows["nanoccl"][delta] == "+0.00%"
+
+
 @pytest.mark.timeout(60)
 def test_dry_run_quick() -> None:
     proc = run_study(["--profile", "quick", "--dry-run"], timeout_s=60)
