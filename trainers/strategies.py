@@ -237,7 +237,8 @@ class Zero23(_WholeModel):
         self.compressed = ""
         if cfg.nanoccl and cfg.codec is not None:
             # Each unit's reduce-scatter is one call per step, mostly below the group's
-            # compression_min_bytes: compressed whatever its size (no error feedback here).
+            # compression_min_bytes: compressed whatever its size, with error feedback (a
+            # residual per unit, kept by the hook for the run).
             from trainers import backends
 
             backends.import_nanoccl()
