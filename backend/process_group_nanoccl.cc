@@ -373,14 +373,19 @@ void checkResidual(const at::Tensor& residual, const at::Tensor& data, const cha
   }
 }
 
+// A *_compressed call's block_size, which travels as a uint32, or the call is rejected.
+void checkBlockSize(int64_t blockSize, const char* what) {
+  if (blockSize < 0 || blockSize > std::numeric_limits<uint32_t>::max()) {
+    reject(std::string(what) + ": block_size " + std::to_string(blockSize) + " out of range");
+  }
+}
+
 // The codec a *_compressed call names, with its block size, or the call is rejected.
 std::pair<const codec::Codec*, codec::CodecParams> requestedCodec(const Communicator& comm,
                                                                   const std::string& name,
                                                                   int64_t blockSize,
                                                                   const char* what) {
-  if (blockSize < 0 || blockSize > std::numeric_limits<uint32_t>::max()) {
-    reject(std::string(what) + ": block_size " + std::to_string(blockSize) + " out of range");
-  }
+  checkBlockSize(blockSize, what);
   Result<const codec::Codec*> found = codec::findCodec(name);
   if (!found.isOk()) reject(std::string(what) + ": " + found.status().message());
   codec::CodecParams params;
@@ -410,9 +415,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allreduceCompressed(
     checkFloatTensor(tensor, what);
     const DataType dt = reduceType(tensor, what);
     checkResidual(residual, tensor, what);
-    if (blockSize < 0 || blockSize > std::numeric_limits<uint32_t>::max()) {
-      reject(std::string(what) + ": block_size " + std::to_string(blockSize) + " out of range");
-    }
+    checkBlockSize(blockSize, what);
     const Reduction red = mapReduction(op, dt, what);
     std::vector<at::Tensor> tensors{tensor};
     auto work = NANOCCL_WORK(c10d::OpType::ALLREDUCE, what, tensors);

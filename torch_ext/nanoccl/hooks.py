@@ -243,7 +243,14 @@ except ImportError:  # a torch without FSDP2's custom comms: compress_fsdp says 
     _AllGather = _ReduceScatter = object  # type: ignore[assignment,misc]
 
 
-class CompressedReduceScatter(_ReduceScatter):  # type: ignore[misc,valid-type]
+class _HostBuffers:
+    """FSDP2 comms allocate their buffers themselves: plain tensors, as FSDP2's default."""
+
+    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+        return torch.empty(*size, dtype=dtype, device=device)
+
+
+class CompressedReduceScatter(_HostBuffers, _ReduceScatter):  # type: ignore[misc,valid-type]
     """One FSDP2 unit's gradient reduce-scatter with its inter-node leg compressed by `codec`
     (``nanoccl.reduce_scatter_compressed``): float32, bfloat16 and float16 gradients, SUM, AVG
     or PREMUL_SUM as FSDP2 sends them; other types and devices go lossless.
@@ -259,9 +266,6 @@ class CompressedReduceScatter(_ReduceScatter):  # type: ignore[misc,valid-type]
         self.residual: torch.Tensor | None = None
         self.resets = 0
         self.calls = 0  # compressed reduce-scatters sent
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, op: Any, async_op: bool = False) -> Any:
@@ -281,7 +285,7 @@ class CompressedReduceScatter(_ReduceScatter):  # type: ignore[misc,valid-type]
                                                  op=op, group=group, async_op=async_op)
 
 
-class CompressedAllGather(_AllGather):  # type: ignore[misc,valid-type]
+class CompressedAllGather(_HostBuffers, _AllGather):  # type: ignore[misc,valid-type]
     """FSDP2's parameter all-gather quantized by `codec` (ZeRO++'s qwZ,
     ``nanoccl.all_gather_compressed``): forward and backward compute with the decoded
     parameters, the same bits on every rank; each rank's sharded parameters, which the optimizer
@@ -291,9 +295,6 @@ class CompressedAllGather(_AllGather):  # type: ignore[misc,valid-type]
     def __init__(self, codec: str = "int8", *, block_size: int = 0) -> None:
         self.codec, self.block_size = codec, block_size
         self.calls = 0  # compressed all-gathers sent
-
-    def allocate(self, size: Any, *, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-        return torch.empty(*size, dtype=dtype, device=device)
 
     def __call__(self, output_tensor: torch.Tensor, input_tensor: torch.Tensor,
                  group: dist.ProcessGroup, async_op: bool = False) -> Any:

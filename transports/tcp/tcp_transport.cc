@@ -297,17 +297,15 @@ class TcpTransport : public Transport {
           ioctl(c->fd, SIOCOUTQ, &queued) != 0) {
         continue;
       }
-      const size_t rail = static_cast<size_t>(c->index % rails_);
-      const std::string ifname = rail < listeners_.size() ? listeners_[rail].ifname : "";
+      const std::string ifname = railName(*c);
       const bool unacked = ti.tcpi_unacked > 0 && ti.tcpi_last_ack_recv >= kStallReportMs;
       const bool unsent = queued > 0 && ti.tcpi_unacked == 0 &&
                           ti.tcpi_last_data_sent >= kStallReportMs;
       const bool down = interfaceDown(c->fd, ifname);
       if (!unacked && !unsent && !down) continue;
       char line[224];
-      int n = std::snprintf(line, sizeof(line), "%sconnection %d to rank %d%s%s:",
-                            out.empty() ? "" : "; ", c->index, peer, rails_ > 1 ? " on " : "",
-                            rails_ > 1 ? ifname.c_str() : "");
+      int n = std::snprintf(line, sizeof(line), "%s%s:", out.empty() ? "" : "; ",
+                            connectionLabel(*c).c_str());
       if (unacked) {
         n += std::snprintf(line + n, sizeof(line) - n, " %.2f MB not acknowledged for %.1f s "
                            "(%u retransmissions)", queued / 1e6, ti.tcpi_last_ack_recv / 1e3,
@@ -355,15 +353,26 @@ class TcpTransport : public Transport {
       socklen_t len = sizeof(ti);
       if (getsockopt(c.fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) continue;
       char line[200];
-      std::snprintf(line, sizeof(line), "%sconnection %d to rank %d%s%s: %.2f MB still to "
-                    "arrive (%d message%s), nothing received on it for %.1f s",
-                    out.empty() ? "" : "; ", c.index, peer, rails_ > 1 ? " on " : "",
-                    rails_ > 1 ? listeners_[c.index % rails_].ifname.c_str() : "",
-                    waited.first / 1e6, waited.second, waited.second == 1 ? "" : "s",
-                    ti.tcpi_last_data_recv / 1e3);
+      std::snprintf(line, sizeof(line), "%s%s: %.2f MB still to arrive (%d message%s), nothing "
+                    "received on it for %.1f s", out.empty() ? "" : "; ",
+                    connectionLabel(c).c_str(), waited.first / 1e6, waited.second,
+                    waited.second == 1 ? "" : "s", ti.tcpi_last_data_recv / 1e3);
       out += line;
     }
     return out;
+  }
+
+  // The interface of `c`'s rail ("" where unknown).
+  std::string railName(const Conn& c) const {
+    const size_t rail = static_cast<size_t>(c.index % rails_);
+    return rail < listeners_.size() ? listeners_[rail].ifname : "";
+  }
+
+  // "connection 1 to rank 0", with " on eth1" where there are several rails: how the stall
+  // reports name a connection.
+  std::string connectionLabel(const Conn& c) const {
+    return "connection " + std::to_string(c.index) + " to rank " + std::to_string(c.peer) +
+           (rails_ > 1 ? " on " + railName(c) : "");
   }
 
   // Whether interface `ifname` is administratively down or has no carrier (asked through any
