@@ -485,10 +485,109 @@ def scenario_sharded(a: argparse.Namespace, ck: Checks) -> None:
     ck.data["nodes"] = nodes
 
 
+def scenario_fsdp_overlap(a: argparse.Namespace, ck: Checks) -> None:
+    """FSDP2 with its collectives overlapped (hooks.overlap_fsdp, compress_fsdp(overlap=True)):
+    the same bits as FSDP2's own in-place calls after the same steps, on nanoccl and Gloo,
+    parameters kept gathered (ZeRO-2) or resharded (ZeRO-3), with a step that accumulates two
+    backwards (the second goes in place) and with int8 gradients and parameters. On 2 nodes of
+    2: HSDP through compress_fsdp(replicate_group=...) the same bits as FSDP2's own 2-D HSDP,
+    and with int8 across nodes (error feedback) close to it."""
+    from torch import nn
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    init(a)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    gloo = dist.new_group(backend="gloo")
+    nodes = len(set(gathered_node_ids(gloo)))
+    task = TeacherTask()
+    steps = 6
+    meshes = {"nanoccl": None, "gloo": DeviceMesh.from_group(gloo, "cpu")}
+
+    def train(mesh: Any, reshard: bool, install: Any) -> tuple[torch.Tensor, Any, float]:
+        net = task.student()
+        for layer in net:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(net, mesh=mesh, reshard_after_forward=reshard)
+        comms = install(net)
+        opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+        g = torch.Generator().manual_seed(1000 + rank)
+        for step in range(steps):
+            opt.zero_grad()
+            for _ in range(2 if step == steps - 1 else 1):  # the last step accumulates two
+                xb = torch.randn(32, 32, generator=g)
+                with torch.no_grad():
+                    yb = task.teacher(xb)
+                nn.functional.mse_loss(net(xb), yb).backward()
+            opt.step()
+        flat = torch.cat([p.full_tensor().flatten() for p in net.parameters()])
+        return flat, comms, task.eval_loss(net)
+
+    def same(name: str, x: torch.Tensor, y: torch.Tensor) -> None:
+        ck.expect(f"{name} same bits", torch.equal(x, y), f"max diff {(x - y).abs().max()}")
+
+    in_place: Any = lambda net: None  # noqa: E731
+    for backend in ("nanoccl", "gloo"):
+        for reshard in (False, True):
+            name = f"{backend} reshard={reshard}"
+            plain, _, _ = train(meshes[backend], reshard, in_place)
+            overlapped, comms, _ = train(meshes[backend], reshard, hooks.overlap_fsdp)
+            same(name, plain, overlapped)
+            # Three units with parameters: one reduce-scatter each per backward, all but the
+            # second backward of the accumulating step overlapped.
+            ck.expect(f"{name} overlapped", comms.overlapped == 3 * steps, str(comms.overlapped))
+            ck.expect(f"{name} forward order", len(comms.forward_order) == 4,
+                      str(len(comms.forward_order)))
+            quiesce(gloo)
+    int8_in_place, _, _ = train(None, True, lambda net: hooks.compress_fsdp(
+        net, "int8", gather_codec="int8", overlap=False))
+    int8_overlapped, comms, _ = train(None, True, lambda net: hooks.compress_fsdp(
+        net, "int8", gather_codec="int8", overlap=True))
+    same("int8", int8_in_place, int8_overlapped)
+    ck.expect("int8 overlapped", comms.overlapped == 3 * steps, str(comms.overlapped))
+    everyone = gathered(int8_overlapped, gloo)
+    ck.expect("int8 same bits everywhere", all(torch.equal(everyone[0], t) for t in everyone))
+    quiesce(gloo)
+
+    if nodes != 2 or world != 4:
+        return
+    # HSDP: FSDP2's own on the 2-D mesh, then sharded within the node with the cross-node
+    # all-reduce as compress_fsdp's hook (lossless: the same bits, as halving is exact).
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    replicas = mesh.get_group("replicate")
+    native, _, native_loss = train(mesh, False, in_place)
+    hooked, comms, _ = train(mesh["shard"], False, lambda net: hooks.compress_fsdp(
+        net, None, overlap=True, replicate_group=replicas))
+    same("hsdp hooked", native, hooked)
+    ck.expect("hsdp all-reduces overlapped", comms.overlapped == 3 * steps, str(comms.overlapped))
+    int8, comms, int8_loss = train(mesh["shard"], False, lambda net: hooks.compress_fsdp(
+        net, "int8", replicate_group=replicas))
+    everyone = gathered(int8, gloo)
+    ck.expect("hsdp int8 same bits everywhere", all(torch.equal(everyone[0], t)
+                                                    for t in everyone))
+    ck.expect("hsdp int8 loss", abs(int8_loss - native_loss) <= 0.02 * native_loss,
+              f"{int8_loss} vs {native_loss}")
+    ck.expect("hsdp int8 compressed", comms.all_reduce_calls == 3 * (steps + 1),
+              str(comms.all_reduce_calls))
+    state = comms.state_dict()
+    ck.expect("hsdp int8 residuals", sorted(state["replica_residuals"]) == [1, 2, 3]
+              and not state["residuals"], str(state))
+    two_d = task.student()
+    fully_shard(two_d, mesh=mesh)
+    for name, net in (("unsharded", task.student()), ("2-D mesh", two_d)):
+        try:
+            hooks.compress_fsdp(net, "int8", replicate_group=replicas)
+            ck.fail(f"hsdp refuses a {name} module", "accepted")
+        except ValueError as exc:
+            ck.expect(f"hsdp refuses a {name} module", "fully_shard" in str(exc), str(exc))
+    quiesce(gloo)
+
 SCENARIOS = {
     "compressed": scenario_compressed,
     "convergence": scenario_convergence,
     "sharded": scenario_sharded,
+    "fsdp_overlap": scenario_fsdp_overlap,
 }
 
 if __name__ == "__main__":

@@ -38,6 +38,21 @@ def test_compressed_sharded_calls_and_fsdp2(layout: str) -> None:
 
 
 @pytest.mark.timeout(200)
+@pytest.mark.parametrize("layout", ["aabb", "abc"], ids=["2x2", "3x1"])
+def test_fsdp_overlap_gives_the_same_bits(layout: str) -> None:
+    """FSDP2's collectives overlapped with compute (overlap_fsdp, compress_fsdp(overlap=True)) end
+    in the same parameters, bit for bit, as FSDP2's own in-place calls: nanoccl and Gloo,
+    ZeRO-2 and ZeRO-3, an accumulating step, int8 gradients and parameters; on 2x2, HSDP
+    with compress_fsdp's cross-node all-reduce hook as FSDP2's own HSDP, and int8 with error
+    feedback there close to it."""
+    job = run_job("fsdp_overlap", len(layout), rank_env=node_env(layout), timeout=190,
+                  pg_timeout=20, script=JOBS)
+    results = job.assert_ok()
+    want = 23 if layout == "aabb" else 15  # 2 nodes of 2: HSDP too
+    assert all(r["checks"] == want for r in results), [r["checks"] for r in results]
+
+
+@pytest.mark.timeout(200)
 def test_ddp_error_feedback_converges() -> None:
     """DDP on 2x2: int8 + error feedback within 2% of the lossless final loss, int4 within 5%;
     int8 with every bucket of a step fused into one call within 2% too."""

@@ -89,3 +89,96 @@ def test_buckets_held_from_an_abandoned_pass_are_dropped(
         with pytest.raises(RuntimeError, match="held buckets were dropped"):
             fut.wait()
     assert all(torch.equal(f.wait(), torch.ones(4)) for f in new)
+
+
+# ---- FSDP2 overlap: the reduce-scatters left in flight, waited for at the end of backward ----
+
+
+class SlowWork:
+    """A reduce-scatter in flight: wait() writes the result (or raises)."""
+
+    def __init__(self, output: torch.Tensor, error: str | None = None) -> None:
+        self.output, self.error, self.waited = output, error, False
+
+    def wait(self) -> bool:
+        self.waited = True
+        if self.error:
+            raise RuntimeError(self.error)
+        self.output.fill_(7.0)
+        return True
+
+
+class FakeUnitReduceScatter(hooks._UnitReduceScatter):
+    def __init__(self, errors: list[str | None]) -> None:
+        super().__init__()
+        self.errors, self.works, self.async_flags = errors, [], []
+        self.in_flight = hooks._InFlight()
+
+    def overlappable(self, output: torch.Tensor, input: torch.Tensor, op: object) -> bool:
+        return True  # what FSDP2 would allow: tested through FSDP2 in test_compression.py
+
+    def launch(self, output: torch.Tensor, input: torch.Tensor, group: object, op: object,
+               async_op: bool) -> SlowWork | None:
+        self.async_flags.append(async_op)
+        n = len(self.works)
+        work = SlowWork(output, self.errors[n] if n < len(self.errors) else None)
+        self.works.append(work)
+        if async_op:
+            return work
+        work.wait()
+        return None
+
+
+def backward_calling(rs: FakeUnitReduceScatter, calls: int) -> list[torch.Tensor]:
+    """Runs a backward pass whose gradient hook makes `calls` reduce-scatters (as FSDP2's
+    post-backward does), and returns their outputs."""
+    outputs = [torch.zeros(4) for _ in range(calls)]
+
+    class Unit(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: object, x: torch.Tensor) -> torch.Tensor:
+            return x * 2
+
+        @staticmethod
+        def backward(ctx: object, grad: torch.Tensor) -> torch.Tensor:
+            for out in outputs:
+                rs(out, torch.ones(8), None, torch.distributed.ReduceOp.AVG)
+                assert torch.equal(out, torch.zeros(4))  # returned before the result arrived
+            return grad * 2
+
+    x = torch.ones(3, requires_grad=True)
+    Unit.apply(x).sum().backward()
+    return outputs
+
+
+def test_overlapped_reduce_scatters_have_arrived_when_backward_returns() -> None:
+    rs = FakeUnitReduceScatter([])
+    outputs = backward_calling(rs, 3)
+    assert rs.async_flags == [True, True, True] and rs.in_flight.overlapped == 3
+    assert all(w.waited for w in rs.works) and all(torch.equal(o, torch.full((4,), 7.0))
+                                                    for o in outputs)
+    assert rs.in_flight.calls == [] and not rs.in_flight.armed
+    # The next backward arms the wait again.
+    outputs = backward_calling(rs, 1)
+    assert torch.equal(outputs[0], torch.full((4,), 7.0)) and rs.in_flight.overlapped == 4
+
+
+def test_a_failed_overlapped_reduce_scatter_fails_the_backward() -> None:
+    """Its error comes out of backward(), after every other call of the pass was waited for;
+    the next pass starts clean."""
+    rs = FakeUnitReduceScatter([None, "peer 2 is gone"])
+    with pytest.raises(RuntimeError, match="peer 2 is gone"):
+        backward_calling(rs, 3)
+    assert all(w.waited for w in rs.works)
+    assert rs.in_flight.calls == [] and not rs.in_flight.armed
+    outputs = backward_calling(rs, 1)
+    assert torch.equal(outputs[0], torch.full((4,), 7.0))
+
+
+def test_outside_a_backward_a_reduce_scatter_runs_in_place() -> None:
+    """Nothing would wait for it at the end of a backward pass that is not running."""
+    rs = FakeUnitReduceScatter([])
+    out = torch.zeros(4)
+    assert rs(out, torch.ones(8), None, torch.distributed.ReduceOp.AVG) is None
+    assert rs.async_flags == [False] and torch.equal(out, torch.full((4,), 7.0))
+    assert rs.in_flight.overlapped == 0
