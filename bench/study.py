@@ -107,7 +107,7 @@ class Profile:
     extra_args: tuple[str, ...] = ()
 
 
-GPT_STRATEGIES = ("dp", "tp", "pp", "zero1", "zero2", "zero3", "hsdp")
+GPT_STRATEGIES = ("dp", "tp", "pp", "zero1", "zero2", "zero3", "zero3-hpz", "hsdp")
 
 PROFILES: dict[str, Profile] = {
     "smoke": Profile(
@@ -127,11 +127,14 @@ PROFILES: dict[str, Profile] = {
         {"gpt2-tiny": (8, 16, 32), "resnet18": (8, 32)},
         {"gpt2-tiny": 16, "resnet18": 32}, reps=3, steps=6, warmup=2, budget_min=70.0,
         extra_backends={"dp": ("nanoccl+int4",), "zero2": ("nanoccl+int4", "nanoccl+int4+qwz"),
-                        "zero3": ("nanoccl+int4+qwz",), "hsdp": ("nanoccl+int4",)},
-        description="about an hour: gpt2-tiny (DP/TP/PP/ZeRO-1/2/3, HSDP on 2x2, DP also at "
+                        "zero3": ("nanoccl+int4+qwz",), "zero3-hpz": ("nanoccl+int4+qwz",),
+                        "hsdp": ("nanoccl+int4",)},
+        description="about an hour: gpt2-tiny (DP/TP/PP/ZeRO-1/2/3, ZeRO-3 hpZ and HSDP on "
+                    "2x2, DP also at "
                     "batch 8 and 32) and ResNet-18 (DP, batch 8 and 32) on 1x1..4x1, Gloo / "
                     "nanoccl / nanoccl+int8 (at the reference batch also DP, ZeRO-2 and HSDP "
-                    "with int4, ZeRO-2/3 with int4 + int8 parameters: +qwz), 3 repetitions; "
+                    "with int4, ZeRO-2/3 and hpZ with int4 + int8 parameters: +qwz), 3 "
+                    "repetitions; "
                     "runs still queued after 70 minutes are skipped and listed"),
     "cluster": Profile(
         "cluster", ("gpt2-small", "resnet18"),
@@ -207,6 +210,8 @@ def applicable(model: str, strategy: str, setup: Setup) -> str | None:
         return "hsdp on one node is zero2"
     if strategy == "hsdp" and setup.ppn < 2:
         return "hsdp with one rank per node shards nothing (DP through FSDP2)"
+    if strategy == "zero3-hpz" and (setup.nodes < 2 or setup.ppn < 2):
+        return "zero3-hpz is zero3 on one node and zero2 with one rank per node"
     return None
 
 

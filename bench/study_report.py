@@ -50,9 +50,10 @@ RUN_FIELDS = [
 ]
 
 SETUP_ORDER = ["1x1", "1x2", "1x4", "2x1", "2x2", "4x1"]
-STRATEGY_ORDER = ["single", "dp", "tp", "pp", "zero1", "zero2", "zero3", "hsdp"]
+STRATEGY_ORDER = ["single", "dp", "tp", "pp", "zero1", "zero2", "zero3", "zero3-hpz", "hsdp"]
 STRATEGY_LABEL = {"single": "Single", "dp": "Data", "tp": "Tensor", "pp": "Pipeline",
-                  "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3", "hsdp": "HSDP"}
+                  "zero1": "ZeRO-1", "zero2": "ZeRO-2", "zero3": "ZeRO-3",
+                  "zero3-hpz": "ZeRO-3 hpZ", "hsdp": "HSDP"}
 
 
 def _num(value: Any) -> float | None:

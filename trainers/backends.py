@@ -128,6 +128,10 @@ def init(spec: BackendSpec, timeout_s: float, standalone: bool = False,
         dist.init_process_group(**kwargs)
     else:
         dist.init_process_group(store=dist.HashStore(), rank=0, world_size=1, **kwargs)
+    # Groups made later without a timeout of their own (new_group(), the DeviceMesh FSDP2
+    # builds for zero3-hpz's post-forward shards) take torch's default, 30 minutes: a dead
+    # peer there would be reported that late. They take the run's instead.
+    dist.distributed_c10d.default_pg_timeout = timeout
 
 
 def nanoccl_stats(spec: BackendSpec, groups: Sequence[Any] = (None,)) -> dict[str, int] | None:

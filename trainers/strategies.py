@@ -8,6 +8,8 @@ same global batches; they differ only in how the work and the state are split:
   zero1   DDP + ZeroRedundancyOptimizer (optimizer state sharded)
   zero2   FSDP2 fully_shard, reshard_after_forward=False (optimizer state + gradients)
   zero3   FSDP2 fully_shard, reshard_after_forward=True (+ parameters)
+  zero3-hpz  zero3 resharded after forward to the node only (reshard_after_forward =
+          ranks per node: ZeRO++'s hpZ): the backward's all-gathers stay inside the node
   hsdp    FSDP2 fully_shard over a 2-D mesh (replicate across nodes, shard within a node):
           ZeRO-2 inside each node, gradient shards allreduced across nodes
   tp      DTensor tensor parallel: q/k/v and MLP fc column-wise, attention and MLP
@@ -33,10 +35,10 @@ from trainers.data import Source, shard
 from trainers.models import (GPT, BasicBlock, Block, GPTEmbedding, GPTHead, build_model,
                              count_params, gpt_config, gpt_loss, is_gpt)
 
-STRATEGIES = ("single", "dp", "tp", "pp", "zero1", "zero2", "zero3", "hsdp")
+STRATEGIES = ("single", "dp", "tp", "pp", "zero1", "zero2", "zero3", "zero3-hpz", "hsdp")
 # How the global batch reaches a rank (the studies' Table II).
 BATCH_SPLIT = {"single": "whole", "dp": "split", "zero1": "split", "zero2": "split",
-               "zero3": "split", "hsdp": "split", "tp": "whole", "pp": "microbatches"}
+               "zero3": "split", "zero3-hpz": "split", "hsdp": "split", "tp": "whole", "pp": "microbatches"}
 
 
 class StrategyError(RuntimeError):
@@ -70,6 +72,10 @@ class TrainConfig:
     # The process group timeout (train.py --timeout); a DeviceMesh's nanoccl groups get it too.
     timeout_s: float | None = None
     nanoccl: bool = False  # the backend is nanoccl (with or without a codec)
+    # FSDP2 on CPU (zero2, zero3, zero3-hpz, hsdp): collectives overlapped with compute as a
+    # GPU's streams overlap them (nanoccl.hooks.overlap_fsdp), whatever the backend; False
+    # (train.py's default: no faster on the emulated cluster, README): in place.
+    fsdp_overlap: bool = False
 
 
 def loss_fn_for(model_name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -223,35 +229,63 @@ class Zero23(_WholeModel):
     """FSDP2: stage 2 keeps parameters gathered between forward and backward, 3 reshards."""
 
     def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int,
-                 stage: int) -> None:
+                 stage: int, node: int | None = None) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
 
         super().__init__(cfg, source, rank, world)
-        self.name = f"zero{stage}"
+        self.name = f"zero{stage}" + ("-hpz" if node is not None else "")
         mesh = init_device_mesh(self.device.type, (world,))
-        reshard = stage == 3
+        # hpZ (node: ranks per node): after forward each unit keeps its parameters sharded
+        # over the node's ranks only (FSDP2 makes a group of each node's ranks, numbered node
+        # by node), so the backward gathers them inside the node; forward still gathers them
+        # across nodes. One node, or one rank per node: zero3's True / zero2's False.
+        reshard: bool | int = stage == 3
+        if node is not None and 1 < node < world:
+            reshard = node
+        elif node == 1:
+            reshard = False
+        self.reshard = reshard
         for unit in _units(self.model):
             fully_shard(unit, mesh=mesh, reshard_after_forward=reshard)
         fully_shard(self.model, mesh=mesh, reshard_after_forward=reshard)
         self.compressed = ""
-        if cfg.nanoccl and cfg.codec is not None:
-            # Each unit's reduce-scatter is one call per step, mostly below the group's
-            # compression_min_bytes: compressed whatever its size, with error feedback (a
-            # residual per unit, kept by the hook for the run).
+        compress = cfg.nanoccl and cfg.codec is not None
+        if compress or (cfg.fsdp_overlap and self.device.type == "cpu"):
             from trainers import backends
 
             backends.import_nanoccl()
             from nanoccl import hooks
 
-            hooks.compress_fsdp(self.model, cfg.codec, gather_codec=cfg.gather_codec)
-            self.compressed = f", gradients {cfg.codec}" + (
-                f", parameters {cfg.gather_codec}" if cfg.gather_codec else "")
+            if compress:
+                # Each unit's reduce-scatter is one call per step, mostly below the group's
+                # compression_min_bytes: compressed whatever its size, with error feedback (a
+                # residual per unit, kept by the hook for the run).
+                hooks.compress_fsdp(self.model, cfg.codec, gather_codec=cfg.gather_codec,
+                                    overlap=cfg.fsdp_overlap)
+                self.compressed = f", gradients {cfg.codec}" + (
+                    f", parameters {cfg.gather_codec}" if cfg.gather_codec else "")
+            else:
+                # Gloo and nanoccl lossless alike: on CPU FSDP2 runs its collectives in place.
+                hooks.overlap_fsdp(self.model)
+            if cfg.fsdp_overlap and self.device.type == "cpu":
+                self.compressed += ", collectives overlapped"
         self.optim = make_optimizer(self.model.parameters(), cfg.lr)
 
+    def comm_groups(self) -> list[Any]:
+        """The default group, and for hpZ the groups of the node's ranks FSDP2 made for the
+        post-forward shards (the backward's all-gathers run there)."""
+        groups: list[Any] = [None]
+        for unit in self.model.modules():
+            state = getattr(unit, "_get_fsdp_state", None)
+            for group in (getattr(state(), "_fsdp_param_groups", None) or []) if state else []:
+                info = getattr(group, "post_forward_mesh_info", None)
+                if info is not None and info is not group.mesh_info:
+                    groups.append(info.shard_process_group)
+        return groups
+
     def describe(self) -> str:
-        reshard = self.name == "zero3"
-        return (f"{self.name} (FSDP2 fully_shard, reshard_after_forward={reshard}"
+        return (f"{self.name} (FSDP2 fully_shard, reshard_after_forward={self.reshard}"
                 f"{self.compressed})")
 
 
@@ -269,10 +303,12 @@ class HybridSharded(_WholeModel):
     memory, at one more intra-node collective per unit on the critical path (the studies' ZeRO-2
     lost to ZeRO-1 on such small calls); the trainers' models fit with their parameters whole.
 
-    The sub-groups the mesh creates get the default group's codec (nanoccl+<codec>); the
-    replicate group's, whose only calls are these gradient allreduces (one per unit per step,
-    mostly below the 1 MiB default compression_min_bytes), compresses them whatever their
-    size (no error feedback: FSDP2 gives the all-reduce no hook that could carry one).
+    With nanoccl+<codec>, or by default on CPU (--fsdp-overlap), the units are sharded on the
+    node's 1-D "shard" sub-mesh and nanoccl.hooks.compress_fsdp(replicate_group=...) installs
+    the cross-node allreduce as FSDP2's all-reduce hook: compressed whatever its size with a
+    residual per unit (error feedback), and overlapped with the rest of the backward (FSDP2
+    runs its own in place on CPU). --fsdp-overlap off without a codec: FSDP2's own 2-D HSDP.
+    The sub-groups the mesh creates get the default group's codec and the run's timeout.
 
     One node: the mesh is (1, world), FSDP2 within the node (zero2's calls). One rank per
     node: (nodes, 1), nothing sharded, a full-gradient allreduce per unit across nodes.
@@ -293,9 +329,30 @@ class HybridSharded(_WholeModel):
                                 mesh_dim_names=("replicate", "shard"),
                                 backend_override=_mesh_backend_override(cfg, ("replicate",
                                                                               "shard")))
+        # FSDP2's own HSDP (fully_shard on the 2-D mesh) all-reduces each unit's shard across
+        # nodes in place, with no hook for a residual. With a codec, or overlapping on CPU, the
+        # units are sharded on the node's 1-D "shard" mesh instead and nanoccl.hooks'
+        # all-reduce hook averages each shard across the replicate group: the same HSDP, its
+        # cross-node call compressed with error feedback and overlapped with the backward.
+        compress = cfg.nanoccl and cfg.codec is not None
+        hooked = compress or (cfg.fsdp_overlap and self.device.type == "cpu")
+        shard_mesh = mesh["shard"] if hooked else mesh
         for unit in _units(self.model):
-            fully_shard(unit, mesh=mesh, reshard_after_forward=False)
-        fully_shard(self.model, mesh=mesh, reshard_after_forward=False)
+            fully_shard(unit, mesh=shard_mesh, reshard_after_forward=False)
+        fully_shard(self.model, mesh=shard_mesh, reshard_after_forward=False)
+        self.how = ""
+        if hooked:
+            from trainers import backends
+
+            backends.import_nanoccl()
+            from nanoccl import hooks
+
+            hooks.compress_fsdp(self.model, cfg.codec if compress else None,
+                                overlap=cfg.fsdp_overlap,
+                                replicate_group=mesh.get_group("replicate"))
+            self.how = (f", cross-node {cfg.codec} + error feedback" if compress else "") + (
+                ", collectives overlapped" if cfg.fsdp_overlap and self.device.type == "cpu"
+                else "")
         self.optim = make_optimizer(self.model.parameters(), cfg.lr)
         self.groups = [mesh.get_group("replicate"), mesh.get_group("shard")]
 
@@ -304,7 +361,7 @@ class HybridSharded(_WholeModel):
 
     def describe(self) -> str:
         return (f"hsdp (FSDP2 fully_shard on mesh replicate {self.nodes} x shard {self.local}, "
-                "reshard_after_forward=False)")
+                f"reshard_after_forward=False{self.how})")
 
 
 def _node_layout(cfg: TrainConfig, rank: int, world: int) -> int:
@@ -505,9 +562,9 @@ class PipelineParallel(Strategy):
 
 def make_strategy(cfg: TrainConfig, source: Source, rank: int, world: int) -> Strategy:
     name = cfg.strategy
-    if cfg.gather_codec is not None and name not in ("zero2", "zero3"):
+    if cfg.gather_codec is not None and name not in ("zero2", "zero3", "zero3-hpz"):
         raise StrategyError(f"+qwz quantizes FSDP2's parameter all-gathers: zero2 and zero3 "
-                            f"only, not {name}")
+                            f"only (and zero3-hpz), not {name}")
     if name == "single":
         return Single(cfg, source, rank, world)
     if name == "dp":
@@ -516,6 +573,8 @@ def make_strategy(cfg: TrainConfig, source: Source, rank: int, world: int) -> St
         return Zero1(cfg, source, rank, world)
     if name in ("zero2", "zero3"):
         return Zero23(cfg, source, rank, world, stage=int(name[-1]))
+    if name == "zero3-hpz":
+        return Zero23(cfg, source, rank, world, stage=3, node=_node_layout(cfg, rank, world))
     if name == "hsdp":
         return HybridSharded(cfg, source, rank, world)
     if name == "tp":

@@ -37,8 +37,8 @@ import torch.distributed as dist  # noqa: E402
 from trainers import backends  # noqa: E402
 from trainers.data import make_source  # noqa: E402
 from trainers.models import MODEL_NAMES, gpt_config, gpt_flops_per_token, is_gpt  # noqa: E402
-from trainers.strategies import (STRATEGIES, StrategyError, TrainConfig,  # noqa: E402
-                                 check_batch, env_int, make_strategy)
+from trainers.strategies import (BATCH_SPLIT, STRATEGIES, StrategyError,  # noqa: E402
+                                 TrainConfig, check_batch, env_int, make_strategy)
 
 RESULT_KIND = "nanoccl_train_result"
 
@@ -64,6 +64,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--microbatches", type=int, default=None,
                    help="pipeline microbatches (default: the number of stages)")
     p.add_argument("--schedule", default="1f1b", choices=("gpipe", "1f1b"), help="pp schedule")
+    p.add_argument("--fsdp-overlap", default="off", choices=("on", "off"),
+                   help="FSDP2 strategies on CPU: overlap the reduce-scatters (hsdp: the "
+                        "cross-node allreduces) and all-gathers with compute, as a GPU's "
+                        "streams do (nanoccl.hooks.overlap_fsdp, any backend); default off, "
+                        "FSDP2's own calls in place")
     p.add_argument("--data", default=None,
                    help="real data: a text file (GPT, bytes as tokens) or a folder of .npy "
                         "images (ResNet); default synthetic")
@@ -181,7 +186,8 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
                       bucket_cap_mb=args.bucket_cap_mb, microbatches=args.microbatches,
                       schedule=args.schedule, device=device, local_world=local_world,
                       codec=spec.codec, gather_codec=spec.gather_codec,
-                      timeout_s=args.timeout, nanoccl=spec.is_nanoccl)
+                      timeout_s=args.timeout, nanoccl=spec.is_nanoccl,
+                      fsdp_overlap=args.fsdp_overlap == "on")
     strategy = make_strategy(cfg, source, rank, world)
     unit = "tokens" if gpt else "images"
     per_sample = seq_len if gpt else 1
@@ -262,7 +268,7 @@ def combine_losses(strategy: str, per_rank: list[list[float | None]]) -> list[fl
         values = [r[s] for r in per_rank if r[s] is not None]
         if not values:
             out.append(None)
-        elif strategy in ("dp", "zero1", "zero2", "zero3", "hsdp", "single"):
+        elif BATCH_SPLIT.get(strategy) == "split" or strategy == "single":
             out.append(statistics.fmean(values))  # type: ignore[arg-type]
         else:
             out.append(values[0])

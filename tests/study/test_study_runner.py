@@ -84,8 +84,8 @@ def test_hsdp_runs_where_it_differs_from_zero2_and_dp() -> None:
         hsdp = {(r.setup.name, r.backend) for r in plan.runs if r.strategy == "hsdp"}
         extra = profile.extra_backends.get("hsdp", ())
         assert hsdp == {("2x2", b) for b in (*profile.backends, *extra)}, name
-        # +qwz (parameters all-gathered as int8) is FSDP2's: zero2 and zero3 only.
-        assert all("qwz" not in r.backend or r.strategy in ("zero2", "zero3")
+        # +qwz (parameters all-gathered as int8) is FSDP2's: zero2 and zero3 (hpZ) only.
+        assert all("qwz" not in r.backend or r.strategy in ("zero2", "zero3", "zero3-hpz")
                    for r in plan.runs), name
         assert any("hsdp on 1x2 left out" in n for n in plan.notes)
 

@@ -270,6 +270,52 @@ def test_zero2_2x2_compressed_gradients_and_parameters(single: dict[str, Any],
     assert params["inter_sent"] < 0.4 * plain["inter_sent"], (params, plain)
 
 
+@pytest.mark.timeout(200)
+def test_zero3_hpz_2x2_gathers_inside_the_node_in_backward(single: dict[str, Any],
+                                                          tmp_root: Path) -> None:
+    """zero3-hpz (FSDP2 resharded after forward to the node's ranks) trains zero3's losses
+    (the batches split, the loss the mean of the ranks'); its backward all-gathers stay inside
+    the node, so only forward's cross the link: fewer inter-node bytes than zero3's. With
+    +qwz the forward's are int8."""
+    def run(strategy: str, backend: str) -> dict[str, Any]:
+        args = [a if a != "zero2" else strategy for a in ZERO2] + ["--backend", backend]
+        res = _run(f"{strategy}-2x2-{backend}", 4, args, tmp_root, node_env(2, 2))
+        assert res.ok, res.output[-3000:]
+        assert res.result is not None
+        return res.result
+
+    zero3, hpz = run("zero3", "nanoccl"), run("zero3-hpz", "nanoccl")
+    assert "reshard_after_forward=2" in hpz["description"], hpz["description"]
+    assert hpz["losses"] == pytest.approx(single["losses"], rel=LOSS_RTOL)
+    assert hpz["losses"] == pytest.approx(zero3["losses"], rel=LOSS_RTOL)
+    full, node = zero3["nanoccl_bytes"], hpz["nanoccl_bytes"]
+    # The same calls (the post-forward groups counted too); a third of zero3's cross-node
+    # bytes, the backward's all-gathers, moved inside the node.
+    assert node["calls"] == full["calls"], (node, full)
+    assert node["inter_sent"] < 0.75 * full["inter_sent"], (node, full)
+    assert node["intra_sent"] >= full["intra_sent"], (node, full)
+    qwz = run("zero3-hpz", "nanoccl+int8+qwz")
+    assert qwz["final_loss"] == pytest.approx(hpz["final_loss"], rel=0.02)
+    assert qwz["nanoccl_bytes"]["inter_sent"] < 0.4 * node["inter_sent"]
+
+
+@pytest.mark.timeout(200)
+def test_hsdp_2x2_overlapped_trains_the_same_losses(tmp_root: Path) -> None:
+    """--fsdp-overlap on: the cross-node allreduces (and the all-gathers) overlap the compute
+    and end in the same bits: Gloo and nanoccl+int8 (its error feedback) give exactly the
+    losses they give in place."""
+    for backend in ("gloo", "nanoccl+int8"):
+        in_place = _hsdp_2x2(backend, tmp_root).result
+        res = _run(f"hsdp-2x2-{backend}-overlap", 4,
+                   HSDP + ["--backend", backend, "--fsdp-overlap", "on"], tmp_root,
+                   node_env(2, 2))
+        assert res.ok, res.output[-3000:]
+        overlapped = res.result
+        assert overlapped is not None and in_place is not None
+        assert "collectives overlapped" in overlapped["description"]
+        assert overlapped["losses"] == in_place["losses"], backend
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("world, per_node, local_rank, message", [
     (3, 2, lambda r: r % 2, "3 ranks do not split into nodes of 2"),
