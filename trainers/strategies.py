@@ -303,12 +303,12 @@ class HybridSharded(_WholeModel):
     memory, at one more intra-node collective per unit on the critical path (the studies' ZeRO-2
     lost to ZeRO-1 on such small calls); the trainers' models fit with their parameters whole.
 
-    With nanoccl+<codec>, or by default on CPU (--fsdp-overlap), the units are sharded on the
-    node's 1-D "shard" sub-mesh and nanoccl.hooks.compress_fsdp(replicate_group=...) installs
-    the cross-node allreduce as FSDP2's all-reduce hook: compressed whatever its size with a
-    residual per unit (error feedback), and overlapped with the rest of the backward (FSDP2
-    runs its own in place on CPU). --fsdp-overlap off without a codec: FSDP2's own 2-D HSDP.
-    The sub-groups the mesh creates get the default group's codec and the run's timeout.
+    With nanoccl+<codec>, or with --fsdp-overlap on (CPU), the units are sharded on the node's
+    1-D "shard" sub-mesh and nanoccl.hooks.compress_fsdp(replicate_group=...) installs the
+    cross-node allreduce as FSDP2's all-reduce hook: compressed whatever its size with a
+    residual per unit (error feedback), and with --fsdp-overlap on overlapped with the rest of
+    the backward (FSDP2 runs its own in place on CPU). Otherwise FSDP2's own 2-D HSDP. The
+    sub-groups the mesh creates get the default group's codec and the run's timeout.
 
     One node: the mesh is (1, world), FSDP2 within the node (zero2's calls). One rank per
     node: (nodes, 1), nothing sharded, a full-gradient allreduce per unit across nodes.

@@ -124,13 +124,48 @@ def test_hsdp_traffic_on_2x2_matches_the_bytes_nanoccl_counts(tmp_path: Path) ->
         assert measured[op] == pytest.approx(nbytes, rel=0.02), op
 
 
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("backend", ["nanoccl", "nanoccl+int8+qwz"])
+def test_zero3_hpz_traffic_on_2x2_matches_the_bytes_nanoccl_counts(backend: str,
+                                                                  tmp_path: Path) -> None:
+    """ZeRO-3 hpZ: forward's allgathers across the nodes (int8 with +qwz), the backward's
+    within each node (lossless: decoded parameters), reduce-scatters across, as priced."""
+    res = launch(4, COMMON + ["--strategy", "zero3-hpz", "--backend", backend], tmp_path,
+                 timeout_s=80, rank_env=node_env(2, 2))
+    assert res.ok, res.output[-3000:]
+    assert res.result is not None
+    moved, steps = res.result["nanoccl_bytes"], res.result["timed_steps"]
+    cluster = advise.Cluster(2, 2)
+    qwz = backend.endswith("+qwz")
+    cfg = advise.evaluate(advise.model_spec(MODEL, BATCH, SEQ), cluster,
+                          advise.Predictor(cluster, PROFILE),
+                          advise.Config("zero3-hpz", "int8" if qwz else "none",
+                                        gather_codec="int8" if qwz else "none"), 1.0, math.inf)
+    assert not cfg.refused, cfg.refused
+    assert moved["inter_sent"] / steps == pytest.approx(cfg.inter_bytes, rel=0.02)
+    assert moved["intra_sent"] / steps == pytest.approx(cfg.intra_bytes, rel=0.02)
+    measured = {k[len("sent_"):]: v / steps for k, v in moved.items()
+                if k.startswith("sent_") and v > 0}
+    model = per_op(cfg)
+    assert set(measured) == set(model) == {"allgather", "reduce_scatter"}
+    for op, nbytes in model.items():
+        assert measured[op] == pytest.approx(nbytes, rel=0.02), op
+    # Fewer bytes across nodes than ZeRO-3's, whose backward gathers across them again.
+    zero3 = advise.evaluate(advise.model_spec(MODEL, BATCH, SEQ), cluster,
+                            advise.Predictor(cluster, PROFILE),
+                            advise.Config("zero3", cfg.codec, gather_codec=cfg.gather_codec),
+                            1.0, math.inf)
+    assert cfg.inter_bytes < 0.8 * zero3.inter_bytes
+
+
 def test_hsdp_is_refused_where_it_would_be_another_strategy() -> None:
     spec = advise.model_spec(MODEL, BATCH, SEQ)
     for shape in ("1x2", "2x1"):
         cluster = advise.parse_cluster(shape)
-        cfg = advise.evaluate(spec, cluster, advise.Predictor(cluster, PROFILE),
-                              advise.Config("hsdp"), 1.0, math.inf)
-        assert cfg.refused and "several nodes of several ranks" in cfg.refused
+        for strategy in ("hsdp", "zero3-hpz"):
+            cfg = advise.evaluate(spec, cluster, advise.Predictor(cluster, PROFILE),
+                                  advise.Config(strategy), 1.0, math.inf)
+            assert cfg.refused and "several nodes of several ranks" in cfg.refused, strategy
 
 
 # ------------------------------------------------------------------------ input validation

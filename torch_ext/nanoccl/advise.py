@@ -305,7 +305,8 @@ class Config:
     @property
     def label(self) -> str:
         name = {"dp": "DP", "zero1": "ZeRO-1", "zero2": "ZeRO-2 (FSDP2)",
-                "zero3": "ZeRO-3 (FSDP2)", "hsdp": "HSDP (FSDP2)", "tp": "TP",
+                "zero3": "ZeRO-3 (FSDP2)", "zero3-hpz": "ZeRO-3 hpZ (FSDP2)",
+                "hsdp": "HSDP (FSDP2)", "tp": "TP",
                 "pp": "PP"}[self.strategy]
         if self.strategy in ("dp", "zero1"):
             name += f" bucket {self.bucket_mb:g} MB" if self.bucket_mb else " (DDP buckets)"
@@ -334,6 +335,8 @@ def memory_bytes(spec: ModelSpec, cluster: Cluster, cfg: Config) -> float:
         return 4.0 * P + 12.0 * P / cluster.per_node + unit + act * local
     if cfg.strategy == "zero3":  # shards, plus a gathered unit and the prefetched one
         return BYTES_PER_PARAM * P / n + 2 * 2 * unit + act * local
+    if cfg.strategy == "zero3-hpz":  # and every unit's node shard from forward to backward
+        return BYTES_PER_PARAM * P / n + 4.0 * P / cluster.per_node + 2 * 2 * unit + act * local
     if cfg.strategy == "tp":  # the blocks' 12 d^2 split, the rest replicated; about half the
         split = 12.0 * spec.hidden ** 2 * spec.layers  # activations live in the split layers
         return BYTES_PER_PARAM * (P - split + split / n) + act * spec.batch * (0.5 + 0.5 / n)
@@ -371,9 +374,10 @@ def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Confi
         if cfg.strategy == "zero1":
             priced += [price(c) for c in zero1_broadcasts(spec, n)]
             cfg.step_s += sum(p.seconds for p in priced[len(buckets):])
-    elif cfg.strategy in ("zero2", "zero3"):
+    elif cfg.strategy in ("zero2", "zero3", "zero3-hpz"):
         gather = "" if cfg.gather_codec == "none" else cfg.gather_codec
-        forward, again, reduce = fsdp_calls(spec, int(cfg.strategy[-1]), gather)
+        forward, again, reduce = fsdp_calls(spec, 2 if cfg.strategy == "zero2" else 3, gather,
+                                            hpz=cfg.strategy == "zero3-hpz")
         groups = [[price(c) for c in calls] for calls in (forward, again, reduce)]
         shares = [u / spec.params for u in spec.units]
         cfg.step_s = fsdp_step(fwd, bwd, shares, *[[p.seconds for p in g] for g in groups])
@@ -430,9 +434,10 @@ def candidates(spec: ModelSpec, cluster: Cluster, predictor: Predictor,
         for strategy in ("dp", "zero1"):
             out.append(Config(strategy, codec))
             out.append(Config(strategy, codec, bucket_mb=tuned))
-        out += [Config("zero2", codec), Config("zero3", codec), Config("hsdp", codec)]
+        out += [Config(s, codec) for s in ("zero2", "zero3", "zero3-hpz", "hsdp")]
         if codec != "none":  # +qwz: FSDP2's parameters all-gathered as int8 as well
-            out += [Config(s, codec, gather_codec="int8") for s in ("zero2", "zero3")]
+            out += [Config(s, codec, gather_codec="int8")
+                    for s in ("zero2", "zero3", "zero3-hpz")]
         if spec.gpt or codec == "none":
             out.append(Config("tp", codec))
     m = n

@@ -285,15 +285,18 @@ def zero1_broadcasts(spec: ModelSpec, world: int) -> list[Call]:
     return [c for rank_calls in calls_per_rank for c in rank_calls]
 
 
-def fsdp_calls(spec: ModelSpec, stage: int, gather_codec: str = ""
+def fsdp_calls(spec: ModelSpec, stage: int, gather_codec: str = "", hpz: bool = False
                ) -> tuple[list[Call], list[Call], list[Call]]:
     """FSDP2 (fully_shard per block, then the root): forward allgathers, backward allgathers
     (ZeRO-3 only: parameters were resharded after forward) and backward reduce-scatters, which
     the trainers compress whatever their size (nanoccl.hooks.compress_fsdp: `hook`); with
-    `gather_codec` (+qwz) the allgathers carry parameters encoded by it."""
+    `gather_codec` (+qwz) the allgathers carry parameters encoded by it. `hpz` (zero3-hpz):
+    resharded after forward over the node's ranks only, the backward's allgathers run within
+    the node, of the decoded parameters (lossless there)."""
     forward = [Call("allgather", u, "forward", quantized=gather_codec) for u in spec.units]
     order = list(reversed(spec.units[1:])) + spec.units[:1]
-    again = ([Call("allgather", u, "backward", quantized=gather_codec) for u in order]
+    again = ([Call("allgather", u, "backward", group="shard") if hpz
+              else Call("allgather", u, "backward", quantized=gather_codec) for u in order]
              if stage == 3 else [])
     reduce = [Call("reduce_scatter", u, "backward", hook=True) for u in order]
     return forward, again, reduce
@@ -328,11 +331,14 @@ def strategy_refusal(spec: ModelSpec, cluster: Cluster, strategy: str,
     n = cluster.world
     if n < 2:
         return "one device: no parallelism"
-    if strategy in ("dp", "zero1", "zero2", "zero3", "hsdp") and spec.batch % n:
+    if strategy in ("dp", "zero1", "zero2", "zero3", "zero3-hpz", "hsdp") and spec.batch % n:
         return f"global batch {spec.batch} does not split over {n} ranks"
     if strategy == "hsdp" and (cluster.nodes < 2 or cluster.per_node < 2):
         return ("HSDP needs several nodes of several ranks (on one node it is ZeRO-2, with one "
                 "rank a node DP)")
+    if strategy == "zero3-hpz" and (cluster.nodes < 2 or cluster.per_node < 2):
+        return ("hpZ needs several nodes of several ranks (on one node it is ZeRO-3, with one "
+                "rank a node ZeRO-2)")
     if strategy in ("tp", "pp") and not spec.gpt:
         return "implemented for the GPT models only"
     if strategy == "tp" and (spec.heads % n or (4 * spec.hidden) % n):
