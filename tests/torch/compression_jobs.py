@@ -573,6 +573,21 @@ def scenario_fsdp_overlap(a: argparse.Namespace, ck: Checks) -> None:
     state = comms.state_dict()
     ck.expect("hsdp int8 residuals", sorted(state["replica_residuals"]) == [1, 2, 3]
               and not state["residuals"], str(state))
+    # Through a checkpoint into another model's comms: the same residuals, exactly.
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    buf.seek(0)
+    restored_net = task.student()
+    for layer in restored_net:
+        if isinstance(layer, nn.Linear):
+            fully_shard(layer, mesh=mesh["shard"], reshard_after_forward=False)
+    fully_shard(restored_net, mesh=mesh["shard"], reshard_after_forward=False)
+    restored = hooks.compress_fsdp(restored_net, "int8", replicate_group=replicas)
+    restored.load_state_dict(torch.load(buf))
+    ck.expect("hsdp int8 residuals round trip",
+              all((a.residual is None) == (b.residual is None)
+                  and (a.residual is None or torch.equal(a.residual, b.residual))
+                  for a, b in zip(comms.all_reduces, restored.all_reduces)))
     two_d = task.student()
     fully_shard(two_d, mesh=mesh)
     for name, net in (("unsharded", task.student()), ("2-D mesh", two_d)):
@@ -591,4 +606,9 @@ SCENARIOS = {
 }
 
 if __name__ == "__main__":
-    raise SystemExit(dist_jobs.main(SCENARIOS))
+    # fsdp_overlap trains through Gloo process groups that FSDP2's mesh and modules keep alive
+    # to the end: a Gloo worker thread can drop its last tensor after Python is gone and abort
+    # the rank at exit ("terminate called without an active exception" in
+    # ProcessGroupGloo::runLoop, seen once in 8 runs here under load, every check passed).
+    # It leaves with os._exit once its result is written.
+    raise SystemExit(dist_jobs.main(SCENARIOS, leave_hard=("fsdp_overlap",)))

@@ -48,7 +48,7 @@ def test_fsdp_overlap_gives_the_same_bits(layout: str) -> None:
     job = run_job("fsdp_overlap", len(layout), rank_env=node_env(layout), timeout=190,
                   pg_timeout=20, script=JOBS)
     results = job.assert_ok()
-    want = 23 if layout == "aabb" else 15  # 2 nodes of 2: HSDP too
+    want = 24 if layout == "aabb" else 15  # 2 nodes of 2: HSDP too
     assert all(r["checks"] == want for r in results), [r["checks"] for r in results]
 
 
