@@ -38,7 +38,8 @@ from trainers.models import (GPT, BasicBlock, Block, GPTEmbedding, GPTHead, buil
 STRATEGIES = ("single", "dp", "tp", "pp", "zero1", "zero2", "zero3", "zero3-hpz", "hsdp")
 # How the global batch reaches a rank (the studies' Table II).
 BATCH_SPLIT = {"single": "whole", "dp": "split", "zero1": "split", "zero2": "split",
-               "zero3": "split", "zero3-hpz": "split", "hsdp": "split", "tp": "whole", "pp": "microbatches"}
+               "zero3": "split", "zero3-hpz": "split", "hsdp": "split", "tp": "whole",
+               "pp": "microbatches"}
 
 
 class StrategyError(RuntimeError):
@@ -333,7 +334,8 @@ class HybridSharded(_WholeModel):
         # nodes in place, with no hook for a residual. With a codec, or overlapping on CPU, the
         # units are sharded on the node's 1-D "shard" mesh instead and nanoccl.hooks'
         # all-reduce hook averages each shard across the replicate group: the same HSDP, its
-        # cross-node call compressed with error feedback and overlapped with the backward.
+        # cross-node call compressed with error feedback (and, with --fsdp-overlap on,
+        # overlapped with the backward).
         compress = cfg.nanoccl and cfg.codec is not None
         hooked = compress or (cfg.fsdp_overlap and self.device.type == "cpu")
         shard_mesh = mesh["shard"] if hooked else mesh
