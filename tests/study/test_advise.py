@@ -100,28 +100,38 @@ def test_traffic_model_matches_the_bytes_nanoccl_counts(case: str, tmp_path: Pat
         assert per_op(cfg)["allgather"] < 0.3 * per_op(predicted(strategy))["allgather"]
 
 
-@pytest.mark.timeout(90)
-def test_hsdp_traffic_on_2x2_matches_the_bytes_nanoccl_counts(tmp_path: Path) -> None:
-    """HSDP's mesh groups: allgathers and reduce-scatters within each node, each rank's
-    shard allreduced across the nodes, as the advisor prices them."""
-    res = launch(4, COMMON + ["--strategy", "hsdp", "--backend", "nanoccl"], tmp_path,
+def on_2x2(strategy: str, backend: str, tmp_path: Path, ops: set[str]) -> advise.Config:
+    """Runs `strategy` through the trainer on 2 emulated nodes x 2 ranks and checks the
+    advisor's bytes a step (per link class and per op: exactly `ops`) against nanoccl's
+    counts; returns the advisor's prediction."""
+    res = launch(4, COMMON + ["--strategy", strategy, "--backend", backend], tmp_path,
                  timeout_s=80, rank_env=node_env(2, 2))
     assert res.ok, res.output[-3000:]
     assert res.result is not None
     moved, steps = res.result["nanoccl_bytes"], res.result["timed_steps"]
     cluster = advise.Cluster(2, 2)
+    codec, _, qwz = (backend.partition("+")[2] or "none").partition("+")
     cfg = advise.evaluate(advise.model_spec(MODEL, BATCH, SEQ), cluster,
-                          advise.Predictor(cluster, PROFILE), advise.Config("hsdp"), 1.0,
-                          math.inf)
+                          advise.Predictor(cluster, PROFILE),
+                          advise.Config(strategy, codec, gather_codec="int8" if qwz else "none"),
+                          1.0, math.inf)
     assert not cfg.refused, cfg.refused
     assert moved["inter_sent"] / steps == pytest.approx(cfg.inter_bytes, rel=0.02)
     assert moved["intra_sent"] / steps == pytest.approx(cfg.intra_bytes, rel=0.02)
     measured = {k[len("sent_"):]: v / steps for k, v in moved.items()
                 if k.startswith("sent_") and v > 0}
     model = per_op(cfg)
-    assert set(measured) == set(model) == {"allgather", "reduce_scatter", "allreduce"}
+    assert set(measured) == set(model) == ops
     for op, nbytes in model.items():
         assert measured[op] == pytest.approx(nbytes, rel=0.02), op
+    return cfg
+
+
+@pytest.mark.timeout(90)
+def test_hsdp_traffic_on_2x2_matches_the_bytes_nanoccl_counts(tmp_path: Path) -> None:
+    """HSDP's mesh groups: allgathers and reduce-scatters within each node, each rank's
+    shard allreduced across the nodes, as the advisor prices them."""
+    on_2x2("hsdp", "nanoccl", tmp_path, {"allgather", "reduce_scatter", "allreduce"})
 
 
 @pytest.mark.timeout(90)
@@ -130,27 +140,9 @@ def test_zero3_hpz_traffic_on_2x2_matches_the_bytes_nanoccl_counts(backend: str,
                                                                   tmp_path: Path) -> None:
     """ZeRO-3 hpZ: forward's allgathers across the nodes (int8 with +qwz), the backward's
     within each node (lossless: decoded parameters), reduce-scatters across, as priced."""
-    res = launch(4, COMMON + ["--strategy", "zero3-hpz", "--backend", backend], tmp_path,
-                 timeout_s=80, rank_env=node_env(2, 2))
-    assert res.ok, res.output[-3000:]
-    assert res.result is not None
-    moved, steps = res.result["nanoccl_bytes"], res.result["timed_steps"]
-    cluster = advise.Cluster(2, 2)
-    qwz = backend.endswith("+qwz")
-    cfg = advise.evaluate(advise.model_spec(MODEL, BATCH, SEQ), cluster,
-                          advise.Predictor(cluster, PROFILE),
-                          advise.Config("zero3-hpz", "int8" if qwz else "none",
-                                        gather_codec="int8" if qwz else "none"), 1.0, math.inf)
-    assert not cfg.refused, cfg.refused
-    assert moved["inter_sent"] / steps == pytest.approx(cfg.inter_bytes, rel=0.02)
-    assert moved["intra_sent"] / steps == pytest.approx(cfg.intra_bytes, rel=0.02)
-    measured = {k[len("sent_"):]: v / steps for k, v in moved.items()
-                if k.startswith("sent_") and v > 0}
-    model = per_op(cfg)
-    assert set(measured) == set(model) == {"allgather", "reduce_scatter"}
-    for op, nbytes in model.items():
-        assert measured[op] == pytest.approx(nbytes, rel=0.02), op
+    cfg = on_2x2("zero3-hpz", backend, tmp_path, {"allgather", "reduce_scatter"})
     # Fewer bytes across nodes than ZeRO-3's, whose backward gathers across them again.
+    cluster = advise.Cluster(2, 2)
     zero3 = advise.evaluate(advise.model_spec(MODEL, BATCH, SEQ), cluster,
                             advise.Predictor(cluster, PROFILE),
                             advise.Config("zero3", cfg.codec, gather_codec=cfg.gather_codec),
