@@ -172,8 +172,7 @@ def wrap_ddp(model: nn.Module, cfg: TrainConfig) -> nn.Module:
         kwargs["device_ids"] = [torch.device(cfg.device).index]
     ddp = DistributedDataParallel(model, **kwargs)  # type: ignore[arg-type]
     if cfg.codec is not None:
-        from nanoccl import hooks
-
+        hooks = _hooks()
         ddp.register_comm_hook(hooks.ErrorFeedbackState(codec=cfg.codec),
                                hooks.error_feedback_hook)
     return ddp
@@ -221,6 +220,22 @@ class Zero1(_DDPModel):
         return "zero1 (DDP + ZeroRedundancyOptimizer)"
 
 
+def _hooks() -> Any:
+    """nanoccl.hooks (FSDP2's compressed and overlapped collectives), imported on demand."""
+    from trainers import backends
+
+    backends.import_nanoccl()
+    from nanoccl import hooks
+
+    return hooks
+
+
+def _overlaps(cfg: TrainConfig, device: torch.device) -> bool:
+    """Whether FSDP2's collectives are overlapped (--fsdp-overlap on, CPU: a GPU's streams
+    overlap them already)."""
+    return cfg.fsdp_overlap and device.type == "cpu"
+
+
 def _units(model: nn.Module) -> list[nn.Module]:
     """The modules FSDP2 shards one by one (transformer blocks / residual blocks)."""
     return [m for m in model.modules() if isinstance(m, (Block, BasicBlock))]
@@ -252,35 +267,33 @@ class Zero23(_WholeModel):
         fully_shard(self.model, mesh=mesh, reshard_after_forward=reshard)
         self.compressed = ""
         compress = cfg.nanoccl and cfg.codec is not None
-        if compress or (cfg.fsdp_overlap and self.device.type == "cpu"):
-            from trainers import backends
-
-            backends.import_nanoccl()
-            from nanoccl import hooks
-
-            if compress:
-                # Each unit's reduce-scatter is one call per step, mostly below the group's
-                # compression_min_bytes: compressed whatever its size, with error feedback (a
-                # residual per unit, kept by the hook for the run).
-                hooks.compress_fsdp(self.model, cfg.codec, gather_codec=cfg.gather_codec,
-                                    overlap=cfg.fsdp_overlap)
-                self.compressed = f", gradients {cfg.codec}" + (
-                    f", parameters {cfg.gather_codec}" if cfg.gather_codec else "")
-            else:
-                # Gloo and nanoccl lossless alike: on CPU FSDP2 runs its collectives in place.
-                hooks.overlap_fsdp(self.model)
-            if cfg.fsdp_overlap and self.device.type == "cpu":
-                self.compressed += ", collectives overlapped"
+        overlap = _overlaps(cfg, self.device)
+        if compress:
+            # Each unit's reduce-scatter is one call per step, mostly below the group's
+            # compression_min_bytes: compressed whatever its size, with error feedback (a
+            # residual per unit, kept by the hook for the run).
+            _hooks().compress_fsdp(self.model, cfg.codec, gather_codec=cfg.gather_codec,
+                                   overlap=overlap)
+            self.compressed = f", gradients {cfg.codec}" + (
+                f", parameters {cfg.gather_codec}" if cfg.gather_codec else "")
+        elif overlap:
+            # Gloo and nanoccl lossless alike: on CPU FSDP2 runs its collectives in place.
+            _hooks().overlap_fsdp(self.model)
+        if overlap:
+            self.compressed += ", collectives overlapped"
         self.optim = make_optimizer(self.model.parameters(), cfg.lr)
 
     def comm_groups(self) -> list[Any]:
         """The default group, and for hpZ the groups of the node's ranks FSDP2 made for the
         post-forward shards (the backward's all-gathers run there)."""
+        from torch.distributed.fsdp import FSDPModule
+
         groups: list[Any] = [None]
         for unit in self.model.modules():
-            state = getattr(unit, "_get_fsdp_state", None)
-            for group in (getattr(state(), "_fsdp_param_groups", None) or []) if state else []:
-                info = getattr(group, "post_forward_mesh_info", None)
+            if not isinstance(unit, FSDPModule):
+                continue
+            for group in unit._get_fsdp_state()._fsdp_param_groups:
+                info = group.post_forward_mesh_info
                 if info is not None and info is not group.mesh_info:
                     groups.append(info.shard_process_group)
         return groups
@@ -337,24 +350,17 @@ class HybridSharded(_WholeModel):
         # cross-node call compressed with error feedback (and, with --fsdp-overlap on,
         # overlapped with the backward).
         compress = cfg.nanoccl and cfg.codec is not None
-        hooked = compress or (cfg.fsdp_overlap and self.device.type == "cpu")
-        shard_mesh = mesh["shard"] if hooked else mesh
+        overlap = _overlaps(cfg, self.device)
+        shard_mesh = mesh["shard"] if compress or overlap else mesh
         for unit in _units(self.model):
             fully_shard(unit, mesh=shard_mesh, reshard_after_forward=False)
         fully_shard(self.model, mesh=shard_mesh, reshard_after_forward=False)
         self.how = ""
-        if hooked:
-            from trainers import backends
-
-            backends.import_nanoccl()
-            from nanoccl import hooks
-
-            hooks.compress_fsdp(self.model, cfg.codec if compress else None,
-                                overlap=cfg.fsdp_overlap,
-                                replicate_group=mesh.get_group("replicate"))
-            self.how = (f", cross-node {cfg.codec} + error feedback" if compress else "") + (
-                ", collectives overlapped" if cfg.fsdp_overlap and self.device.type == "cpu"
-                else "")
+        if compress or overlap:
+            _hooks().compress_fsdp(self.model, cfg.codec if compress else None, overlap=overlap,
+                                   replicate_group=mesh.get_group("replicate"))
+            self.how = ((f", cross-node {cfg.codec} + error feedback" if compress else "")
+                        + (", collectives overlapped" if overlap else ""))
         self.optim = make_optimizer(self.model.parameters(), cfg.lr)
         self.groups = [mesh.get_group("replicate"), mesh.get_group("shard")]
 

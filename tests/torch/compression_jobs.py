@@ -203,6 +203,19 @@ class TeacherTask:
         return nn.Sequential(nn.Linear(32, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
                              nn.Linear(256, 8))
 
+    def sharded_student(self, mesh: Any = None, reshard: bool = False) -> Any:
+        """The student under FSDP2: fully_shard on each Linear layer, then on the whole
+        (`mesh` None: the default group's)."""
+        from torch import nn
+        from torch.distributed.fsdp import fully_shard
+
+        net = self.student()
+        for layer in net:
+            if isinstance(layer, nn.Linear):
+                fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
+        fully_shard(net, mesh=mesh, reshard_after_forward=reshard)
+        return net
+
     def train(self, net: Any, steps: int, rank: int) -> None:
         """`steps` of SGD with momentum on this rank's batches."""
         from torch import nn
@@ -307,9 +320,6 @@ def scenario_sharded(a: argparse.Namespace, ck: Checks) -> None:
     """reduce_scatter_compressed and all_gather_compressed (sharded training's calls), whatever
     their size: within the codec's bound, the same bits on every rank, fewer inter-node bytes;
     FSDP2 trained with compress_fsdp close to lossless; bad calls fail on every rank."""
-    from torch import nn
-    from torch.distributed.fsdp import fully_shard
-
     init(a)
     rank, world = dist.get_rank(), dist.get_world_size()
     gloo = dist.new_group(backend="gloo")
@@ -410,11 +420,7 @@ def scenario_sharded(a: argparse.Namespace, ck: Checks) -> None:
     task = TeacherTask()
     losses: dict[str, float] = {}
     for run in ("none", "rs", "rs+ag"):
-        net = task.student()
-        for layer in net:
-            if isinstance(layer, nn.Linear):
-                fully_shard(layer, reshard_after_forward=False)
-        fully_shard(net, reshard_after_forward=False)
+        net = task.sharded_student()
         comms = None
         if run != "none":
             comms = hooks.compress_fsdp(net, "int8",
@@ -505,11 +511,7 @@ def scenario_fsdp_overlap(a: argparse.Namespace, ck: Checks) -> None:
     meshes = {"nanoccl": None, "gloo": DeviceMesh.from_group(gloo, "cpu")}
 
     def train(mesh: Any, reshard: bool, install: Any) -> tuple[torch.Tensor, Any, float]:
-        net = task.student()
-        for layer in net:
-            if isinstance(layer, nn.Linear):
-                fully_shard(layer, mesh=mesh, reshard_after_forward=reshard)
-        fully_shard(net, mesh=mesh, reshard_after_forward=reshard)
+        net = task.sharded_student(mesh, reshard)
         comms = install(net)
         opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
         g = torch.Generator().manual_seed(1000 + rank)
@@ -577,12 +579,8 @@ def scenario_fsdp_overlap(a: argparse.Namespace, ck: Checks) -> None:
     buf = io.BytesIO()
     torch.save(state, buf)
     buf.seek(0)
-    restored_net = task.student()
-    for layer in restored_net:
-        if isinstance(layer, nn.Linear):
-            fully_shard(layer, mesh=mesh["shard"], reshard_after_forward=False)
-    fully_shard(restored_net, mesh=mesh["shard"], reshard_after_forward=False)
-    restored = hooks.compress_fsdp(restored_net, "int8", replicate_group=replicas)
+    restored = hooks.compress_fsdp(task.sharded_student(mesh["shard"]), "int8",
+                                   replicate_group=replicas)
     restored.load_state_dict(torch.load(buf))
     ck.expect("hsdp int8 residuals round trip",
               all((a.residual is None) == (b.residual is None)

@@ -361,6 +361,26 @@ class _UnitReduceScatter(_HostBuffers, _ReduceScatter):  # type: ignore[misc,val
         return None
 
 
+class _UnitResidual:
+    """One FSDP2 unit's error feedback: a float32 residual shaped like its compressed call's
+    input, zeros at first and again when that shape changes (counted in ``resets``)."""
+
+    def __init__(self, error_feedback: bool) -> None:
+        self.error_feedback = error_feedback
+        self.residual: torch.Tensor | None = None
+        self.resets = 0
+
+    def residual_for(self, shape: tuple[int, ...]) -> torch.Tensor | None:
+        """The residual to pass with a call on `shape`; None without error feedback."""
+        if not self.error_feedback:
+            return None
+        if self.residual is None or tuple(self.residual.shape) != tuple(shape):
+            if self.residual is not None:
+                self.resets += 1
+            self.residual = torch.zeros(shape, dtype=torch.float32)
+        return self.residual
+
+
 class PlainReduceScatter(_UnitReduceScatter):
     """FSDP2's own reduce-scatter (``dist.reduce_scatter_single``, any backend), overlapped
     with the backward where it can be (``overlap_fsdp``)."""
@@ -370,7 +390,7 @@ class PlainReduceScatter(_UnitReduceScatter):
         return _reduce_scatter(output, input, op=op, group=group, async_op=async_op)
 
 
-class CompressedReduceScatter(_UnitReduceScatter):
+class CompressedReduceScatter(PlainReduceScatter, _UnitResidual):
     """One FSDP2 unit's gradient reduce-scatter with its inter-node leg compressed by `codec`
     (``nanoccl.reduce_scatter_compressed``): float32, bfloat16 and float16 gradients, SUM, AVG
     or PREMUL_SUM as FSDP2 sends them; other types and devices go lossless.
@@ -382,23 +402,16 @@ class CompressedReduceScatter(_UnitReduceScatter):
 
     def __init__(self, codec: str = "int8", *, block_size: int = 0,
                  error_feedback: bool = True) -> None:
-        super().__init__()
-        self.codec, self.block_size, self.error_feedback = codec, block_size, error_feedback
-        self.residual: torch.Tensor | None = None
-        self.resets = 0
+        PlainReduceScatter.__init__(self)
+        _UnitResidual.__init__(self, error_feedback)
+        self.codec, self.block_size = codec, block_size
         self.calls = 0  # compressed reduce-scatters sent
 
     def launch(self, output: torch.Tensor, input: torch.Tensor, group: dist.ProcessGroup,
                op: Any, async_op: bool) -> Any:
         if input.dtype not in _COMPRESSIBLE or input.device.type != "cpu":
-            return _reduce_scatter(output, input, op=op, group=group, async_op=async_op)
-        residual = None
-        if self.error_feedback:
-            if self.residual is None or self.residual.numel() != input.numel():
-                if self.residual is not None:
-                    self.resets += 1
-                self.residual = torch.zeros(input.numel(), dtype=torch.float32)
-            residual = self.residual
+            return super().launch(output, input, group, op, async_op)
+        residual = self.residual_for((input.numel(),))
         self.calls += 1
         return nanoccl.reduce_scatter_compressed(output, input, residual, codec=self.codec,
                                                  block_size=self.block_size, op=op,
@@ -426,7 +439,7 @@ class CompressedAllGather(_HostBuffers, _AllGather):  # type: ignore[misc,valid-
                                              async_op=async_op)
 
 
-class _ReplicaAllReduce:
+class _ReplicaAllReduce(_UnitResidual):
     """One unit's gradient shard averaged across the replicas of the shard (the same shard on
     the other nodes: `group`), FSDP2's all-reduce hook after the unit's reduce-scatter inside
     the node: HSDP. `codec` compresses it with error feedback (a residual per unit, as
@@ -436,22 +449,15 @@ class _ReplicaAllReduce:
     def __init__(self, group: dist.ProcessGroup, scatter: _UnitReduceScatter,
                  codec: str | None, block_size: int, error_feedback: bool,
                  in_flight: _InFlight | None) -> None:
+        super().__init__(error_feedback)
         self.group, self.scatter, self.in_flight = group, scatter, in_flight
-        self.codec, self.block_size, self.error_feedback = codec, block_size, error_feedback
+        self.codec, self.block_size = codec, block_size
         self.replicas = dist.get_world_size(group)
-        self.residual: torch.Tensor | None = None
-        self.resets = 0
         self.calls = 0  # compressed all-reduces sent
 
     def launch(self, grad: torch.Tensor, async_op: bool) -> Any:
         if self.codec and grad.dtype in _COMPRESSIBLE and grad.device.type == "cpu":
-            residual = None
-            if self.error_feedback:
-                if self.residual is None or self.residual.shape != grad.shape:
-                    if self.residual is not None:
-                        self.resets += 1
-                    self.residual = torch.zeros(grad.shape, dtype=torch.float32)
-                residual = self.residual
+            residual = self.residual_for(tuple(grad.shape))
             self.calls += 1
             return nanoccl.allreduce_compressed(grad, residual, codec=self.codec,
                                                 block_size=self.block_size,
