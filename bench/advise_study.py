@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import statistics
@@ -200,7 +201,8 @@ def seed_check(measured: dict[str, Any]) -> list[str]:
     """The published GPT-2 small runs (2 nodes x 2 A40, 1 GbE; bench/study_seeds.py) against
     the advisor: one A40's step from the published 1x1 throughput (batch 16 x 1024), the
     inter-node link at 1 Gbit/s, PCIe between the GPUs of a node. The slides do not say
-    whether batch 16 is global or per GPU: both readings are shown."""
+    whether batch 16 is global or per GPU: both readings are shown. The last column prices
+    the study's own stack (advise.STUDY_STACK: fp16 activations, fused qkv) on a flat ring."""
     import study_seeds as seeds
 
     cluster = advise.parse_cluster("2x2")
@@ -209,22 +211,31 @@ def seed_check(measured: dict[str, Any]) -> list[str]:
     lines = ["", "## GPT-2 small on 2 nodes x 2 A40 at 1 GbE (the published study)", "",
              f"One A40's step on batch 16 x 1024: {t1_16:.3f} s (the published 1x1 "
              f"throughput, {seeds.NANO_GPT2_SMALL_1X1_KTOK:.1f} ktokens/s); links: 1 Gbit/s "
-             "between nodes (50 us), 100 Gbit/s within (10 us); 48 GiB a device; fp32 as the "
-             "reference trainers train. Stock: DDP's buckets, no codec; PP 1F1B with m = p = 4.",
+             "between nodes (50 us), 100 Gbit/s within (10 us); 48 GiB a device. Stock: DDP's "
+             "buckets, no codec; PP 1F1B with m = p = 4. The first two columns price the "
+             "reference trainers' traffic (fp32; TP with q, k, v apart: 6 allreduces a block), "
+             "the last the study's stack as its reported network volume shows it (fp16 "
+             "activations, Megatron-style TP: 4 allreduces a block; torch_ext/nanoccl/"
+             "advise_traffic.py STUDY_STACK). The published S from its throughputs: "
+             + ", ".join(f"{n} {seeds.nano_row('2x2', n).ktokens_per_s / (4 * seeds.NANO_GPT2_SMALL_1X1_KTOK):.4f}"
+                         for n in ("dp", "tp", "pp")) + ".",
              "", "| global batch | configuration | published S | predicted S, nanoccl (auto) | "
-             "predicted S, flat ring (NCCL-like) |", "|---|---|---|---|---|"]
+             "predicted S, flat ring (NCCL-like) | predicted S, the study's stack, flat ring |",
+             "|---|---|---|---|---|---|"]
     for batch in (16, 64):  # 64: batch 16 per GPU
         spec = advise.model_spec("gpt2-small", batch)
+        study = dataclasses.replace(spec, stack=advise.STUDY_STACK)
         one_device_s = t1_16 * batch / 16
         for name, kw in (("dp", {}), ("tp", {}), ("pp", {"microbatches": 4})):
             got = []
-            for settings in ({}, {"algo": "ring"}):
-                c = advise.evaluate(spec, cluster, advise.Predictor(cluster, profile, settings),
+            for model, settings in ((spec, {}), (spec, {"algo": "ring"}),
+                                    (study, {"algo": "ring"})):
+                c = advise.evaluate(model, cluster, advise.Predictor(cluster, profile, settings),
                                     advise.Config(name, **kw), one_device_s, 48 * 2**30)
                 got.append(f"{c.scaling:.3f}" if not c.refused else c.refused)
             pub = seeds.nano_row("2x2", name)
-            lines.append(f"| {batch} | {name} | {pub.scaling if pub else '-'} | {got[0]} | "
-                         f"{got[1]} |")
+            lines.append(f"| {batch} | {name} | {pub.scaling if pub else '-'} | "
+                         + " | ".join(got) + " |")
     spec = advise.model_spec("gpt2-small", 16)
     ranked = advise.advise(spec, cluster, profile, t1_16, 48 * 2**30)
     lines += ["", "The advisor's ranking at global batch 16 (nanoccl, auto), the 8 best:", "",

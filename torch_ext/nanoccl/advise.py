@@ -47,15 +47,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from nanoccl.advise_traffic import (AdviseError, Call, Cluster, ModelSpec, ddp_buckets,
-                                    fsdp_calls, gpt_by_hand, hsdp_calls, link_bytes, model_spec,
-                                    parse_cluster, reference_trainers, strategy_refusal,
-                                    tp_calls, tree_edges, zero1_broadcasts)
+from nanoccl.advise_traffic import (REFERENCE_STACK, STUDY_STACK, AdviseError, Call, Cluster,
+                                    ModelSpec, Stack, ddp_buckets, fsdp_calls, gpt_by_hand,
+                                    hsdp_calls, link_bytes, model_spec, parse_cluster,
+                                    reference_trainers, strategy_refusal, tp_calls, tree_edges,
+                                    zero1_broadcasts)
 from nanoccl.tune import BUCKET_CANDIDATES_MB, ddp_step_seconds
 
-__all__ = ["AdviseError", "Call", "Cluster", "Config", "ModelSpec", "Predictor", "advise",
-           "evaluate", "gpt_by_hand", "link_bytes", "main", "model_spec", "parse_cluster",
-           "pipeline_step", "profile_by_hand", "profile_from_file", "tree_edges"]
+__all__ = ["REFERENCE_STACK", "STUDY_STACK", "AdviseError", "Call", "Cluster", "Config",
+           "ModelSpec", "Predictor", "Stack", "advise", "evaluate", "gpt_by_hand", "link_bytes",
+           "main", "model_spec", "parse_cluster", "pipeline_step", "profile_by_hand",
+           "profile_from_file", "tree_edges"]
 
 CODECS = ("none", "bf16", "int8", "int4")
 # The group's codec applies to calls of at least this many bytes (NANOCCL_COMPRESSION_MIN_BYTES'
@@ -322,7 +324,7 @@ def memory_bytes(spec: ModelSpec, cluster: Cluster, cfg: Config) -> float:
     (16 bytes a parameter) as the strategy shards them, plus the activations backward keeps
     (counted on the meta device; the framework's own workspace is not included)."""
     n, P = cluster.world, spec.params
-    act = spec.act_bytes_per_sample
+    act = spec.act_bytes_per_sample * spec.stack.activation_bytes / 4
     unit = 4.0 * max(spec.units)
     local = spec.batch / n
     if cfg.strategy == "dp":
@@ -395,7 +397,7 @@ def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Confi
         cfg.step_s = compute + sum(p.seconds for p in priced)
     else:
         m = cfg.microbatches
-        count = spec.batch // m * spec.seq * spec.hidden
+        count = spec.activation_count(spec.batch // m * spec.seq * spec.hidden)
         boundary = [price(Call("send", count, "forward", src=s, dst=s + 1)) for s in range(n - 1)]
         cfg.step_s = pipeline_step(n, m, cfg.schedule, one_device_s / (m * n),
                                    [p.seconds for p in boundary])
@@ -485,7 +487,9 @@ def table(ranked: Sequence[Config], spec: ModelSpec, cluster: Cluster,
     lines = [f"{spec.name}, global batch {spec.batch}"
              + (f" x {spec.seq} tokens" if spec.gpt else "")
              + f", {spec.params / 1e6:.1f} M parameters, cluster {cluster} "
-             f"({cluster.world} devices)", OVERLAP_TEXT, "", head]
+             f"({cluster.world} devices)"
+             + ("" if spec.stack == REFERENCE_STACK else f"; activations as {spec.stack.name}"),
+             OVERLAP_TEXT, "", head]
     for i, c in enumerate(ranked, 1):
         if c.refused and not c.memory_bytes:
             lines.append(f"| - | {c.label} | - | - | - | - | - | - | - | {c.refused} |")
@@ -568,6 +572,10 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--heads", type=int, help="by hand: attention heads (default hidden/64)")
     m.add_argument("--seq", type=int, help="tokens a sequence (default: the model's context)")
     m.add_argument("--batch", type=int, required=True, help="global batch (sequences, images)")
+    m.add_argument("--activations", choices=("float32", "bfloat16", "float16"),
+                   default="float32", help="the activations' type, on the wire (TP's "
+                   "allreduces, PP's sends) and in memory: bfloat16/float16 under autocast or "
+                   "a half-precision model (default float32, as the reference trainers)")
     c = p.add_argument_group("cluster and links")
     c.add_argument("--cluster", required=True, help="nodes x devices per node, e.g. 2x2")
     c.add_argument("--profile", help="a link profile saved by nanoccl-tune")
@@ -613,11 +621,16 @@ def spec_from_args(args: argparse.Namespace) -> ModelSpec:
         raise AdviseError("give --model or the sizes by hand (--params --layers --hidden), "
                           "not both")
     if args.model:
-        return model_spec(args.model, args.batch, args.seq)
-    if args.layers is None or args.hidden is None:
+        spec = model_spec(args.model, args.batch, args.seq)
+    elif args.layers is None or args.hidden is None:
         raise AdviseError("no model: give --model NAME, or --params --layers --hidden --seq")
-    return gpt_by_hand(args.params, args.layers, args.hidden, args.seq or 1024, args.batch,
-                       args.heads)
+    else:
+        spec = gpt_by_hand(args.params, args.layers, args.hidden, args.seq or 1024, args.batch,
+                           args.heads)
+    if args.activations != "float32":
+        spec.stack = dataclasses.replace(spec.stack, name=f"{spec.stack.name}, "
+                                         f"{args.activations} activations", activation_bytes=2)
+    return spec
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -632,6 +645,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.inter_gbps is None:
                 raise AdviseError("--check emulates the inter-node link --inter-gbps gives: "
                                   "give it (a --profile cannot be emulated)")
+            if args.activations != "float32":
+                raise AdviseError("--check trains the reference trainers, in float32: leave "
+                                  "--activations out")
             if not args.model and not args.check_model:
                 raise AdviseError("--check trains a reference model: give --check-model for a "
                                   "model given by hand")

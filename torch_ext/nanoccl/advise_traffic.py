@@ -23,6 +23,31 @@ class AdviseError(ValueError):
 
 
 # ----------------------------------------------------------------------------- the model
+@dataclass(frozen=True)
+class Stack:
+    """How a training stack moves activations, where stacks differ: tensor parallelism's
+    allreduces and the pipeline's sends. The default is the reference trainers' (fp32,
+    trainers/strategies.py)."""
+
+    name: str = "reference trainers"
+    activation_bytes: int = 4  # an activation element on the wire: 4 fp32, 2 fp16/bf16
+    # DTensor TP with q, k, v apart: the 2 row-wise projections' allreduces in forward, the 4
+    # column-wise layers' input gradients in backward. Megatron-style fused qkv: 2 + 2.
+    tp_allreduces_per_block: int = 6
+
+
+REFERENCE_STACK = Stack()
+# The published nano-cluster study's TP runs (ColossalAI's HybridParallelPlugin, its default
+# precision fp16, Megatron-style layers on Hugging Face's GPT-2 small): the network volume it
+# reports per token matches this, not the reference trainers' traffic. A node's NIC counted
+# both ways, as its DP rows show (2x1: 1.63 Gbit/s at 6.7k tokens/s is 30.4 KB a token; fp32
+# gradients of 124.4 M parameters sent and received per 32768-token step, 30.3 KB); TP 2x1:
+# 1.81 Gbit/s at 1.46k tokens/s, 155 KB a token; 4 fp16 allreduces of 768 a block over 12
+# blocks, sent and received, 147 KB. bench/advise_study.py compares the scaling factors.
+STUDY_STACK = Stack("the published study's TP (ColossalAI, fp16, fused qkv)",
+                    activation_bytes=2, tp_allreduces_per_block=4)
+
+
 @dataclass
 class ModelSpec:
     """What the traffic and memory models need of a model, in the trainers' terms."""
@@ -40,6 +65,12 @@ class ModelSpec:
     heads: int = 0
     vocab: int = 0
     stage_params: Callable[[int], list[int]] | None = None  # PP: parameters per stage
+    stack: Stack = REFERENCE_STACK
+
+    def activation_count(self, elements: int) -> int:
+        """float32 elements (what the predictor prices) as many bytes as `elements`
+        activations take on the wire in this stack."""
+        return -(-elements * self.stack.activation_bytes // 4)
 
     @property
     def per_sample(self) -> int:
@@ -318,10 +349,10 @@ def hsdp_calls(spec: ModelSpec, per_node: int) -> tuple[list[Call], list[Call], 
 def tp_calls(spec: ModelSpec) -> list[Call]:
     """DTensor TP per block: the row-wise attention and MLP projections' allreduce in forward,
     and in backward one allreduce of the input gradient of each column-wise layer (q, k, v,
-    fc): 6 allreduces of the whole batch's activations a block."""
-    count = spec.batch * spec.seq * spec.hidden
+    fc): 6 allreduces of the whole batch's activations a block (the stack's count)."""
+    count = spec.activation_count(spec.batch * spec.seq * spec.hidden)
     forward, backward = Call("allreduce", count, "forward"), Call("allreduce", count, "backward")
-    per_block = [forward] * 2 + [backward] * 4
+    per_block = [forward] * 2 + [backward] * (spec.stack.tp_allreduces_per_block - 2)
     return per_block * spec.layers
 
 
