@@ -208,6 +208,11 @@ def seed_check(measured: dict[str, Any]) -> list[str]:
     cluster = advise.parse_cluster("2x2")
     t1_16 = 16 * 1024 / (seeds.NANO_GPT2_SMALL_1X1_KTOK * 1000)
     profile = advise.profile_by_hand(1.0, 50.0, 100.0, 10.0, cpu_rates=measured["text"])
+
+    def published_s(name: str) -> float:  # unrounded: the row's throughput over 4 x T_1
+        row = seeds.nano_row("2x2", name)
+        return row.ktokens_per_s / (4 * seeds.NANO_GPT2_SMALL_1X1_KTOK) if row else math.nan
+
     lines = ["", "## GPT-2 small on 2 nodes x 2 A40 at 1 GbE (the published study)", "",
              f"One A40's step on batch 16 x 1024: {t1_16:.3f} s (the published 1x1 "
              f"throughput, {seeds.NANO_GPT2_SMALL_1X1_KTOK:.1f} ktokens/s); links: 1 Gbit/s "
@@ -217,8 +222,7 @@ def seed_check(measured: dict[str, Any]) -> list[str]:
              "the last the study's stack as its reported network volume shows it (fp16 "
              "activations, Megatron-style TP: 4 allreduces a block; torch_ext/nanoccl/"
              "advise_traffic.py STUDY_STACK). The published S from its throughputs: "
-             + ", ".join(f"{n} {seeds.nano_row('2x2', n).ktokens_per_s / (4 * seeds.NANO_GPT2_SMALL_1X1_KTOK):.4f}"
-                         for n in ("dp", "tp", "pp")) + ".",
+             + ", ".join(f"{n} {published_s(n):.4f}" for n in ("dp", "tp", "pp")) + ".",
              "", "| global batch | configuration | published S | predicted S, nanoccl (auto) | "
              "predicted S, flat ring (NCCL-like) | predicted S, the study's stack, flat ring |",
              "|---|---|---|---|---|---|"]
