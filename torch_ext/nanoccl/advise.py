@@ -488,7 +488,7 @@ def table(ranked: Sequence[Config], spec: ModelSpec, cluster: Cluster,
              + (f" x {spec.seq} tokens" if spec.gpt else "")
              + f", {spec.params / 1e6:.1f} M parameters, cluster {cluster} "
              f"({cluster.world} devices)"
-             + ("" if spec.stack == REFERENCE_STACK else f"; activations as {spec.stack.name}"),
+             + ("" if spec.stack == REFERENCE_STACK else f"; {spec.stack.name}"),
              OVERLAP_TEXT, "", head]
     for i, c in enumerate(ranked, 1):
         if c.refused and not c.memory_bytes:
@@ -628,8 +628,8 @@ def spec_from_args(args: argparse.Namespace) -> ModelSpec:
         spec = gpt_by_hand(args.params, args.layers, args.hidden, args.seq or 1024, args.batch,
                            args.heads)
     if args.activations != "float32":
-        spec.stack = dataclasses.replace(spec.stack, name=f"{spec.stack.name}, "
-                                         f"{args.activations} activations", activation_bytes=2)
+        spec.stack = dataclasses.replace(spec.stack, name=f"{args.activations} activations",
+                                         activation_bytes=2)
     return spec
 
 
