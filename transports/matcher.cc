@@ -302,6 +302,15 @@ std::vector<Matcher::AwaitedLane> Matcher::awaitedLanes(int peer) const {
   };
   for (const auto& [key, m] : inflight_) add(*m);
   for (const IncomingPtr& m : arrivingP2P_) add(*m);
+  // The latest call `peer` has sent frames of. A posted receive for an earlier call whose lane
+  // had carried a later one has already failed (checkSkipped), so each lane of those left is
+  // behind the others: the part on it is stuck, not unsent.
+  uint64_t latest = 0;
+  for (int l = 0; l < o_.lanes; ++l) latest = std::max(latest, lane(peer, l).lastSeq);
+  for (auto it = posted_.lower_bound(Key{peer, 0, 0});
+       it != posted_.end() && it->first.peer == peer && it->first.seq < latest; ++it) {
+    for (const Part& part : partsOf(*it->second)) out.push_back({part.lane, part.length});
+  }
   return out;
 }
 

@@ -118,10 +118,12 @@ class Matcher {
   // Whether a message from `peer` on `lane` has frames still to come.
   bool midMessage(int peer, int lane) const;
 
-  // For a receive that timed out: the lanes from which a message of `peer`, matched to a
-  // posted receive and partly arrived (some lane has had a frame), still needs bytes, with how
-  // many; a striped message one of whose links went down leaves its lane here. Receives that
-  // have seen nothing at all are not listed (the peer may not have made the call).
+  // For a receive that timed out: the lanes from which a message of `peer` still needs bytes,
+  // with how many. Listed: a message matched to a posted receive and partly arrived (some lane
+  // has had a frame; a striped message one of whose links went down), and a receive nothing
+  // has arrived for while the peer has sent frames of a later call on another lane (it made
+  // this call: what it sent on the receive's lanes is stuck). Receives that have seen nothing,
+  // from a peer that has not gone past their call, are not listed (it may not have made it).
   struct AwaitedLane {
     int lane;
     uint64_t bytes;

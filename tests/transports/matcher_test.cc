@@ -88,6 +88,32 @@ TEST(Matcher, AwaitedLanesNameTheMissingStripe) {
   EXPECT_TRUE(m.awaitedLanes(1).empty());
 }
 
+// A receive nothing has arrived for is listed once the peer has sent frames of a later call on
+// another lane: the peer made this call, and what it sent on the receive's lane is stuck (a
+// rail brought down after the sender's bytes left it).
+TEST(Matcher, AwaitedLanesNameALaneBehindAPeerThatWentOn) {
+  Matcher m(twoLanes());
+  const std::string small = "0123";  // whole on lane (seq + tag) % 2
+  const auto mine = collectiveEnvelope(1, 0, 4);  // call #1, tag 0: lane 1
+  std::string dst(4, '.');
+  auto r = recv(1, mine, dst.data(), dst.size());
+  ASSERT_TRUE(m.postRecv(r).isOk());
+  // Another message of the same call on lane 0: the peer may still be sending call #1.
+  ASSERT_TRUE(deliver(m, 1, 0, collectiveEnvelope(1, 1, 4), small, 0, 4).isOk());
+  EXPECT_TRUE(m.awaitedLanes(1).empty());
+  // Call #2 on lane 0: the peer has gone past call #1, whose message on lane 1 never came.
+  ASSERT_TRUE(deliver(m, 1, 0, collectiveEnvelope(2, 0, 4), small, 0, 4).isOk());
+  const std::vector<Matcher::AwaitedLane> waits = m.awaitedLanes(1);
+  ASSERT_EQ(waits.size(), 1u);
+  EXPECT_EQ(waits[0].lane, 1);
+  EXPECT_EQ(waits[0].bytes, 4u);
+  EXPECT_TRUE(m.awaitedLanes(2).empty());
+  ASSERT_TRUE(deliver(m, 1, 1, mine, small, 0, 4).isOk());  // it comes after all
+  EXPECT_TRUE(r->test());
+  EXPECT_EQ(dst, small);
+  EXPECT_TRUE(m.awaitedLanes(1).empty());
+}
+
 TEST(Matcher, AnEarlyMessageIsHeldAndCopiedOutWhenItsReceiveComes) {
   for (bool inOrder : {false, true}) {
     Matcher m(twoLanes(inOrder));

@@ -283,11 +283,33 @@ class TcpTransport : public Transport {
 
   // Connections to `peer` that are stuck: bytes the peer has not acknowledged for a while, bytes
   // queued that have not left for a while, a rail whose interface is down here, or a message
-  // partly arrived whose part on a connection is missing. A link (a rail) that went down, or a
-  // peer whose host stopped, leaves its connections like that; a rank waiting only to receive
-  // sees the last two.
+  // whose part on a connection is missing (partly arrived, or one the peer has gone past:
+  // Matcher::awaitedLanes). A link (a rail) that went down, or a peer whose host stopped, leaves
+  // its connections like that; a rank waiting only to receive sees the last two.
   std::string stallReport(int peer) const override {
     if (peer < 0 || peer >= o_.size || peer == o_.rank || !thread_.joinable()) return "";
+    std::string out = socketStalls(peer);
+    // What this rank waits for: asked of the progress thread, which owns the matcher (briefly:
+    // a transport that is stopping may not answer).
+    auto report = std::make_shared<std::promise<std::string>>();
+    std::future<std::string> answer = report->get_future();
+    Command ask{CommandKind::kReport, nullptr, Status::ok()};
+    ask.peer = peer;
+    ask.report = report;
+    const_cast<TcpTransport*>(this)->post(std::move(ask));  // only queues a command
+    if (answer.wait_for(kReportWait) == std::future_status::ready) {
+      try {
+        const std::string waited = answer.get();
+        if (!waited.empty()) out += (out.empty() ? "" : "; ") + waited;
+      } catch (const std::future_error&) {  // dropped unanswered: nothing to add
+      }
+    }
+    return out.empty() ? out : out + " (is a link down?)";
+  }
+
+  // The sending side of stallReport(), from the sockets alone (any thread): connections to
+  // `peer` with bytes unacknowledged or unsent for kStallReportMs, or whose interface is down.
+  std::string socketStalls(int peer) const {
     std::string out;
     for (const auto& c : peers_[static_cast<size_t>(peer)]) {
       tcp_info ti{};
@@ -320,22 +342,7 @@ class TcpTransport : public Transport {
       }
       out += line;
     }
-    // What this rank waits for: asked of the progress thread, which owns the matcher (briefly:
-    // a transport that is stopping may not answer).
-    auto report = std::make_shared<std::promise<std::string>>();
-    std::future<std::string> answer = report->get_future();
-    Command ask{CommandKind::kReport, nullptr, Status::ok()};
-    ask.peer = peer;
-    ask.report = report;
-    const_cast<TcpTransport*>(this)->post(std::move(ask));  // only queues a command
-    if (answer.wait_for(kReportWait) == std::future_status::ready) {
-      try {
-        const std::string waited = answer.get();
-        if (!waited.empty()) out += (out.empty() ? "" : "; ") + waited;
-      } catch (const std::future_error&) {  // dropped unanswered: nothing to add
-      }
-    }
-    return out.empty() ? out : out + " (is a link down?)";
+    return out;
   }
 
   // Progress thread: the connections to `peer` from which a partly arrived message still
@@ -675,9 +682,14 @@ class TcpTransport : public Transport {
     }
   }
 
+  // The peer failed and says why. What this rank sees stuck on its way to that peer goes with
+  // it: where the peer timed out waiting for bytes that left here, the link they are stuck on
+  // (a rail down here, say) is told only on this side.
   void onAbortText(const Conn& c) {
+    const std::string stuck = socketStalls(c.peer);
     fail(peerError("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(c.peer) +
-                   " failed: " + c.abortText),
+                   " failed: " + c.abortText +
+                   (stuck.empty() ? "" : "; here, " + stuck + " (is a link down?)")),
          true);
   }
 
