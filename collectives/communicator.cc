@@ -1,15 +1,17 @@
+// The Communicator's machinery: Task, the worker that runs the queued collectives (submit,
+// workerLoop, runCall), the codec choice, point-to-point calls and their watchdog, and create,
+// shutdown and stats. Communicator::Impl is defined in communicator_impl.h; the public calls,
+// which validate their arguments and queue, are in calls.cc.
 #include "collectives/communicator.h"
 
 #include <algorithm>
-#include <array>
 #include <atomic>
 #include <cerrno>
-#include <deque>
 #include <map>
-#include <numeric>
 #include <thread>
 
 #include "collectives/algorithm.h"
+#include "collectives/communicator_impl.h"
 #include "collectives/connect.h"
 #include "collectives/cost_model.h"
 #include "collectives/planner.h"
@@ -23,6 +25,10 @@ namespace nanoccl {
 
 using detail::AlgorithmRow;
 using detail::CallArgs;
+using detail::kNumOpTypes;
+using detail::P2pCall;
+using detail::QueuedCall;
+using detail::validDataType;
 
 namespace {
 
@@ -87,10 +93,6 @@ Result<std::string> agreeOnJobSecret(Store& store, const CommunicatorOptions& op
   return std::move(js.bytes);
 }
 
-bool validDataType(DataType t) {
-  return static_cast<size_t>(t) < static_cast<size_t>(DataType::kNumTypes);
-}
-
 std::string sizeText(DataType dtype, size_t count) {
   return std::string(dataTypeName(dtype)) + " x " + std::to_string(count);
 }
@@ -129,28 +131,6 @@ void Task::complete(const Status& status, int source) { done_.complete(status, s
 
 namespace {
 
-struct QueuedCall {
-  std::shared_ptr<Task> task;
-  Clock::time_point issued;
-  Deadline deadline = Deadline::never();  // issue time + the timeout
-  OpFingerprint fingerprint;
-  CallArgs args;
-  const AlgorithmRow* algorithm = nullptr;
-  double predictedSeconds = detail::kNoPrediction;  // the cost model's, where it has one
-};
-
-struct P2pCall {
-  std::shared_ptr<Task> task;
-  std::shared_ptr<Request> request;
-  Deadline deadline = Deadline::never();
-  std::string what;  // "rank 0: recv from rank 1 (tag 3, float32 x 8)"
-  OpType op = OpType::kSendRecv;
-  bool isSend = false;
-  size_t bytes = 0;
-};
-
-constexpr size_t kNumOpTypes = static_cast<size_t>(OpType::kNumOps);
-
 // The worker's hand-over (workerLoop). A blocking call is run by its caller (Task::runHere);
 // waking the worker for it anyway costs a wake-up on another core, about 20 us per 4-byte
 // allreduce on the project's 2-core VM (measured), more than the rest of the call. So while
@@ -176,173 +156,8 @@ void completeTask(Task& task, const Status& status, int source = -1) {
 
 }  // namespace
 
-// Threads: the caller's (submit, p2p posting, stats), one worker (runs queued collectives in
-// order), one watchdog (p2p deadlines), and the transport's progress thread (p2p completions).
-// `mu` guards the queue, the failure state and the p2p table; it is never held while calling
-// into the transport or completing a Task.
-struct Communicator::Impl {
-  int rank = 0;
-  int size = 1;
-  std::string commId;
-  Config config;
-  std::chrono::milliseconds timeout{0};
-  // How long the worker leaves a lone fresh call to its caller (Task::runHere): NANOCCL_SPIN_US.
-  std::chrono::microseconds handOverGrace{0};
-  std::unique_ptr<Transport> transport;  // null for size 1: nothing to talk to
-  // What carries `transport`'s bytes, for stats(): `routed` points into it where it is routed,
-  // else it is one transport of table name `transportKind`.
-  routed::RoutedTransport* routed = nullptr;
-  std::string transportKind;
-  std::string localKind;  // the hierarchy's local group's transport, where it has one
-  // The links as measured or loaded at creation (collectives/tuning.h); null under tuning=off
-  // and on one rank.
-  std::shared_ptr<const LinkProfile> profile;
-  Topology topology;
-  // The sub-communicators, only where the topology is hierarchical. Set up before the threads
-  // start and torn down after they are joined; in between only the thread running the current
-  // call (the worker, or a caller in Task::runHere) uses their transports (abort() is
-  // thread-safe).
-  std::unique_ptr<detail::Hierarchy> hierarchy;
-  // Calls run per row of the algorithm table (index = row - table.data()).
-  std::unique_ptr<std::atomic<uint64_t>[]> callsPerRow;
-  // Calls the cost model predicted, per (row index, codec id): predicted and measured seconds.
-  std::mutex timingMu;
-  std::map<std::pair<size_t, uint8_t>, CommStats::Timing> timings;
-  // The Communicator that owns this Impl, for the Tasks' runHere().
-  std::weak_ptr<Communicator> self;
-
-  std::mutex mu;
-  std::condition_variable workCv;
-  // The worker's hand-over (kTick): whether it ticks now, when the last call was issued, and
-  // whether queued calls go to it at once (handOver()).
-  bool workerTicks = false;
-  Clock::time_point lastIssue{};
-  bool handOverNow = false;
-  std::condition_variable watchCv;
-  std::deque<QueuedCall> queue;
-  uint64_t nextSeq = 1;
-  bool running = false;
-  bool stopping = false;
-  bool destroyed = false;
-  Status failed;  // the first failure; OK while the communicator is healthy
-  std::map<uint64_t, P2pCall> p2p;
-  uint64_t nextP2pId = 1;
-  std::thread worker;
-  std::thread watchdog;
-
-  // Scratch memory from one call to the next (calls run one at a time).
-  detail::ScratchPool scratchPool;
-  // Memory that failed calls' unfinished transfers may still target (Context::Leftover, and
-  // callers' buffers from keepUntilDestroyed()): released in shutdown(), once the transports
-  // are destroyed.
-  // Tasks that say buffersStillInUse() hold it too, so a caller can hand over its buffers
-  // while the communicator is being destroyed.
-  std::shared_ptr<KeptBuffers> kept = std::make_shared<KeptBuffers>();
-  std::atomic<uint64_t> callsWithKeptBuffers{0};
-
-  // After a failed call, its transports aborted: keeps what `left` holds where transfers did
-  // not end, marks `task`, and says so in `s`.
-  void keepLeftover(detail::Context::Leftover left, Task& task, Status& s) {
-    if (left.requests.empty()) return;
-    const size_t n = left.requests.size();
-    kept->keep(std::make_shared<detail::Context::Leftover>(std::move(left)));
-    callsWithKeptBuffers.fetch_add(1);
-    task.keeper_ = kept;
-    task.buffersInUse_.store(true, std::memory_order_release);
-    s = Status(s.code(), s.message() + " [" + std::to_string(n) +
-                             " transfer(s) on this call's buffers could not be stopped: its "
-                             "buffers must stay allocated until the communicator is destroyed]");
-    NANOCCL_WARN(who() << n << " transfer(s) of a failed call still target its buffers after "
-                          "the abort; they are kept until the communicator is destroyed");
-  }
-
-  std::array<std::atomic<uint64_t>, kNumOpTypes> sentPerOp{};
-  std::array<std::atomic<uint64_t>, kNumOpTypes> receivedPerOp{};
-  std::atomic<uint64_t> calls{0};
-
-  std::string who() const { return "rank " + std::to_string(rank) + ": "; }
-
-  // What a call queued after the first failure fails with: the first failure's code, and its
-  // message so the root cause is visible from any later call.
-  Status laterFailure(const std::string& what, const Status& first) const {
-    if (destroyed) return abortedError(what + "communicator destroyed");
-    return Status(first.code(), what + "communicator failed earlier: " + first.message());
-  }
-
-  // Every transport this communicator owns: its own and the sub-communicators'.
-  std::vector<Transport*> transports() const {
-    std::vector<Transport*> out;
-    if (transport) out.push_back(transport.get());
-    if (hierarchy && hierarchy->local.transport) out.push_back(hierarchy->local.transport.get());
-    if (hierarchy && hierarchy->cross.transport) out.push_back(hierarchy->cross.transport.get());
-    return out;
-  }
-
-  // Records the first failure and aborts every transport, so the peers fail fast too: a peer
-  // waiting in a hierarchical stage hears it on the sub-communicator it waits on.
-  void fail(const Status& why) {
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      if (failed.isOk()) failed = why;
-    }
-    for (Transport* t : transports()) t->abort(why);
-    workCv.notify_all();
-  }
-
-  std::shared_ptr<Task> submit(OpFingerprint fingerprint, CallArgs args, const Status& invalid);
-  // Adds a finished call's measured time beside the cost model's prediction.
-  void recordTiming(const QueuedCall& call, double seconds) {
-    const size_t row = static_cast<size_t>(call.algorithm - detail::algorithmTable().data());
-    const uint8_t codecId = call.fingerprint.codec;
-    std::lock_guard<std::mutex> lock(timingMu);
-    CommStats::Timing& t = timings[{row, codecId}];
-    if (t.what.empty()) {
-      t.what = std::string(opTypeName(call.algorithm->op)) + "/" + call.algorithm->name +
-               (codecId != 0 ? std::string("/") + kCodecNames[codecId] : "");
-    }
-    ++t.calls;
-    t.predictedSeconds += call.predictedSeconds;
-    t.measuredSeconds += seconds;
-    // A profile of other links (the network changed, or a copied file) shows as drift.
-    if (t.calls == kDriftCalls && !driftWarned) {
-      const double ratio = t.measuredSeconds / std::max(t.predictedSeconds, 1e-9);
-      if (ratio > kDriftRatio || ratio < 1 / kDriftRatio) {
-        driftWarned = true;
-        NANOCCL_WARN(who() << t.what << " took " << ratio << "x the cost model's prediction over "
-                           << t.calls << " calls: the link profile (measured "
-                           << profile->measured << ") may not be of these links; run "
-                           << "nanoccl-tune again or set NANOCCL_TUNING=measure");
-      }
-    }
-  }
-  static constexpr uint64_t kDriftCalls = 32;
-  static constexpr double kDriftRatio = 3;
-  bool driftWarned = false;  // under timingMu
-  // Sets args.codec where the call is to be compressed: `request` from allreduceCompressed or
-  // reduceScatterCompressed, else the config's codec for calls of at least
-  // compressionMinBytes. An explicit request the call cannot honour (dtype, reduction) is an
-  // argument error.
-  Status chooseCodec(CallArgs& args, const CompressionRequest* request) const;
-  void workerLoop();
-  // The head of the queue, marked running (mu held, queue not empty).
-  QueuedCall takeNext();
-  // Runs (or, after a failure, fails) a call from takeNext(), on the worker or on a caller
-  // (Task::runHere), then clears `running`.
-  void runTaken(QueuedCall& call);
-  void runCall(QueuedCall& call);
-  // Ends the running call's turn (clears `running`) and hands the next one to the worker.
-  void finishTurn();
-  // Communicator::handOver().
-  void handOver();
-  // Sets handOverNow where calls are queued (mu held); returns whether the worker must be woken.
-  bool markHandOver();
-  std::shared_ptr<Task> postP2p(bool isSend, void* buf, size_t count, DataType dtype, int peer,
-                                uint32_t tag);
-  void finishP2p(uint64_t id, const Status& status, int source);
-  void watchdogLoop();
-  // Fails what is pending, joins the threads, closes the transport. Not on a thread it joins.
-  void shutdown();
-};
+// Communicator::Impl itself (its members, its threads and what `mu` guards) is in
+// communicator_impl.h.
 
 std::shared_ptr<Task> Communicator::Impl::submit(OpFingerprint fingerprint, CallArgs args,
                                                  const Status& invalid) {
@@ -911,313 +726,6 @@ CommStats Communicator::stats() const {
     for (const auto& [key, t] : impl_->timings) s.modelled.push_back(t);
   }
   return s;
-}
-
-// ---- The calls: validate on the calling rank, then queue ----
-
-namespace {
-
-Status checkCounts(const char* name, const std::vector<size_t>& counts, int size) {
-  if (static_cast<int>(counts.size()) != size) {
-    return invalidArgument(std::string(name) + " has " + std::to_string(counts.size()) +
-                           " entries for " + std::to_string(size) + " ranks");
-  }
-  return Status::ok();
-}
-
-Status checkRoot(int root, int size) {
-  if (root < 0 || root >= size) {
-    return invalidArgument("root " + std::to_string(root) + " is not a rank of this " +
-                           std::to_string(size) + "-rank communicator");
-  }
-  return Status::ok();
-}
-
-Status checkBuffer(const char* name, const void* buf, size_t count) {
-  if (buf == nullptr && count > 0) {
-    return invalidArgument(std::string("null ") + name + " buffer for " + std::to_string(count) +
-                           " elements");
-  }
-  return Status::ok();
-}
-
-Status checkReduction(ReduceOp op, DataType dtype) {
-  if (!reduceOpSupported(op, dtype)) {
-    return invalidArgument(std::string("reduction ") + reduceOpName(op) + " is not defined on " +
-                           dataTypeName(dtype));
-  }
-  return Status::ok();
-}
-
-Status checkDataType(DataType dtype) {
-  return validDataType(dtype) ? Status::ok() : invalidArgument("invalid data type");
-}
-
-size_t sum(const std::vector<size_t>& v) { return std::accumulate(v.begin(), v.end(), size_t{0}); }
-
-// Runs checks in order; the first failure wins.
-template <typename... Checks>
-Status firstError(Checks&&... checks) {
-  Status out;
-  ((out.isOk() ? (out = checks(), 0) : 0), ...);
-  return out;
-}
-
-}  // namespace
-
-std::shared_ptr<Task> Communicator::allreduce(void* buf, size_t count, DataType dtype, ReduceOp op,
-                                              double premulFactor) {
-  return allreduceWith(buf, count, dtype, op, premulFactor, nullptr);
-}
-
-std::shared_ptr<Task> Communicator::allreduceCompressed(void* buf, size_t count, DataType dtype,
-                                                        ReduceOp op,
-                                                        const CompressionRequest& compression,
-                                                        double premulFactor) {
-  return allreduceWith(buf, count, dtype, op, premulFactor, &compression);
-}
-
-std::shared_ptr<Task> Communicator::allreduceWith(void* buf, size_t count, DataType dtype,
-                                                  ReduceOp op, double premulFactor,
-                                                  const CompressionRequest* compression) {
-  CallArgs a;
-  a.op = OpType::kAllreduce;
-  a.dtype = dtype;
-  a.redop = op;
-  a.premulFactor = premulFactor;
-  a.recv = buf;
-  a.send = buf;
-  a.count = count;
-  const Status invalid =
-      firstError([&] { return checkDataType(dtype); }, [&] { return checkReduction(op, dtype); },
-                 [&] { return checkBuffer("", buf, count); },
-                 [&] { return impl_->chooseCodec(a, compression); });
-  return impl_->submit(OpFingerprint{OpType::kAllreduce, dtype, op, -1, count, 0}, std::move(a),
-                       invalid);
-}
-
-Result<Communicator::Prediction> Communicator::predictAllreduce(size_t count, DataType dtype,
-                                                                const std::string& codec) const {
-  CallArgs a;
-  a.op = OpType::kAllreduce;
-  a.dtype = dtype;
-  a.redop = ReduceOp::kSum;
-  a.count = count;
-  NANOCCL_CHECK(checkDataType(dtype));
-  CompressionRequest request;
-  request.codec = codec;
-  NANOCCL_CHECK(impl_->chooseCodec(a, codec.empty() ? nullptr : &request));
-  NANOCCL_ASSIGN_OR_RETURN(detail::Plan plan,
-                           detail::plan(a, impl_->topology, impl_->config, impl_->profile.get()));
-  Prediction p;
-  p.algorithm = plan.row->name;
-  const bool lossy = plan.codec != nullptr && plan.row->lossy;
-  p.codec = lossy ? plan.codec->name : "none";
-  p.codecChunkBytes = !lossy ? 0
-                      : plan.codecChunkBytes != 0 ? plan.codecChunkBytes
-                                                  : impl_->config.chunkBytes;
-  p.seconds = impl_->size < 2 ? 0 : plan.predictedSeconds;
-  return p;
-}
-
-std::shared_ptr<Task> Communicator::reduce(void* buf, size_t count, DataType dtype, ReduceOp op,
-                                           int root, double premulFactor) {
-  CallArgs a;
-  a.op = OpType::kReduce;
-  a.dtype = dtype;
-  a.redop = op;
-  a.premulFactor = premulFactor;
-  a.recv = buf;
-  a.send = buf;
-  a.count = count;
-  a.root = root;
-  const Status invalid = firstError(
-      [&] { return checkDataType(dtype); }, [&] { return checkReduction(op, dtype); },
-      [&] { return checkRoot(root, size()); }, [&] { return checkBuffer("", buf, count); });
-  return impl_->submit(OpFingerprint{OpType::kReduce, dtype, op, root, count, 0}, std::move(a),
-                       invalid);
-}
-
-std::shared_ptr<Task> Communicator::broadcast(void* buf, size_t count, DataType dtype, int root) {
-  CallArgs a;
-  a.op = OpType::kBroadcast;
-  a.dtype = dtype;
-  a.recv = buf;
-  a.send = buf;
-  a.count = count;
-  a.root = root;
-  const Status invalid =
-      firstError([&] { return checkDataType(dtype); }, [&] { return checkRoot(root, size()); },
-                 [&] { return checkBuffer("", buf, count); });
-  return impl_->submit(OpFingerprint{OpType::kBroadcast, dtype, ReduceOp::kSum, root, count, 0},
-                       std::move(a), invalid);
-}
-
-std::shared_ptr<Task> Communicator::allgather(const void* send, size_t sendCount, void* recv,
-                                              const std::vector<size_t>& recvCounts,
-                                              DataType dtype) {
-  CallArgs a;
-  a.op = OpType::kAllgather;
-  a.dtype = dtype;
-  a.send = send;
-  a.recv = recv;
-  a.count = sendCount;
-  a.counts = recvCounts;
-  const Status invalid =
-      firstError([&] { return checkDataType(dtype); },
-                 [&] { return checkCounts("recvCounts", recvCounts, size()); },
-                 [&] {
-                   return recvCounts[rank()] == sendCount
-                              ? Status::ok()
-                              : invalidArgument("recvCounts[" + std::to_string(rank()) + "] is " +
-                                                std::to_string(recvCounts[rank()]) +
-                                                " but sendCount is " + std::to_string(sendCount));
-                 },
-                 [&] { return checkBuffer("send", send, sendCount); },
-                 [&] { return checkBuffer("recv", recv, sum(recvCounts)); });
-  const size_t total = invalid.isOk() ? sum(recvCounts) : 0;
-  return impl_->submit(OpFingerprint{OpType::kAllgather, dtype, ReduceOp::kSum, -1, total, 0},
-                       std::move(a), invalid);
-}
-
-std::shared_ptr<Task> Communicator::reduceScatter(const void* send, void* recv,
-                                                  const std::vector<size_t>& counts, DataType dtype,
-                                                  ReduceOp op, double premulFactor) {
-  return reduceScatterWith(send, recv, counts, dtype, op, premulFactor, nullptr);
-}
-
-std::shared_ptr<Task> Communicator::reduceScatterCompressed(const void* send, void* recv,
-                                                            const std::vector<size_t>& counts,
-                                                            DataType dtype, ReduceOp op,
-                                                            const CompressionRequest& compression,
-                                                            double premulFactor) {
-  return reduceScatterWith(send, recv, counts, dtype, op, premulFactor, &compression);
-}
-
-std::shared_ptr<Task> Communicator::reduceScatterWith(const void* send, void* recv,
-                                                      const std::vector<size_t>& counts,
-                                                      DataType dtype, ReduceOp op,
-                                                      double premulFactor,
-                                                      const CompressionRequest* request) {
-  CallArgs a;
-  a.op = OpType::kReduceScatter;
-  a.dtype = dtype;
-  a.redop = op;
-  a.premulFactor = premulFactor;
-  a.send = send;
-  a.recv = recv;
-  a.counts = counts;
-  const Status invalid =
-      firstError([&] { return checkDataType(dtype); }, [&] { return checkReduction(op, dtype); },
-                 [&] { return checkCounts("counts", counts, size()); },
-                 [&] { return checkBuffer("send", send, sum(counts)); },
-                 [&] { return checkBuffer("recv", recv, counts[rank()]); },
-                 [&] { return impl_->chooseCodec(a, request); });
-  if (invalid.isOk()) a.count = counts[rank()];
-  const size_t total = invalid.isOk() ? sum(counts) : 0;
-  return impl_->submit(OpFingerprint{OpType::kReduceScatter, dtype, op, -1, total, 0}, std::move(a),
-                       invalid);
-}
-
-std::shared_ptr<Task> Communicator::alltoall(const void* send,
-                                             const std::vector<size_t>& sendCounts, void* recv,
-                                             const std::vector<size_t>& recvCounts,
-                                             DataType dtype) {
-  CallArgs a;
-  a.op = OpType::kAlltoall;
-  a.dtype = dtype;
-  a.send = send;
-  a.recv = recv;
-  a.counts = sendCounts;
-  a.recvCounts = recvCounts;
-  const Status invalid = firstError(
-      [&] { return checkDataType(dtype); },
-      [&] { return checkCounts("sendCounts", sendCounts, size()); },
-      [&] { return checkCounts("recvCounts", recvCounts, size()); },
-      [&] {
-        return sendCounts[rank()] == recvCounts[rank()]
-                   ? Status::ok()
-                   : invalidArgument("this rank sends itself " +
-                                     std::to_string(sendCounts[rank()]) + " elements but expects " +
-                                     std::to_string(recvCounts[rank()]));
-      },
-      [&] { return checkBuffer("send", send, sum(sendCounts)); },
-      [&] { return checkBuffer("recv", recv, sum(recvCounts)); });
-  return impl_->submit(OpFingerprint{OpType::kAlltoall, dtype, ReduceOp::kSum, -1, 0, 0},
-                       std::move(a), invalid);
-}
-
-// Only the root knows the per-rank sizes of gather and scatter, so their fingerprint carries
-// count 0 (like alltoall) and the transport's per-message length check catches disagreements.
-std::shared_ptr<Task> Communicator::gather(const void* send, size_t sendCount, void* recv,
-                                           const std::vector<size_t>& recvCounts, DataType dtype,
-                                           int root) {
-  CallArgs a;
-  a.op = OpType::kGather;
-  a.dtype = dtype;
-  a.send = send;
-  a.recv = recv;
-  a.count = sendCount;
-  a.root = root;
-  const bool isRoot = root == rank();
-  if (isRoot) a.counts = recvCounts;
-  const Status invalid = firstError(
-      [&] { return checkDataType(dtype); }, [&] { return checkRoot(root, size()); },
-      [&] { return isRoot ? checkCounts("recvCounts", recvCounts, size()) : Status::ok(); },
-      [&] {
-        return !isRoot || recvCounts[rank()] == sendCount
-                   ? Status::ok()
-                   : invalidArgument("recvCounts[root] is " + std::to_string(recvCounts[rank()]) +
-                                     " but the root's sendCount is " + std::to_string(sendCount));
-      },
-      [&] { return checkBuffer("send", send, sendCount); },
-      [&] { return isRoot ? checkBuffer("recv", recv, sum(recvCounts)) : Status::ok(); });
-  return impl_->submit(OpFingerprint{OpType::kGather, dtype, ReduceOp::kSum, root, 0, 0},
-                       std::move(a), invalid);
-}
-
-std::shared_ptr<Task> Communicator::scatter(const void* send, const std::vector<size_t>& sendCounts,
-                                            void* recv, size_t recvCount, DataType dtype,
-                                            int root) {
-  CallArgs a;
-  a.op = OpType::kScatter;
-  a.dtype = dtype;
-  a.send = send;
-  a.recv = recv;
-  a.count = recvCount;
-  a.root = root;
-  const bool isRoot = root == rank();
-  if (isRoot) a.counts = sendCounts;
-  const Status invalid = firstError(
-      [&] { return checkDataType(dtype); }, [&] { return checkRoot(root, size()); },
-      [&] { return isRoot ? checkCounts("sendCounts", sendCounts, size()) : Status::ok(); },
-      [&] {
-        return !isRoot || sendCounts[rank()] == recvCount
-                   ? Status::ok()
-                   : invalidArgument("sendCounts[root] is " + std::to_string(sendCounts[rank()]) +
-                                     " but the root's recvCount is " + std::to_string(recvCount));
-      },
-      [&] { return isRoot ? checkBuffer("send", send, sum(sendCounts)) : Status::ok(); },
-      [&] { return checkBuffer("recv", recv, recvCount); });
-  return impl_->submit(OpFingerprint{OpType::kScatter, dtype, ReduceOp::kSum, root, 0, 0},
-                       std::move(a), invalid);
-}
-
-std::shared_ptr<Task> Communicator::send(const void* buf, size_t count, DataType dtype, int peer,
-                                         uint32_t tag) {
-  return impl_->postP2p(true, const_cast<void*>(buf), count, dtype, peer, tag);
-}
-
-std::shared_ptr<Task> Communicator::recv(void* buf, size_t count, DataType dtype, int peer,
-                                         uint32_t tag) {
-  return impl_->postP2p(false, buf, count, dtype, peer, tag);
-}
-
-std::shared_ptr<Task> Communicator::barrier() {
-  CallArgs a;
-  a.op = OpType::kBarrier;
-  return impl_->submit(OpFingerprint{OpType::kBarrier, DataType::kUInt8, ReduceOp::kSum, -1, 0, 0},
-                       std::move(a), Status::ok());
 }
 
 }  // namespace nanoccl

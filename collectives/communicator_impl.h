@@ -1,0 +1,234 @@
+// Communicator::Impl: the private half of a Communicator (collectives/communicator.h). It holds
+// the communicator's state (transports, topology, the queue of collectives, the table of
+// point-to-point calls, the counters behind stats()) and declares the machinery that runs the
+// calls. Private to the Communicator: included only by communicator.cc (Task, the worker,
+// point-to-point and its watchdog, create, shutdown, stats) and calls.cc (the public calls,
+// which validate their arguments and queue through submit() or postP2p()).
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "collectives/algorithm.h"
+#include "collectives/communicator.h"
+#include "collectives/cost_model.h"
+#include "collectives/planner.h"
+#include "common/logging.h"
+#include "transports/routed/routed_transport.h"
+
+namespace nanoccl {
+namespace detail {
+
+// A collective waiting in Impl::queue for its turn (Impl::submit), and then running.
+struct QueuedCall {
+  std::shared_ptr<Task> task;
+  Clock::time_point issued;
+  Deadline deadline = Deadline::never();  // issue time + the timeout
+  OpFingerprint fingerprint;
+  CallArgs args;
+  const AlgorithmRow* algorithm = nullptr;
+  double predictedSeconds = detail::kNoPrediction;  // the cost model's, where it has one
+};
+
+// A posted send or receive, in Impl::p2p until it completes or the watchdog fails it.
+struct P2pCall {
+  std::shared_ptr<Task> task;
+  std::shared_ptr<Request> request;
+  Deadline deadline = Deadline::never();
+  std::string what;  // "rank 0: recv from rank 1 (tag 3, float32 x 8)"
+  OpType op = OpType::kSendRecv;
+  bool isSend = false;
+  size_t bytes = 0;
+};
+
+constexpr size_t kNumOpTypes = static_cast<size_t>(OpType::kNumOps);
+
+// Used by the calls' checks (calls.cc) and by submit() and postP2p() (communicator.cc).
+inline bool validDataType(DataType t) {
+  return static_cast<size_t>(t) < static_cast<size_t>(DataType::kNumTypes);
+}
+
+}  // namespace detail
+
+// Threads: the caller's (submit, p2p posting, stats), one worker (runs queued collectives in
+// order), one watchdog (p2p deadlines), and the transport's progress thread (p2p completions).
+// `mu` guards the queue, the failure state and the p2p table; it is never held while calling
+// into the transport or completing a Task.
+struct Communicator::Impl {
+  int rank = 0;
+  int size = 1;
+  std::string commId;
+  Config config;
+  std::chrono::milliseconds timeout{0};
+  // How long the worker leaves a lone fresh call to its caller (Task::runHere): NANOCCL_SPIN_US.
+  std::chrono::microseconds handOverGrace{0};
+  std::unique_ptr<Transport> transport;  // null for size 1: nothing to talk to
+  // What carries `transport`'s bytes, for stats(): `routed` points into it where it is routed,
+  // else it is one transport of table name `transportKind`.
+  routed::RoutedTransport* routed = nullptr;
+  std::string transportKind;
+  std::string localKind;  // the hierarchy's local group's transport, where it has one
+  // The links as measured or loaded at creation (collectives/tuning.h); null under tuning=off
+  // and on one rank.
+  std::shared_ptr<const LinkProfile> profile;
+  Topology topology;
+  // The sub-communicators, only where the topology is hierarchical. Set up before the threads
+  // start and torn down after they are joined; in between only the thread running the current
+  // call (the worker, or a caller in Task::runHere) uses their transports (abort() is
+  // thread-safe).
+  std::unique_ptr<detail::Hierarchy> hierarchy;
+  // Calls run per row of the algorithm table (index = row - table.data()).
+  std::unique_ptr<std::atomic<uint64_t>[]> callsPerRow;
+  // Calls the cost model predicted, per (row index, codec id): predicted and measured seconds.
+  std::mutex timingMu;
+  std::map<std::pair<size_t, uint8_t>, CommStats::Timing> timings;
+  // The Communicator that owns this Impl, for the Tasks' runHere().
+  std::weak_ptr<Communicator> self;
+
+  std::mutex mu;
+  std::condition_variable workCv;
+  // The worker's hand-over (kTick, in communicator.cc): whether it ticks now, when the last
+  // call was issued, and whether queued calls go to it at once (handOver()).
+  bool workerTicks = false;
+  Clock::time_point lastIssue{};
+  bool handOverNow = false;
+  std::condition_variable watchCv;
+  std::deque<detail::QueuedCall> queue;
+  uint64_t nextSeq = 1;
+  bool running = false;
+  bool stopping = false;
+  bool destroyed = false;
+  Status failed;  // the first failure; OK while the communicator is healthy
+  std::map<uint64_t, detail::P2pCall> p2p;
+  uint64_t nextP2pId = 1;
+  std::thread worker;
+  std::thread watchdog;
+
+  // Scratch memory from one call to the next (calls run one at a time).
+  detail::ScratchPool scratchPool;
+  // Memory that failed calls' unfinished transfers may still target (Context::Leftover, and
+  // callers' buffers from keepUntilDestroyed()): released in shutdown(), once the transports
+  // are destroyed.
+  // Tasks that say buffersStillInUse() hold it too, so a caller can hand over its buffers
+  // while the communicator is being destroyed.
+  std::shared_ptr<KeptBuffers> kept = std::make_shared<KeptBuffers>();
+  std::atomic<uint64_t> callsWithKeptBuffers{0};
+
+  // After a failed call, its transports aborted: keeps what `left` holds where transfers did
+  // not end, marks `task`, and says so in `s`.
+  void keepLeftover(detail::Context::Leftover left, Task& task, Status& s) {
+    if (left.requests.empty()) return;
+    const size_t n = left.requests.size();
+    kept->keep(std::make_shared<detail::Context::Leftover>(std::move(left)));
+    callsWithKeptBuffers.fetch_add(1);
+    task.keeper_ = kept;
+    task.buffersInUse_.store(true, std::memory_order_release);
+    s = Status(s.code(), s.message() + " [" + std::to_string(n) +
+                             " transfer(s) on this call's buffers could not be stopped: its "
+                             "buffers must stay allocated until the communicator is destroyed]");
+    NANOCCL_WARN(who() << n << " transfer(s) of a failed call still target its buffers after "
+                          "the abort; they are kept until the communicator is destroyed");
+  }
+
+  std::array<std::atomic<uint64_t>, detail::kNumOpTypes> sentPerOp{};
+  std::array<std::atomic<uint64_t>, detail::kNumOpTypes> receivedPerOp{};
+  std::atomic<uint64_t> calls{0};
+
+  std::string who() const { return "rank " + std::to_string(rank) + ": "; }
+
+  // What a call queued after the first failure fails with: the first failure's code, and its
+  // message so the root cause is visible from any later call.
+  Status laterFailure(const std::string& what, const Status& first) const {
+    if (destroyed) return abortedError(what + "communicator destroyed");
+    return Status(first.code(), what + "communicator failed earlier: " + first.message());
+  }
+
+  // Every transport this communicator owns: its own and the sub-communicators'.
+  std::vector<Transport*> transports() const {
+    std::vector<Transport*> out;
+    if (transport) out.push_back(transport.get());
+    if (hierarchy && hierarchy->local.transport) out.push_back(hierarchy->local.transport.get());
+    if (hierarchy && hierarchy->cross.transport) out.push_back(hierarchy->cross.transport.get());
+    return out;
+  }
+
+  // Records the first failure and aborts every transport, so the peers fail fast too: a peer
+  // waiting in a hierarchical stage hears it on the sub-communicator it waits on.
+  void fail(const Status& why) {
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      if (failed.isOk()) failed = why;
+    }
+    for (Transport* t : transports()) t->abort(why);
+    workCv.notify_all();
+  }
+
+  std::shared_ptr<Task> submit(OpFingerprint fingerprint, detail::CallArgs args,
+                               const Status& invalid);
+  // Adds a finished call's measured time beside the cost model's prediction.
+  void recordTiming(const detail::QueuedCall& call, double seconds) {
+    const size_t row = static_cast<size_t>(call.algorithm - detail::algorithmTable().data());
+    const uint8_t codecId = call.fingerprint.codec;
+    std::lock_guard<std::mutex> lock(timingMu);
+    CommStats::Timing& t = timings[{row, codecId}];
+    if (t.what.empty()) {
+      t.what = std::string(opTypeName(call.algorithm->op)) + "/" + call.algorithm->name +
+               (codecId != 0 ? std::string("/") + kCodecNames[codecId] : "");
+    }
+    ++t.calls;
+    t.predictedSeconds += call.predictedSeconds;
+    t.measuredSeconds += seconds;
+    // A profile of other links (the network changed, or a copied file) shows as drift.
+    if (t.calls == kDriftCalls && !driftWarned) {
+      const double ratio = t.measuredSeconds / std::max(t.predictedSeconds, 1e-9);
+      if (ratio > kDriftRatio || ratio < 1 / kDriftRatio) {
+        driftWarned = true;
+        NANOCCL_WARN(who() << t.what << " took " << ratio << "x the cost model's prediction over "
+                           << t.calls << " calls: the link profile (measured "
+                           << profile->measured << ") may not be of these links; run "
+                           << "nanoccl-tune again or set NANOCCL_TUNING=measure");
+      }
+    }
+  }
+  static constexpr uint64_t kDriftCalls = 32;
+  static constexpr double kDriftRatio = 3;
+  bool driftWarned = false;  // under timingMu
+  // Sets args.codec where the call is to be compressed: `request` from allreduceCompressed or
+  // reduceScatterCompressed, else the config's codec for calls of at least
+  // compressionMinBytes. An explicit request the call cannot honour (dtype, reduction) is an
+  // argument error.
+  Status chooseCodec(detail::CallArgs& args, const CompressionRequest* request) const;
+  void workerLoop();
+  // The head of the queue, marked running (mu held, queue not empty).
+  detail::QueuedCall takeNext();
+  // Runs (or, after a failure, fails) a call from takeNext(), on the worker or on a caller
+  // (Task::runHere), then clears `running`.
+  void runTaken(detail::QueuedCall& call);
+  void runCall(detail::QueuedCall& call);
+  // Ends the running call's turn (clears `running`) and hands the next one to the worker.
+  void finishTurn();
+  // Communicator::handOver().
+  void handOver();
+  // Sets handOverNow where calls are queued (mu held); returns whether the worker must be woken.
+  bool markHandOver();
+  std::shared_ptr<Task> postP2p(bool isSend, void* buf, size_t count, DataType dtype, int peer,
+                                uint32_t tag);
+  void finishP2p(uint64_t id, const Status& status, int source);
+  void watchdogLoop();
+  // Fails what is pending, joins the threads, closes the transport. Not on a thread it joins.
+  void shutdown();
+};
+
+}  // namespace nanoccl
