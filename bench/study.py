@@ -126,14 +126,17 @@ PROFILES: dict[str, Profile] = {
         ("1x1", "1x2", "2x1", "2x2", "4x1"), ("gloo", "nanoccl", "nanoccl+int8"),
         {"gpt2-tiny": (8, 16, 32), "resnet18": (8, 32)},
         {"gpt2-tiny": 16, "resnet18": 32}, reps=3, steps=6, warmup=2, budget_min=70.0,
-        extra_backends={"dp": ("nanoccl+int4",), "zero2": ("nanoccl+int4", "nanoccl+int4+qwz"),
-                        "zero3": ("nanoccl+int4+qwz",), "zero3-hpz": ("nanoccl+int4+qwz",),
+        extra_backends={"dp": ("nanoccl+int4",),
+                        "zero2": ("nanoccl+int4", "nanoccl+int4+qwz", "nanoccl+int4+qwz4"),
+                        "zero3": ("nanoccl+int4+qwz", "nanoccl+int4+qwz4"),
+                        "zero3-hpz": ("nanoccl+int4+qwz", "nanoccl+int4+qwz4"),
                         "hsdp": ("nanoccl+int4",)},
         description="about an hour: gpt2-tiny (DP/TP/PP/ZeRO-1/2/3, ZeRO-3 hpZ and HSDP on "
                     "2x2, DP also at "
                     "batch 8 and 32) and ResNet-18 (DP, batch 8 and 32) on 1x1..4x1, Gloo / "
                     "nanoccl / nanoccl+int8 (at the reference batch also DP, ZeRO-2 and HSDP "
-                    "with int4, ZeRO-2/3 and hpZ with int4 + int8 parameters: +qwz), 3 "
+                    "with int4, ZeRO-2/3 and hpZ with int4 + int8 or int4 parameters: +qwz, "
+                    "+qwz4), 3 "
                     "repetitions; "
                     "runs still queued after 70 minutes are skipped and listed"),
     "cluster": Profile(

@@ -1,11 +1,11 @@
-"""Backend selection by flag: gloo | nccl | nanoccl | nanoccl+<codec>[+qwz].
+"""Backend selection by flag: gloo | nccl | nanoccl | nanoccl+<codec>[+qwz|+qwz4].
 
 ``nanoccl+int8`` means the nanoccl backend with ``nanoccl.Options(compression="int8")`` and, per
 strategy (trainers/strategies.py), the gradients compressed with that codec whatever their
 size: DDP through nanoccl.hooks' error-feedback hook, FSDP2 (zero2, zero3) through
 nanoccl.hooks.compress_fsdp's reduce-scatter, HSDP through its replicate group. ``+qwz`` adds
 ZeRO++'s quantized weights to FSDP2 (zero2, zero3): parameters all-gathered as int8 across
-nodes (nanoccl.all_gather_compressed).
+nodes (nanoccl.all_gather_compressed); ``+qwz4`` as int4 (half the bytes, four times the error).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ class BackendSpec:
     text: str  # as given, e.g. "nanoccl+int8"
     name: str  # the torch.distributed backend name
     codec: str | None = None
-    gather_codec: str | None = None  # "+qwz": FSDP2's parameter all-gather as int8
+    gather_codec: str | None = None  # "+qwz" / "+qwz4": FSDP2's parameter all-gather as int8 / int4
 
     @property
     def is_nanoccl(self) -> bool:
@@ -48,10 +48,11 @@ def parse_backend(text: str) -> BackendSpec:
     if "+" in value and not codec:
         raise ValueError(f"{text!r}: give a codec after '+', e.g. nanoccl+int8")
     codec, _, extra = codec.partition("+")
-    if extra not in ("", "qwz") or (extra and not codec):
+    gather = {"": None, "qwz": "int8", "qwz4": "int4"}
+    if extra not in gather or (extra and not codec):
         raise ValueError(f"{text!r}: after the codec only '+qwz' (int8 parameter all-gather "
-                         "for zero2/zero3), e.g. nanoccl+int4+qwz")
-    return BackendSpec(value, name, codec or None, "int8" if extra == "qwz" else None)
+                         "for zero2/zero3) or '+qwz4' (int4), e.g. nanoccl+int4+qwz")
+    return BackendSpec(value, name, codec or None, gather[extra])
 
 
 def import_nanoccl() -> Any:

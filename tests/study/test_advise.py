@@ -315,8 +315,12 @@ def test_check_maps_each_configuration_to_the_trainers_flags() -> None:
     assert check.trainer_args(C("zero2", "int4", gather_codec="int8")) == ("nanoccl+int4+qwz", [])
     assert check.config_key(C("zero2", "int4", gather_codec="int8")) != check.config_key(
         C("zero2", "int4"))
+    assert check.trainer_args(C("zero3-hpz", "int4", gather_codec="int4")) == (
+        "nanoccl+int4+qwz4", [])
     with pytest.raises(ValueError):
-        check.trainer_args(C("zero2", "int4", gather_codec="int4"))  # the trainers have int8
+        check.trainer_args(C("zero2", "int4", gather_codec="bf16"))  # the trainers: int8, int4
+    with pytest.raises(ValueError):
+        check.trainer_args(C("zero2", "none", gather_codec="int8"))  # beside a gradient codec
     assert check.trainer_args(C("pp", microbatches=16, schedule="gpipe")) == (
         "nanoccl", ["--microbatches", "16", "--schedule", "gpipe"])
     # A tuned bucket is the same configuration for any model (its size is the model's).

@@ -276,7 +276,7 @@ def test_zero3_hpz_2x2_gathers_inside_the_node_in_backward(single: dict[str, Any
     """zero3-hpz (FSDP2 resharded after forward to the node's ranks) trains zero3's losses
     (the batches split, the loss the mean of the ranks'); its backward all-gathers stay inside
     the node, so only forward's cross the link: fewer inter-node bytes than zero3's. With
-    +qwz the forward's are int8."""
+    +qwz the forward's are int8, with +qwz4 int4."""
     def run(strategy: str, backend: str) -> dict[str, Any]:
         args = [a if a != "zero2" else strategy for a in ZERO2] + ["--backend", backend]
         res = _run(f"{strategy}-2x2-{backend}", 4, args, tmp_root, node_env(2, 2))
@@ -297,6 +297,11 @@ def test_zero3_hpz_2x2_gathers_inside_the_node_in_backward(single: dict[str, Any
     qwz = run("zero3-hpz", "nanoccl+int8+qwz")
     assert qwz["final_loss"] == pytest.approx(hpz["final_loss"], rel=0.02)
     assert qwz["nanoccl_bytes"]["inter_sent"] < 0.4 * node["inter_sent"]
+    qwz4 = run("zero3-hpz", "nanoccl+int8+qwz4")
+    assert "parameters int4" in qwz4["description"], qwz4["description"]
+    assert qwz4["final_loss"] == pytest.approx(hpz["final_loss"], rel=0.02)
+    # The forward's all-gathers, most of what crosses, at half of int8's bytes.
+    assert qwz4["nanoccl_bytes"]["inter_sent"] < 0.8 * qwz["nanoccl_bytes"]["inter_sent"]
 
 
 @pytest.mark.timeout(200)
@@ -399,8 +404,10 @@ def test_parse_backend() -> None:
     assert (spec.name, spec.codec, spec.is_nanoccl) == ("nanoccl", "int8", True)
     spec = backends.parse_backend("nanoccl+int4+qwz")
     assert (spec.codec, spec.gather_codec) == ("int4", "int8")
+    assert backends.parse_backend("nanoccl+int4+qwz4").gather_codec == "int4"
     assert backends.parse_backend("nanoccl+int4").gather_codec is None
-    for bad in ("mpi", "gloo+int8", "nanoccl+", "nanoccl+int8+zip", "nanoccl++qwz"):
+    for bad in ("mpi", "gloo+int8", "nanoccl+", "nanoccl+int8+zip", "nanoccl++qwz",
+                "nanoccl+int4+qwz8", "nanoccl++qwz4"):
         with pytest.raises(ValueError):
             backends.parse_backend(bad)
 

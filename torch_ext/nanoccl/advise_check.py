@@ -89,11 +89,12 @@ def config_key(cfg: Any) -> tuple[Any, ...]:
 def trainer_args(cfg: Any) -> tuple[str, list[str]]:
     """The trainer's --backend and its extra arguments for a configuration."""
     backend = "nanoccl" if cfg.codec == "none" else f"nanoccl+{cfg.codec}"
-    if cfg.gather_codec != "none":  # the trainers' +qwz gathers parameters as int8
-        if cfg.gather_codec != "int8" or cfg.codec == "none":
-            raise ValueError(f"the trainers gather parameters as int8 beside a gradient codec, "
-                             f"not {cfg.gather_codec} with {cfg.codec}")
-        backend += "+qwz"
+    if cfg.gather_codec != "none":  # the trainers' +qwz (+qwz4) gathers parameters as int8 (int4)
+        suffix = {"int8": "+qwz", "int4": "+qwz4"}.get(cfg.gather_codec)
+        if suffix is None or cfg.codec == "none":
+            raise ValueError(f"the trainers gather parameters as int8 or int4 beside a gradient "
+                             f"codec, not {cfg.gather_codec} with {cfg.codec}")
+        backend += suffix
     extra: list[str] = []
     if cfg.strategy in ("dp", "zero1") and cfg.bucket_mb is not None:
         extra += ["--bucket-cap-mb", f"{cfg.bucket_mb:g}"]
