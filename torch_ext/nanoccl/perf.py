@@ -29,6 +29,11 @@ With ``--ab nanoccl``, ``--ab-set NAME=VALUE`` (repeatable) gives the reference
 side its own nanoccl settings, e.g. ``--ab-set socket_ifname=eth0`` to time
 every rail against one in the same launch.
 Bookkeeping (result gathering) runs on a third, gloo group that is never timed.
+
+The tool is three modules: perf_collectives.py (sizes, data types, the input pattern and the
+check of results, the table of collectives), perf_report.py (rows, statistics, the printed
+table, the JSON document) and this one (backends and the groups that run them, the timing loop,
+the command line). Their public names are all importable from here.
 """
 
 from __future__ import annotations
@@ -46,379 +51,42 @@ if __name__ == "__main__" and not __package__:
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
-import json  # noqa: E402
-import platform  # noqa: E402
-import re  # noqa: E402
 import socket  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
-from dataclasses import asdict, dataclass, field, replace  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
 from typing import Any, Callable, Sequence  # noqa: E402
-
-import warnings  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
-# all_gather_into_tensor / reduce_scatter_tensor are deprecated in newer torch,
-# but their replacements do not exist in the 2.11 the GPU machines carry.
-warnings.filterwarnings("ignore", category=FutureWarning,
-                        message=r".*(all_gather_into_tensor|reduce_scatter_tensor).*deprecated")
-
-# Values repeat with this period along a buffer; inputs and expected results
-# are built from one period, so checking a 256 MB buffer needs no big reference.
-PERIOD = 26
-CHECK_CHUNK = PERIOD * (1 << 17)
-_SIZE_PATTERN = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*([kmgt]?)(i?b)?\s*$", re.IGNORECASE)
-_SIZE_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_size(text: str) -> int:
-    """Bytes from nccl-tests style sizes: 8, 1K, 1M, 256M, 1G (K = 1024)."""
-    match = _SIZE_PATTERN.match(str(text))
-    if not match:
-        raise ValueError(f"bad size {text!r}: use e.g. 8, 1K, 1M, 256M, 1G")
-    value = float(match.group(1)) * _SIZE_UNITS[match.group(2).lower()]
-    if value != int(value) or value < 0:
-        raise ValueError(f"bad size {text!r}: not a whole number of bytes")
-    return int(value)
-
-
-def format_size(n: int) -> str:
-    for unit, scale in (("G", 1 << 30), ("M", 1 << 20), ("K", 1 << 10)):
-        if n >= scale and n % scale == 0:
-            return f"{n // scale}{unit}"
-    return str(n)
-
-
-def size_list(begin: int, end: int, factor: float = 2.0, step: int = 0) -> list[int]:
-    """Sizes from begin to end inclusive, multiplied by factor (or plus step when given)."""
-    if begin <= 0 or end < begin:
-        raise ValueError(f"need 0 < -b ({begin}) <= -e ({end})")
-    if step <= 0 and factor <= 1:
-        raise ValueError("-f must be > 1 (or give -i)")
-    sizes = []
-    size = begin
-    while size <= end:
-        sizes.append(size)
-        nxt = size + step if step > 0 else int(size * factor)
-        size = max(nxt, size + 1)
-    return sizes
-
-
-# ------------------------------------------------------------------ data types
-@dataclass(frozen=True)
-class DType:
-    name: str  # nccl-tests' spelling
-    torch_dtype: torch.dtype
-    rtol: float  # 0 (with atol 0): compared exactly
-    atol: float = 0.0
-
-
-DTYPES = {d.name: d for d in (
-    DType("float", torch.float32, 1e-6),
-    DType("double", torch.float64, 1e-12),
-    DType("half", torch.float16, 1e-3),
-    DType("bfloat16", torch.bfloat16, 8e-3),
-    DType("int8", torch.int8, 0.0),
-    DType("uint8", torch.uint8, 0.0),
-    DType("int32", torch.int32, 0.0),
-    DType("int64", torch.int64, 0.0),
-)}
-_DTYPE_ALIASES = {"float32": "float", "fp32": "float", "float64": "double", "fp64": "double",
-                  "float16": "half", "fp16": "half", "bf16": "bfloat16", "int": "int32",
-                  "long": "int64", "char": "int8"}
-
-
-def parse_dtype(text: str) -> DType:
-    name = _DTYPE_ALIASES.get(text.lower(), text.lower())
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {text!r}: one of {', '.join(DTYPES)}")
-    return DTYPES[name]
-
-
-REDOPS = {"sum": dist.ReduceOp.SUM, "prod": dist.ReduceOp.PRODUCT, "min": dist.ReduceOp.MIN,
-          "max": dist.ReduceOp.MAX, "avg": dist.ReduceOp.AVG}
-
-
-def pattern_row(rank: int, dtype: torch.dtype, redop: str, phase: int = 0) -> torch.Tensor:
-    """One period of rank's input values, starting at global element index phase.
-
-    Small integers, so sums over up to 19 ranks are exact in every dtype;
-    {1, 2} for prod so products stay powers of two. Distinct per rank (for up
-    to 13 ranks), so a block from the wrong rank or offset shows up.
-    """
-    j = torch.arange(phase, phase + PERIOD, dtype=torch.int64)
-    if redop == "prod":
-        values = 1 + (j + rank) % 2
-    else:
-        values = 1 + (j + 5 * rank) % 13
-    return values.to(dtype)
-
-
-def reduced_row(world: int, dtype: torch.dtype, redop: str, phase: int = 0) -> torch.Tensor:
-    """One period of the expected reduction of all ranks' pattern rows."""
-    wide = torch.float64 if dtype.is_floating_point else torch.int64
-    rows = torch.stack([pattern_row(r, wide, redop, phase) for r in range(world)])
-    if redop == "prod":
-        out = rows.prod(0)
-    elif redop == "min":
-        out = rows.min(0).values
-    elif redop == "max":
-        out = rows.max(0).values
-    elif redop == "avg":
-        out = rows.sum(0) / world if dtype.is_floating_point else \
-            torch.div(rows.sum(0), world, rounding_mode="floor")
-    else:
-        out = rows.sum(0)
-    # Integer results wrap around in the buffer's own width, as the backends' do.
-    return out.to(dtype)
-
-
-def fill_pattern(flat: torch.Tensor, row: torch.Tensor) -> None:
-    """Writes row (one period) repeatedly along flat."""
-    row = row.to(flat.device)
-    full = flat.numel() // PERIOD
-    if full:
-        flat[: full * PERIOD].view(full, PERIOD).copy_(row.expand(full, PERIOD))
-    rest = flat.numel() - full * PERIOD
-    if rest:
-        flat[full * PERIOD:].copy_(row[:rest])
-
-
-def count_wrong(flat: torch.Tensor, row: torch.Tensor, rtol: float, atol: float = 0.0) -> int:
-    """Elements of flat that differ from row repeated (within rtol/atol for floats)."""
-    row = row.to(flat.device)
-    wrong = 0
-    for start in range(0, flat.numel(), CHECK_CHUNK):
-        chunk = flat[start: start + CHECK_CHUNK]
-        n = chunk.numel()
-        reps = -(-n // PERIOD)
-        expected = row.repeat(reps)[:n]
-        if rtol > 0 or atol > 0:
-            ok = torch.isclose(chunk, expected, rtol=rtol, atol=atol)
-        else:
-            ok = chunk == expected
-        wrong += int(n - int(ok.sum()))
-    return wrong
-
-
-# Half the codec's resolution at magnitude 1 (collectives/codec/codec.h's error table).
-CODEC_UNIT = {"none": 0.0, "fp16": 2.0**-11, "bf16": 2.0**-8, "int8": 1 / 254, "int4": 1 / 14}
-# compression "auto" picks per call from NANOCCL_COMPRESSION_ALLOW (this default, when unset).
-DEFAULT_ALLOW = "none,bf16,int8"
-
-
-def codec_unit(codec: str) -> float:
-    """CODEC_UNIT, and for "auto" the coarsest of the codecs it may choose."""
-    if codec == "auto":
-        allowed = os.environ.get("NANOCCL_COMPRESSION_ALLOW", DEFAULT_ALLOW).split(",")
-        return max(CODEC_UNIT.get(c.strip().lower(), 0.0) for c in allowed)
-    return CODEC_UNIT[codec]
-
-
-def checked_dtype(dtype: DType, side: Any, world: int) -> DType:
-    """What a side's results are checked against: a lossy codec gets the error it allows.
-
-    Each rank's input (pattern values up to 13) is encoded at most once inside its node's
-    partial sum and the total once more: at most 2 x world x 13 x the codec's unit. A
-    bfloat16/float16 result is also rounded once to its type: the dtype's own rtol stays.
-    """
-    if not getattr(side, "codec", None) or not dtype.torch_dtype.is_floating_point:
-        return dtype
-    half = dtype.torch_dtype in (torch.float16, torch.bfloat16)
-    return replace(dtype, rtol=dtype.rtol if half else 0.0,
-                   atol=2 * world * 13 * codec_unit(side.codec) * 1.05)
-
-
-# ----------------------------------------------------------------- collectives
-@dataclass
-class Buffers:
-    inp: torch.Tensor
-    out: torch.Tensor
-    count: int  # the "count" column: elements in the reported size
-    size: int  # the "size" column, bytes
-    root: int
-
-
-@dataclass(frozen=True)
-class Collective:
-    """One row of the collective table: how to size, fill, call and check it."""
-
-    name: str
-    reduces: bool
-    in_place: bool  # the call overwrites its input: refill before every call
-    bus_factor: Callable[[int], float]
-    make: Callable[[int, int, int, DType, str, torch.device, int], Buffers | None]
-    call: Callable[[Buffers, Any, Any], None]
-    check: Callable[[Buffers, int, int, DType, str], int]
-
-
-def _elems(size: int, per: int, dtype: DType) -> int:
-    return max(1, size // (per * dtype.torch_dtype.itemsize))
-
-
-def _empty(n: int, dtype: DType, device: torch.device) -> torch.Tensor:
-    return torch.empty(n, dtype=dtype.torch_dtype, device=device)
-
-
-def _make_allreduce(size: int, rank: int, world: int, dtype: DType, redop: str,
-                    device: torch.device, root: int) -> Buffers:
-    count = _elems(size, 1, dtype)
-    buf = _empty(count, dtype, device)
-    fill_pattern(buf, pattern_row(rank, dtype.torch_dtype, redop))
-    return Buffers(buf, buf, count, count * dtype.torch_dtype.itemsize, -1)
-
-
-def _check_allreduce(b: Buffers, rank: int, world: int, dtype: DType, redop: str) -> int:
-    return count_wrong(b.out, reduced_row(world, dtype.torch_dtype, redop), dtype.rtol, dtype.atol)
-
-
-def _make_allgather(size: int, rank: int, world: int, dtype: DType, redop: str,
-                    device: torch.device, root: int) -> Buffers:
-    per = _elems(size, world, dtype)
-    inp = _empty(per, dtype, device)
-    fill_pattern(inp, pattern_row(rank, dtype.torch_dtype, redop))
-    out = _empty(per * world, dtype, device)
-    return Buffers(inp, out, per * world, per * world * dtype.torch_dtype.itemsize, -1)
-
-
-def _check_allgather(b: Buffers, rank: int, world: int, dtype: DType, redop: str) -> int:
-    per = b.inp.numel()
-    return sum(count_wrong(b.out[q * per:(q + 1) * per],
-                           pattern_row(q, dtype.torch_dtype, redop), dtype.rtol, dtype.atol)
-               for q in range(world))
-
-
-def _make_reduce_scatter(size: int, rank: int, world: int, dtype: DType, redop: str,
-                         device: torch.device, root: int) -> Buffers:
-    per = _elems(size, world, dtype)
-    inp = _empty(per * world, dtype, device)
-    fill_pattern(inp, pattern_row(rank, dtype.torch_dtype, redop))
-    out = _empty(per, dtype, device)
-    return Buffers(inp, out, per * world, per * world * dtype.torch_dtype.itemsize, -1)
-
-
-def _check_reduce_scatter(b: Buffers, rank: int, world: int, dtype: DType, redop: str) -> int:
-    phase = (rank * b.out.numel()) % PERIOD
-    return count_wrong(b.out, reduced_row(world, dtype.torch_dtype, redop, phase), dtype.rtol, dtype.atol)
-
-
-def _make_alltoall(size: int, rank: int, world: int, dtype: DType, redop: str,
-                   device: torch.device, root: int) -> Buffers:
-    per = _elems(size, world, dtype)
-    inp = _empty(per * world, dtype, device)
-    fill_pattern(inp, pattern_row(rank, dtype.torch_dtype, redop))
-    out = _empty(per * world, dtype, device)
-    return Buffers(inp, out, per * world, per * world * dtype.torch_dtype.itemsize, -1)
-
-
-def _check_alltoall(b: Buffers, rank: int, world: int, dtype: DType, redop: str) -> int:
-    per = b.out.numel() // world
-    phase = (rank * per) % PERIOD
-    return sum(count_wrong(b.out[q * per:(q + 1) * per],
-                           pattern_row(q, dtype.torch_dtype, redop, phase), dtype.rtol, dtype.atol)
-               for q in range(world))
-
-
-def _make_broadcast(size: int, rank: int, world: int, dtype: DType, redop: str,
-                    device: torch.device, root: int) -> Buffers:
-    count = _elems(size, 1, dtype)
-    buf = _empty(count, dtype, device)
-    fill_pattern(buf, pattern_row(rank, dtype.torch_dtype, redop))
-    return Buffers(buf, buf, count, count * dtype.torch_dtype.itemsize, root)
-
-
-def _check_broadcast(b: Buffers, rank: int, world: int, dtype: DType, redop: str) -> int:
-    return count_wrong(b.out, pattern_row(b.root, dtype.torch_dtype, redop), dtype.rtol, dtype.atol)
-
-
-def _make_sendrecv(size: int, rank: int, world: int, dtype: DType, redop: str,
-                   device: torch.device, root: int) -> Buffers:
-    count = _elems(size, 1, dtype)
-    inp = _empty(count, dtype, device)
-    fill_pattern(inp, pattern_row(rank, dtype.torch_dtype, redop))
-    out = _empty(count, dtype, device)
-    return Buffers(inp, out, count, count * dtype.torch_dtype.itemsize, -1)
-
-
-def _make_barrier(size: int, rank: int, world: int, dtype: DType, redop: str,
-                  device: torch.device, root: int) -> Buffers:
-    none = _empty(0, dtype, device)
-    return Buffers(none, none, 0, 0, -1)  # one row whatever the sizes
-
-
-def _check_nothing(b: Buffers, rank: int, world: int, dtype: DType, redop: str) -> int:
-    return 0
-
-
-def _check_sendrecv(b: Buffers, rank: int, world: int, dtype: DType, redop: str) -> int:
-    return count_wrong(b.out, pattern_row((rank - 1) % world, dtype.torch_dtype, redop),
-                       dtype.rtol, dtype.atol)
-
-
-def _call_sendrecv(b: Buffers, group: Any, op: Any) -> None:
-    world = dist.get_world_size(group)
-    if world == 1:
-        b.out.copy_(b.inp)  # a rank cannot send to itself through torch.distributed
-        return
-    rank = dist.get_rank(group)
-    ops = [dist.P2POp(dist.isend, b.inp, dist.get_global_rank(group, (rank + 1) % world), group),
-           dist.P2POp(dist.irecv, b.out, dist.get_global_rank(group, (rank - 1) % world), group)]
-    for req in dist.batch_isend_irecv(ops):
-        req.wait()
-
-
-def _broadcast_root(b: Buffers, group: Any) -> int:
-    return dist.get_global_rank(group, b.root)
-
-
-COLLECTIVES = {c.name: c for c in (
-    Collective("allreduce", True, True, lambda n: 2.0 * (n - 1) / n, _make_allreduce,
-               lambda b, g, op: dist.all_reduce(b.inp, op=op, group=g), _check_allreduce),
-    Collective("allgather", False, False, lambda n: (n - 1) / n, _make_allgather,
-               lambda b, g, op: dist.all_gather_into_tensor(b.out, b.inp, group=g),
-               _check_allgather),
-    Collective("reduce_scatter", True, False, lambda n: (n - 1) / n, _make_reduce_scatter,
-               lambda b, g, op: dist.reduce_scatter_tensor(b.out, b.inp, op=op, group=g),
-               _check_reduce_scatter),
-    Collective("alltoall", False, False, lambda n: (n - 1) / n, _make_alltoall,
-               lambda b, g, op: dist.all_to_all_single(b.out, b.inp, group=g),
-               _check_alltoall),
-    Collective("broadcast", False, True, lambda n: 1.0, _make_broadcast,
-               lambda b, g, op: dist.broadcast(b.inp, src=_broadcast_root(b, g), group=g),
-               _check_broadcast),
-    Collective("sendrecv", False, False, lambda n: 1.0, _make_sendrecv, _call_sendrecv,
-               _check_sendrecv),
-    Collective("barrier", False, False, lambda n: 0.0, _make_barrier,
-               lambda b, g, op: dist.barrier(group=g), _check_nothing),
-)}
-_COLLECTIVE_ALIASES = {"all_reduce": "allreduce", "all_gather": "allgather",
-                       "reducescatter": "reduce_scatter", "reduce-scatter": "reduce_scatter",
-                       "all_to_all": "alltoall", "alltoallv": "alltoall", "bcast": "broadcast",
-                       "send_recv": "sendrecv", "p2p": "sendrecv"}
-
-
-def parse_collectives(values: Sequence[str]) -> list[str]:
-    names: list[str] = []
-    for value in values:
-        for item in value.split(","):
-            item = item.strip().lower()
-            if not item:
-                continue
-            if item == "all":
-                names.extend(COLLECTIVES)
-                continue
-            item = _COLLECTIVE_ALIASES.get(item, item)
-            if item not in COLLECTIVES:
-                raise ValueError(f"unknown collective {item!r}: one of {', '.join(COLLECTIVES)}")
-            names.append(item)
-    return list(dict.fromkeys(names)) or ["allreduce"]
-
-
-def bus_factor(collective: str, world: int) -> float:
-    """nccl-tests' busbw / algbw for the collective on world ranks."""
-    return COLLECTIVES[collective].bus_factor(world)
+if not __package__:
+    # Not imported as nanoccl.perf: run as a script, or loaded from this file (as the tests do,
+    # to need no built package). The sibling modules imported below are then loaded from the
+    # files next to this one, under their package names, without importing the nanoccl
+    # package: that loads the extension, which only nanoccl_status() tries (it may be missing).
+    import importlib.util
+
+    for _sibling in ("perf_collectives", "perf_report"):
+        _qualified = f"nanoccl.{_sibling}"
+        if _qualified not in sys.modules:
+            _spec = importlib.util.spec_from_file_location(
+                _qualified, os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                         f"{_sibling}.py"))
+            assert _spec is not None and _spec.loader is not None
+            sys.modules[_qualified] = importlib.util.module_from_spec(_spec)
+            _spec.loader.exec_module(sys.modules[_qualified])
+
+# Some of these names are not used here, only imported from here (nanoccl.perf.<name>, by the
+# tests and bench/tune_grid.py): hence F401.
+from nanoccl.perf_collectives import (CHECK_CHUNK, CODEC_UNIT, COLLECTIVES,  # noqa: E402, F401
+                                      DEFAULT_ALLOW, DTYPES, PERIOD, REDOPS, Buffers, Collective,
+                                      DType, bus_factor, checked_dtype, codec_unit, count_wrong,
+                                      fill_pattern, format_size, parse_collectives, parse_dtype,
+                                      parse_size, pattern_row, reduced_row, size_list)
+from nanoccl.perf_report import (Row, _model_lines, _plans, _stats_line,  # noqa: E402, F401
+                                 _write_json, format_rows, header, modelled_since, percentile,
+                                 summary_lines)
 
 
 # --------------------------------------------------------------- backends
@@ -443,30 +111,7 @@ class Side:
     codec: str | None = None  # nanoccl's inter-node compression (--compression)
 
 
-@dataclass
-class Row:
-    collective: str
-    backend: str
-    label: str
-    size: int
-    count: int
-    type: str
-    redop: str
-    root: int
-    iters: int
-    time_us: float
-    algbw: float
-    busbw: float
-    wrong: int
-    min_us: float
-    median_us: float
-    max_us: float
-    p99_us: float = 0.0
-    # nanoccl with a link profile: what the planner ran for these calls (stats()["modelled"]
-    # keys with the calls of this size, "+"-joined), e.g. "allreduce hierarchical int8".
-    plan: str = ""
-
-
+# ------------------------------------------------------------ measurement
 @dataclass
 class Options:
     collectives: list[str]
@@ -493,13 +138,6 @@ class Results:
 # side back to back; or one call each in turn with an untimed barrier (same backend) before it.
 MODES = ("alternate", "back-to-back", "barrier")
 BLOCK = 50
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """The q-th percentile (0 < q <= 100) by the nearest-rank method."""
-    ordered = sorted(values)
-    rank = max(1, -(-len(ordered) * q // 100))
-    return ordered[int(rank) - 1]
 
 
 def iterations_for(size: int, opts: Options) -> int:
@@ -611,92 +249,6 @@ def _modelled(side: Side) -> dict[str, Any]:
         return dict(nanoccl.stats(side.group).get("modelled", {}))
     except Exception:  # noqa: BLE001 - an older build without it: nothing to show
         return {}
-
-
-def modelled_since(before: dict[str, Any], after: dict[str, Any]) -> list[dict[str, Any]]:
-    """What a group ran between two stats()["modelled"] views, per planner row with calls in
-    between: {"what", "calls", "predicted_s", "measured_s"}, the times per call."""
-    chose = []
-    for what, cur in after.items():
-        prev = before.get(what, {"calls": 0, "predicted_s": 0.0, "measured_s": 0.0})
-        n = cur["calls"] - prev["calls"]
-        if n > 0:
-            chose.append({"what": what, "calls": n,
-                          "predicted_s": (cur["predicted_s"] - prev["predicted_s"]) / n,
-                          "measured_s": (cur["measured_s"] - prev["measured_s"]) / n})
-    return chose
-
-
-def _plans(old: dict[str, Any], new: dict[str, Any]) -> str:
-    """The modelled rows (planner choices) that ran calls between two _modelled() views."""
-    return "+".join(c["what"] for c in modelled_since(old, new))
-
-
-def _model_lines(side: Side, old: dict[str, Any], new: dict[str, Any], size: int) -> list[str]:
-    """"#   model: ..." lines: the cost model's prediction beside the measured time, per call,
-    for the calls of one size (rank 0's view; README "Tuning")."""
-    lines = []
-    for c in modelled_since(old, new):
-        pred, meas = c["predicted_s"] * 1e6, c["measured_s"] * 1e6
-        lines.append(f"#   model: {side.label} {size} B: {c['what']} predicted {pred:.1f} us, "
-                     f"measured {meas:.1f} us (x{meas / pred if pred > 0 else float('nan'):.2f})")
-    return lines
-
-
-# ------------------------------------------------------------------- output
-_FIXED = ("{:>12}  {:>12}  {:>8}  {:>6}  {:>6}", ("size", "count", "type", "redop", "root"),
-          ("(B)", "(elements)", "", "", ""))
-_GROUP = ("  {:>10}  {:>7}  {:>7}  {:>6}  {:>10}  {:>10}  {:>10}  {:>10}",
-          ("time", "algbw", "busbw", "#wrong", "min", "median", "p99", "max"),
-          ("(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)", "(us)", "(us)"))
-
-
-def header(labels: list[str]) -> list[str]:
-    fixed_w = len(_FIXED[0].format(*_FIXED[1]))
-    group_w = len(_GROUP[0].format(*_GROUP[1]))
-    lines = []
-    if len(labels) > 1:
-        top = "#" + " " * (fixed_w - 1) + "".join(f"{lbl:^{group_w}}" for lbl in labels)
-        lines.append(top.rstrip())
-    for k in (1, 2):
-        line = "#" + _FIXED[0].format(*_FIXED[k])[1:]
-        line += "".join(_GROUP[0].format(*_GROUP[k]) for _ in labels)
-        if len(labels) > 1:
-            line += "  {:>8}".format("speedup" if k == 1 else "(x)")
-        line += "  {:>6}".format("iters" if k == 1 else "")
-        lines.append(line)
-    return lines
-
-
-def format_rows(rows: list[Row]) -> str:
-    first = rows[0]
-    line = _FIXED[0].format(first.size, first.count, first.type, first.redop, first.root)
-    for row in rows:
-        line += ("  {:>10.1f}  {:>7.3f}  {:>7.3f}  {:>6d}  {:>10.1f}  {:>10.1f}  {:>10.1f}"
-                 "  {:>10.1f}").format(row.time_us, row.algbw, row.busbw, row.wrong, row.min_us,
-                                       row.median_us, row.p99_us, row.max_us)
-    if len(rows) > 1:
-        line += "  {:>8.3f}".format(rows[1].time_us / rows[0].time_us if rows[0].time_us else 0.0)
-    line += "  {:>6d}".format(first.iters)
-    return line
-
-
-def summary_lines(rows: list[Row], labels: list[str]) -> list[str]:
-    lines = []
-    wrong = sum(r.wrong for r in rows)
-    lines.append(f"# Out of bounds values : {wrong} {'OK' if wrong == 0 else 'FAILED'}")
-    avgs = []
-    for label in labels:
-        mine = [r.busbw for r in rows if r.label == label]
-        avgs.append(statistics.fmean(mine) if mine else 0.0)
-    if len(labels) == 1:
-        lines.append(f"# Avg bus bandwidth    : {avgs[0]:.4f}")
-    else:
-        parts = "   ".join(f"{a:.4f} ({lbl})" for a, lbl in zip(avgs, labels))
-        ratio = avgs[0] / avgs[1] if avgs[1] else 0.0
-        lines.append(f"# Avg bus bandwidth    : {parts}   ratio {ratio:.3f} "
-                     f"({labels[0]} / {labels[1]}, >1: {labels[0]} faster)")
-    return lines
 
 
 # --------------------------------------------------------------------- main
@@ -942,63 +494,6 @@ def _nanoccl_stats(sides: list[Side]) -> Any:
             except Exception as exc:  # the stats API is optional for this tool
                 return {"error": f"{type(exc).__name__}: {exc}"}
     return None
-
-
-def _stats_line(stats: list[Any]) -> str:
-    """Bytes all ranks sent through nanoccl, per link class (warm-up and checks included)."""
-    if any("error" in s for s in stats):
-        return f"nanoccl stats unavailable: {stats[0].get('error', '?')}"
-    links: dict[str, int] = {}
-    for s in stats:
-        for link, counts in s.get("per_link", {}).items():
-            links[link] = links.get(link, 0) + int(counts.get("bytes_sent", 0))
-    rails: dict[str, int] = {}  # per network interface of tcp; only worth a word with several
-    for s in stats:
-        for ifname, counts in s.get("per_rail", {}).items():
-            rails[ifname] = rails.get(ifname, 0) + int(counts.get("bytes_sent", 0))
-    total = sum(int(s.get("bytes_sent", 0)) for s in stats)
-    parts = ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in sorted(links.items()))
-    per_rail = ""
-    if len(rails) > 1:
-        per_rail = "; tcp per rail: " + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in rails.items())
-    return (f"nanoccl sent {total / 1e6:.1f} MB over all ranks ({parts}{per_rail}), "
-            "warm-up and checks included")
-
-
-def _write_json(path: str, rows: list[Row], labels: list[str], sides: list[Side], world: int,
-                nodes: int, local_world: int, device: torch.device, usable: bool, where: str,
-                notes: list[str], args: argparse.Namespace, stats: list[Any] | None) -> None:
-    speedups = []
-    if len(labels) > 1:
-        by_key: dict[tuple[str, int], dict[str, Row]] = {}
-        for row in rows:
-            by_key.setdefault((row.collective, row.size), {})[row.label] = row
-        for (coll, size), pair in by_key.items():
-            a, b = pair.get(labels[0]), pair.get(labels[1])
-            if a and b and a.time_us > 0:
-                speedups.append({"collective": coll, "size": size,
-                                 "speedup": b.time_us / a.time_us})
-    doc = {
-        "tool": "nanoccl-perf",
-        "meta": {
-            "world_size": world, "nodes": nodes, "local_world_size": local_world,
-            "labels": labels, "backends": [s.backend for s in sides],
-            "device": device.type, "torch": torch.__version__, "host": platform.node(),
-            "nanoccl_available": usable, "nanoccl": where, "notes": notes,
-            "argv": sys.argv, "time": datetime.datetime.now().isoformat(timespec="seconds"),
-            "env": {k: v for k, v in os.environ.items()
-                    if k.startswith(("NANOCCL_", "GLOO_", "NCCL_"))},
-        },
-        "rows": [asdict(r) for r in rows],
-        "speedup": speedups,
-        "nanoccl_stats": stats,
-    }
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    tmp = f"{path}.tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(doc, fh, indent=1)
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
