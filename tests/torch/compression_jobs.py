@@ -1,4 +1,4 @@
-"""Rank programs of the compression tests (test_compression.py), on dist_jobs.py's harness.
+"""Rank programs of the compression tests (test_compression.py), on job_harness.py's harness.
 
     python compression_jobs.py SCENARIO --rank R --world-size N --init-method URL --result FILE
 
@@ -16,9 +16,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import dist_jobs
+import job_harness
 import nanoccl
-from dist_jobs import Checks, init, quiesce
+from job_harness import Checks, init, quiesce
 from nanoccl import hooks
 
 CODECS = ["fp16", "bf16", "int8", "int4"]
@@ -609,4 +609,4 @@ if __name__ == "__main__":
     # the rank at exit ("terminate called without an active exception" in
     # ProcessGroupGloo::runLoop, seen once in 8 runs here under load, every check passed).
     # It leaves with os._exit once its result is written.
-    raise SystemExit(dist_jobs.main(SCENARIOS, leave_hard=("fsdp_overlap",)))
+    raise SystemExit(job_harness.main(SCENARIOS, leave_hard=("fsdp_overlap",)))

@@ -1,4 +1,4 @@
-"""Rank programs of the security tests (test_security.py), on dist_jobs.py's harness.
+"""Rank programs of the security tests (test_security.py), on job_harness.py's harness.
 
     python security_jobs.py setup_fails --rank R --world-size N ... --expect TEXT [--expect ..]
 
@@ -13,8 +13,8 @@ import time
 
 import torch.distributed as dist
 
-import dist_jobs
-from dist_jobs import Checks, init
+import job_harness
+from job_harness import Checks, init
 
 
 def scenario_setup_fails(a: argparse.Namespace, ck: Checks) -> None:
@@ -44,4 +44,4 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 if __name__ == "__main__":
-    raise SystemExit(dist_jobs.main({"setup_fails": scenario_setup_fails}, add_arguments))
+    raise SystemExit(job_harness.main({"setup_fails": scenario_setup_fails}, add_arguments))

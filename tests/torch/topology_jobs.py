@@ -3,9 +3,9 @@
     python topology_jobs.py SCENARIO --rank R --world-size N --init-method URL --result FILE
         [--group NAME=RANKS:IDS ...] [--ids IDS --victim R] [--stale SEGMENT]
 
-The command line is dist_jobs.py's (job_runner.run_job starts either), and so are the helpers
-(Checks, make, reduce_local...): a failed check is recorded, not raised, and the rank writes
-{"failures": [...], "checks": n, ...} to FILE.
+The command line is job_harness.py's (as for every program job_runner.run_job starts), and so
+are the helpers (Checks, make, reduce_local...): a failed check is recorded, not raised, and the
+rank writes {"failures": [...], "checks": n, ...} to FILE.
 
 A topology is emulated by node ids: ranks with equal ids are one node. The default group takes
 its ids from NANOCCL_NODE_ID (set per rank by the test); every --group is a further nanoccl
@@ -30,9 +30,9 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-import dist_jobs
+import job_harness
 import nanoccl
-from dist_jobs import (
+from job_harness import (
     ALL_TYPES,
     RO,
     Checks,
@@ -953,4 +953,4 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(dist_jobs.main(SCENARIOS, add_arguments, leave_hard=("killed_in_shm",)))
+    sys.exit(job_harness.main(SCENARIOS, add_arguments, leave_hard=("killed_in_shm",)))
