@@ -687,9 +687,13 @@ class TcpTransport : public Transport {
   // (a rail down here, say) is told only on this side.
   void onAbortText(const Conn& c) {
     const std::string stuck = socketStalls(c.peer);
+    const std::string hint = " (is a link down?)";
     fail(peerError("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(c.peer) +
                    " failed: " + c.abortText +
-                   (stuck.empty() ? "" : "; here, " + stuck + " (is a link down?)")),
+                   (stuck.empty() ? ""
+                                  : "; on rank " + std::to_string(o_.rank) + ": " + stuck +
+                                        (c.abortText.find(hint) == std::string::npos ? hint
+                                                                                     : ""))),
          true);
   }
 
