@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default="gpt2-tiny", choices=MODEL_NAMES)
     p.add_argument("--strategy", default="dp", choices=STRATEGIES)
     p.add_argument("--backend", default="gloo",
-                   help="gloo | nccl | nanoccl | nanoccl+<codec> (default gloo)")
+                   help="gloo | nccl | nanoccl | nanoccl+<codec>[+qwz|+qwz4] (default gloo)")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps, warm-up included")
     p.add_argument("--warmup-steps", type=int, default=None,
                    help="steps left out of the timing (default min(2, steps - 1))")
