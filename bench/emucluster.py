@@ -577,7 +577,7 @@ class EmuCluster:
             status = _wait_all(procs, timeout_s, fail_grace_s)
         finally:
             for proc in procs:
-                _stop(proc)
+                stop_process_group(proc)
             for reader in readers:
                 reader.join(timeout=5.0)
             for proc in procs:
@@ -587,7 +587,7 @@ class EmuCluster:
 
     def stop_all(self) -> None:
         for proc in list(self._procs):
-            _stop(proc)
+            stop_process_group(proc)
         self._procs.clear()
         for node in self.node_list:
             if node.netns is not None:
@@ -651,7 +651,7 @@ class EmuCluster:
                 results[f"n{src.index}->n{dst.index}"] = report["mbit_s"]
         finally:
             for proc in servers + clients:
-                _stop(proc)
+                stop_process_group(proc)
                 if proc in self._procs:
                     self._procs.remove(proc)
         return results
@@ -693,11 +693,12 @@ def _wait_all(procs: list[subprocess.Popen[bytes]], timeout_s: float, fail_grace
         time.sleep(0.05)
 
 
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    """SIGTERM to the process group, SIGKILL after STOP_GRACE_S."""
+def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM to the process group of `proc` (started with start_new_session), SIGKILL after
+    `grace_s`."""
     if proc.poll() is not None:
         return
-    for sig, grace in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 5.0)):
+    for sig, grace in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(proc.pid, sig)
         try:

@@ -13,7 +13,6 @@ import json
 import os
 import platform
 import shlex
-import signal
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ for _path in (str(BENCH), str(REPO)):
         sys.path.insert(0, _path)
 
 import study_seeds  # noqa: E402
-from emucluster import EmuCluster, format_rate  # noqa: E402
+from emucluster import EmuCluster, format_rate, stop_process_group  # noqa: E402
 from study_plan import Baseline, Profile, Run  # noqa: E402
 
 TRAIN = REPO / "trainers" / "train.py"
@@ -133,19 +132,6 @@ def record_from_result(doc: dict[str, Any], base: dict[str, Any]) -> dict[str, A
     return rec
 
 
-def _stop_group(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is not None:
-        return
-    for sig, grace in ((signal.SIGTERM, 5.0), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 def run_baseline(base: Baseline, profile: Profile, out_dir: Path,
                  timeout_s: float) -> list[dict[str, Any]]:
     """`concurrency` single-rank runs of the same global batch at once, on this host."""
@@ -172,7 +158,7 @@ def run_baseline(base: Baseline, profile: Profile, out_dir: Path,
             time.sleep(0.1)
     finally:
         for proc in procs:
-            _stop_group(proc)
+            stop_process_group(proc, grace_s=5.0)
     wall = time.monotonic() - started
     records = []
     for copy, (proc, path, log) in enumerate(zip(procs, paths, logs)):
