@@ -7,7 +7,7 @@
 // fresh nonces, a segment's name and creator):
 // - tcp: the handshake's challenge and proof, and the session keys (transports/tcp/wire.h);
 // - shm: the proof in each segment's header (transports/shm/segment.h);
-// - fabric: the token every frame carries (transports/fabric/fabric_transport.cc).
+// - fabric: the token every frame carries (transports/fabric/wire.h).
 // None of them sends or stores the secret or a key.
 #pragma once
 

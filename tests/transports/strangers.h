@@ -113,7 +113,7 @@ class RawFabricPeer {
   bool send(const std::string& bytes) { return post(bytes) && drain(); }
 
  private:
-  static constexpr uint64_t kFabricTag = 0x6e63636c66616272ull;  // fabric_transport.cc
+  static constexpr uint64_t kFabricTag = 0x6e63636c66616272ull;  // transports/fabric/wire.h
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;

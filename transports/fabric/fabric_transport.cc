@@ -3,15 +3,12 @@
 #include <rdma/fabric.h>
 #include <rdma/fi_cm.h>
 #include <rdma/fi_domain.h>
-#include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
-#include <rdma/fi_tagged.h>
 
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -23,101 +20,24 @@
 #include "common/logging.h"
 #include "common/spin.h"
 #include "common/thread_name.h"
+#include "transports/fabric/address.h"
+#include "transports/fabric/endpoint.h"
+#include "transports/fabric/wire.h"
 #include "transports/identity.h"
 #include "transports/matcher.h"
 #include "transports/transport_common.h"
 #include "transports/request.h"
-#include "transports/tcp/address.h"
 
 namespace nanoccl::fabric {
 namespace {
 
-// Frames fit ofi_rxm's eager size (FI_OFI_RXM_BUFFER_SIZE), so each goes out at once; larger
-// ones take rxm's rendezvous, which halved the bandwidth of a 1 Gbit/s link here (measured:
-// 0.060 against 0.117 GB/s for 256 KiB frames). rxm's default, 16 KiB, costs a completion, a
-// header and a matcher call per 16 KiB: at 64 KiB the loopback stream went from 1.6 to
-// 2.5-3.1 GB/s, and the 2x2 int8 allreduce at 1 Gbit/s from 4.7-4.9x to 5.4x Gloo. So unless
-// the user set them, the first fabric transport of a process sets rxm's buffer to 64 KiB and
-// its receive buffers per connection to 32 (rxm's 128 of 64 KiB each took ~200 MB more per
-// rank), before libfabric reads them (providerDefaults()). A frame's payload is the buffer
-// less kFrameSlack (our header, and rxm's).
-constexpr uint64_t kDefaultRxmBuffer = 64 * 1024;
-constexpr uint64_t kFrameSlack = 128;
 constexpr int kRecvBuffers = 64;  // bounce buffers kept posted
 constexpr int kSendWindow = 64;   // frames in flight per peer
-constexpr uint64_t kTag = 0x6e63636c66616272ull;  // every frame; matching is ours
-constexpr size_t kTokenBytes = 16;
 constexpr auto kPingPeriod = std::chrono::milliseconds(250);
 // How long abort() waits for sends the provider still reads from callers' buffers, and a
 // destroyed transport for its last frames (close, abort) to leave.
 constexpr auto kDrainBound = std::chrono::seconds(10);
 constexpr auto kCloseBound = std::chrono::seconds(2);
-
-enum class Kind : uint32_t { kData = 1, kAbort = 2, kClose = 3, kPing = 4, kHello = 5 };
-
-// What precedes every frame's payload on the wire.
-struct WireHeader {
-  uint8_t token[kTokenBytes];  // proves the sender holds the job secret (fabric_transport.h)
-  uint32_t from;               // the sender's rank
-  Kind kind;
-  uint64_t frameSeq;  // per sender and receiver, from 1: frames are handled in this order
-  FrameHeader frame;  // kData: the frame; kAbort: abortFrameHeader(text length)
-};
-static_assert(sizeof(WireHeader) == 96);
-
-// Sets rxm's buffer size and receive buffers per connection where the user has not (once per
-// process, before libfabric first reads its environment), and returns the payload each frame
-// carries: FI_OFI_RXM_BUFFER_SIZE less kFrameSlack. A process that initialised libfabric before
-// with other values still works: frames then take rxm's slower protocols.
-uint64_t providerDefaults() {
-  static const uint64_t chunk = [] {
-    setenv("FI_OFI_RXM_BUFFER_SIZE", std::to_string(kDefaultRxmBuffer).c_str(), 0);
-    setenv("FI_OFI_RXM_MSG_RX_SIZE", "32", 0);
-    const char* v = std::getenv("FI_OFI_RXM_BUFFER_SIZE");
-    char* end = nullptr;
-    const unsigned long long n = v != nullptr ? std::strtoull(v, &end, 10) : 0;
-    const bool valid = end != nullptr && end != v && *end == '\0';
-    if (!valid) {
-      NANOCCL_WARN("fabric: FI_OFI_RXM_BUFFER_SIZE='" << (v != nullptr ? v : "")
-                   << "' is not a number; frames of " << kDefaultRxmBuffer - kFrameSlack
-                   << " bytes (slower if rxm's eager size is smaller)");
-    }
-    const uint64_t buffer = std::clamp<uint64_t>(valid ? n : kDefaultRxmBuffer, 4096, 4 << 20);
-    return buffer - kFrameSlack;
-  }();
-  return chunk;
-}
-
-std::string fiError(const char* what, ssize_t rc) {
-  return std::string(what) + ": " + fi_strerror(static_cast<int>(-rc));
-}
-
-std::string toHex(const void* p, size_t n) {
-  static const char* kDigits = "0123456789abcdef";
-  std::string out;
-  for (size_t i = 0; i < n; ++i) {
-    const uint8_t b = static_cast<const uint8_t*>(p)[i];
-    out += kDigits[b >> 4];
-    out += kDigits[b & 15];
-  }
-  return out;
-}
-
-bool fromHex(const std::string& s, std::vector<uint8_t>* out) {
-  if (s.size() % 2 != 0) return false;
-  out->clear();
-  for (size_t i = 0; i < s.size(); i += 2) {
-    int v = 0;
-    for (size_t k = i; k < i + 2; ++k) {
-      const char c = s[k];
-      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-      if (d < 0) return false;
-      v = v * 16 + d;
-    }
-    out->push_back(static_cast<uint8_t>(v));
-  }
-  return true;
-}
 
 class FabricRequest : public BasicRequest {
  public:
@@ -170,12 +90,6 @@ struct Command {
   Status why;
 };
 
-struct FiDeleter {
-  void operator()(fid* f) const {
-    if (f != nullptr) fi_close(f);
-  }
-};
-
 class FabricTransport : public Transport {
  public:
   explicit FabricTransport(const TransportOptions& o)
@@ -193,14 +107,15 @@ class FabricTransport : public Transport {
 
   Result<std::string> listen() override {
     if (o_.size == 1) return std::string();
-    NANOCCL_CHECK(open());
+    const size_t cqSize = 4 * (kRecvBuffers + kSendWindow * static_cast<size_t>(o_.size));
+    NANOCCL_CHECK(endpoint_.open(o_, cqSize));
     NANOCCL_CHECK(crypto::randomBytes(nonce_, sizeof(nonce_)));
     char name[256];
     size_t len = sizeof(name);
-    if (const int rc = fi_getname(ep_.get(), name, &len); rc != 0) {
+    if (const int rc = fi_getname(&ep()->fid, name, &len); rc != 0) {
       return unavailableError(fiError("fi_getname", rc));
     }
-    return "fabric:" + toHex(name, len) + ":" + toHex(nonce_, sizeof(nonce_));
+    return formatAddress(name, len, nonce_);
   }
 
   Status connect(const std::vector<std::string>& addresses, const Deadline& deadline) override {
@@ -213,7 +128,7 @@ class FabricTransport : public Transport {
       return Status::ok();
     }
     {
-      if (!ep_) return invalidArgument(me + "connect() before listen()");
+      if (ep() == nullptr) return invalidArgument(me + "connect() before listen()");
       if (addresses.size() != static_cast<size_t>(o_.size)) {
         return invalidArgument("rank " + std::to_string(o_.rank) + ": " +
                                std::to_string(addresses.size()) + " addresses for " +
@@ -224,36 +139,22 @@ class FabricTransport : public Transport {
         if (p == o_.rank) continue;
         std::vector<uint8_t> name, nonce;
         const std::string& a = addresses[p];
-        const size_t colon = a.find(':', 7);
-        if (a.rfind("fabric:", 0) != 0 || colon == std::string::npos ||
-            !fromHex(a.substr(7, colon - 7), &name) || !fromHex(a.substr(colon + 1), &nonce) ||
-            name.empty() || nonce.size() != sizeof(nonce_)) {
+        if (!parseAddress(a, &name, &nonce)) {
           return invalidArgument("rank " + std::to_string(o_.rank) + ": rank " +
                                  std::to_string(p) + " published '" + a.substr(0, 40) +
                                  "', not a fabric address (do all ranks use "
                                  "NANOCCL_TRANSPORT=fabric?)");
         }
         fi_addr_t addr = FI_ADDR_UNSPEC;
-        auto* av = reinterpret_cast<fid_av*>(av_.get());
-        if (fi_av_insert(av, name.data(), 1, &addr, 0, nullptr) != 1) {
+        if (fi_av_insert(endpoint_.av(), name.data(), 1, &addr, 0, nullptr) != 1) {
           return unavailableError("rank " + std::to_string(o_.rank) +
                                   ": fi_av_insert refused rank " + std::to_string(p) +
                                   "'s address");
         }
         Peer& peer = peers_[p];
         peer.addr = addr;
-        // A member's MAC (transports/identity.h) of both ranks and both nonces, cut to 16 bytes.
-        const auto token = [&](int from, int to, const void* nFrom, const void* nTo, uint8_t* out) {
-          const uint32_t f = static_cast<uint32_t>(from), t = static_cast<uint32_t>(to);
-          const crypto::Mac mac = member.prove(
-              "nanoccl fabric frame token v3",
-              {crypto::bytesOf(f), crypto::bytesOf(t),
-               std::string_view(static_cast<const char*>(nFrom), sizeof(nonce_)),
-               std::string_view(static_cast<const char*>(nTo), sizeof(nonce_))});
-          std::memcpy(out, mac.data(), kTokenBytes);
-        };
-        token(o_.rank, p, nonce_, nonce.data(), peer.txToken);
-        token(p, o_.rank, nonce.data(), nonce_, peer.rxToken);
+        frameToken(member, o_.rank, p, nonce_, nonce.data(), peer.txToken);  // wire.h
+        frameToken(member, p, o_.rank, nonce.data(), nonce_, peer.rxToken);
       }
       for (int i = 0; i < kRecvBuffers; ++i) {
         auto* c = new OpCtx();
@@ -343,7 +244,8 @@ class FabricTransport : public Transport {
   std::vector<PeerCounters> counters() const override { return counters_.snapshot(); }
 
   std::string describe() const override {
-    return "fabric/" + provider_ + (domainName_.empty() ? "" : " via " + domainName_);
+    return "fabric/" + endpoint_.provider() +
+           (endpoint_.domainName().empty() ? "" : " via " + endpoint_.domainName());
   }
 
  private:
@@ -359,127 +261,12 @@ class FabricTransport : public Transport {
 
   // ---- setup ----------------------------------------------------------------------------
 
-  Status open() {
-    const std::string where = "rank " + std::to_string(o_.rank) + ": fabric: ";
-    fi_info* hints = fi_allocinfo();
-    if (hints == nullptr) return internalError(where + "fi_allocinfo failed");
-    hints->ep_attr->type = FI_EP_RDM;
-    hints->caps = FI_TAGGED;
-    hints->mode = FI_CONTEXT;
-    hints->domain_attr->threading = FI_THREAD_SAFE;
-    hints->domain_attr->mr_mode = 0;  // payloads go straight from callers' buffers
-    const char* env = std::getenv("FI_PROVIDER");
-    const std::string wanted = env != nullptr && *env != '\0' ? env : "tcp;ofi_rxm";
-    if (env == nullptr || *env == '\0') hints->fabric_attr->prov_name = strdup("tcp;ofi_rxm");
-    fi_info* list = nullptr;
-    const int rc = fi_getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints, &list);
-    fi_freeinfo(hints);
-    if (rc != 0 || list == nullptr) {
-      return unavailableError(where + "libfabric " + std::to_string(FI_MAJOR(fi_version())) +
-                              "." + std::to_string(FI_MINOR(fi_version())) +
-                              " has no provider '" + wanted +
-                              "' for reliable tagged messages without memory registration (" +
-                              (env != nullptr ? "FI_PROVIDER=" + wanted : "FI_PROVIDER unset") +
-                              "): " + fi_strerror(-rc));
-    }
-    // A TCP-based provider has a domain per network interface: take the one
-    // NANOCCL_SOCKET_IFNAME picks, as the tcp transport would (its first rail: this transport
-    // does not stripe over several).
-    fi_info* chosen = list;
-    const std::string prov = list->fabric_attr->prov_name;
-    if (prov.find("tcp") != std::string::npos || prov.find("sockets") != std::string::npos) {
-      Result<std::vector<tcp::InterfaceAddress>> rails = tcp::pickRails(o_.config.socketIfname);
-      if (!rails.isOk()) {
-        fi_freeinfo(list);
-        return rails.status().withContext(where);
-      }
-      const tcp::InterfaceAddress& itf = rails->front();
-      chosen = nullptr;
-      for (fi_info* i = list; i != nullptr && chosen == nullptr; i = i->next) {
-        if (i->domain_attr->name != nullptr && itf.name == i->domain_attr->name &&
-            i->addr_format == FI_SOCKADDR_IN) {
-          chosen = i;
-        }
-      }
-      for (fi_info* i = list; i != nullptr && chosen == nullptr; i = i->next) {
-        if (i->domain_attr->name != nullptr && itf.name == i->domain_attr->name) chosen = i;
-      }
-      if (chosen == nullptr) {
-        fi_freeinfo(list);
-        return unavailableError(where + "provider " + prov + " offers no domain on interface " +
-                                itf.name + " (NANOCCL_SOCKET_IFNAME)");
-      }
-    }
-    info_.reset(fi_dupinfo(chosen));
-    fi_freeinfo(list);
-    provider_ = info_->fabric_attr->prov_name;
-    domainName_ = info_->domain_attr->name != nullptr ? info_->domain_attr->name : "";
-    iovLimit_ = info_->tx_attr->iov_limit;
-    static std::once_flag logged;
-    std::call_once(logged, [&] {
-      NANOCCL_INFO("fabric: libfabric " << FI_MAJOR(fi_version()) << "." << FI_MINOR(fi_version())
-                   << ", provider " << provider_ << " "
-                   << FI_MAJOR(info_->fabric_attr->prov_version)
-                   << "." << FI_MINOR(info_->fabric_attr->prov_version) << ", fabric "
-                   << (info_->fabric_attr->name ? info_->fabric_attr->name : "?") << ", domain "
-                   << domainName_);
-    });
-
-    fid_fabric* fabric = nullptr;
-    if (int e = fi_fabric(info_->fabric_attr, &fabric, nullptr); e != 0) {
-      return unavailableError(where + fiError("fi_fabric", e));
-    }
-    fabric_.reset(&fabric->fid);
-    fid_domain* domain = nullptr;
-    if (int e = fi_domain(fabric, info_.get(), &domain, nullptr); e != 0) {
-      return unavailableError(where + fiError("fi_domain", e));
-    }
-    domain_.reset(&domain->fid);
-    fi_cq_attr cqAttr{};
-    cqAttr.format = FI_CQ_FORMAT_TAGGED;
-    cqAttr.wait_obj = FI_WAIT_UNSPEC;
-    cqAttr.size = 4 * (kRecvBuffers + kSendWindow * static_cast<size_t>(o_.size));
-    fid_cq* cq = nullptr;
-    if (fi_cq_open(domain, &cqAttr, &cq, nullptr) != 0) {
-      cqAttr.wait_obj = FI_WAIT_NONE;  // the provider cannot block: the loop sleeps instead
-      canWait_ = false;
-      if (int e = fi_cq_open(domain, &cqAttr, &cq, nullptr); e != 0) {
-        return unavailableError(where + fiError("fi_cq_open", e));
-      }
-    }
-    cq_.reset(&cq->fid);
-    fi_av_attr avAttr{};
-    avAttr.type = FI_AV_TABLE;
-    fid_av* av = nullptr;
-    if (int e = fi_av_open(domain, &avAttr, &av, nullptr); e != 0) {
-      return unavailableError(where + fiError("fi_av_open", e));
-    }
-    av_.reset(&av->fid);
-    fid_ep* ep = nullptr;
-    if (int e = fi_endpoint(domain, info_.get(), &ep, nullptr); e != 0) {
-      return unavailableError(where + fiError("fi_endpoint", e));
-    }
-    ep_.reset(&ep->fid);
-    if (int e = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV); e != 0) {
-      return unavailableError(where + fiError("fi_ep_bind(cq)", e));
-    }
-    if (int e = fi_ep_bind(ep, &av->fid, 0); e != 0) {
-      return unavailableError(where + fiError("fi_ep_bind(av)", e));
-    }
-    if (int e = fi_enable(ep); e != 0) return unavailableError(where + fiError("fi_enable", e));
-    return Status::ok();
-  }
-
-  fid_ep* ep() const { return reinterpret_cast<fid_ep*>(ep_.get()); }
-  fid_cq* cq() const { return reinterpret_cast<fid_cq*>(cq_.get()); }
+  fid_ep* ep() const { return endpoint_.ep(); }
+  fid_cq* cq() const { return endpoint_.cq(); }
 
   // The endpoint is closed before the buffers its operations target are freed.
   void closeFabric() {
-    ep_.reset();
-    av_.reset();
-    cq_.reset();
-    domain_.reset();
-    fabric_.reset();
+    endpoint_.close();
     for (OpCtx* c : recvs_) delete c;
     recvs_.clear();
     for (OpCtx* c : sendsInFlight_) delete c;
@@ -492,7 +279,7 @@ class FabricTransport : public Transport {
       commands_.push_back(std::move(cmd));
       commandsWaiting_.store(true, std::memory_order_release);
     }
-    if (cq_ && canWait_) fi_cq_signal(cq());
+    if (cq() != nullptr && endpoint_.canWait()) fi_cq_signal(cq());
   }
 
   // ---- progress thread ----------------------------------------------------------------
@@ -559,7 +346,7 @@ class FabricTransport : public Transport {
       }
       if (n == -FI_EAGAIN && !commandsWaiting_.load(std::memory_order_acquire)) {
         const int waitMs = stopping || hasPending() ? 10 : 100;
-        if (canWait_) {
+        if (endpoint_.canWait()) {
           n = fi_cq_sread(cq(), entries, 16, nullptr, waitMs);
         } else {
           std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -650,22 +437,7 @@ class FabricTransport : public Transport {
         payload = c->extra.data();
         length = c->extra.size();
       }
-      iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(payload), length}};
-      size_t count = length > 0 ? 2 : 1;
-      if (count == 2 && iovLimit_ < 2) {  // one buffer: header and payload copied together
-        std::string whole(reinterpret_cast<const char*>(&h), sizeof(h));
-        whole.append(payload, length);
-        c->extra = std::move(whole);
-        iov[0] = {c->extra.data(), c->extra.size()};
-        count = 1;
-      }
-      fi_msg_tagged msg{};
-      msg.msg_iov = iov;
-      msg.iov_count = count;
-      msg.addr = peer.addr;
-      msg.tag = kTag;
-      msg.context = &c->ctx;
-      const ssize_t rc = fi_tsendmsg(ep(), &msg, 0);
+      const ssize_t rc = endpoint_.send(peer.addr, &h, payload, length, &c->extra, &c->ctx);
       if (rc == -FI_EAGAIN) {  // the provider's queue is full: again after progress
         delete c;
         return;
@@ -685,8 +457,7 @@ class FabricTransport : public Transport {
   }
 
   Status postRecv(OpCtx* c) {
-    const ssize_t rc =
-        fi_trecv(ep(), c->buf.get(), recvBytes(), nullptr, FI_ADDR_UNSPEC, kTag, 0, &c->ctx);
+    const ssize_t rc = endpoint_.postRecv(c->buf.get(), recvBytes(), &c->ctx);
     if (rc != 0) {
       return unavailableError("rank " + std::to_string(o_.rank) + ": fabric: " +
                               fiError("fi_trecv", rc));
@@ -765,21 +536,7 @@ class FabricTransport : public Transport {
     Peer& peer = peers_[p];
     const std::string from =
         "rank " + std::to_string(o_.rank) + ": from rank " + std::to_string(p) + ": ";
-    Status st = Status::ok();
-    if (h.kind == Kind::kData || h.kind == Kind::kAbort) {
-      st = validateFrameHeader(h.frame);
-      if (st.isOk() && (h.frame.kind == FrameKind::kData) != (h.kind == Kind::kData)) {
-        st = protocolError("frame kind disagrees with its header");
-      }
-      if (st.isOk() && (h.frame.length > chunkBytes_ || len != sizeof(h) + h.frame.length)) {
-        st = protocolError("frame of " + std::to_string(len) + " bytes announces " +
-                           std::to_string(h.frame.length) + " payload bytes");
-      }
-    } else if (h.kind != Kind::kClose && h.kind != Kind::kPing && h.kind != Kind::kHello) {
-      st = protocolError("unknown frame kind " + std::to_string(static_cast<uint32_t>(h.kind)));
-    } else if (len != sizeof(h)) {
-      st = protocolError("control frame with a payload");
-    }
+    Status st = checkFrame(h, len, chunkBytes_);  // wire.h
     if (st.isOk() && h.frameSeq < peer.nextSeq) {
       st = protocolError("frame #" + std::to_string(h.frameSeq) + " repeated");
     }
@@ -912,13 +669,8 @@ class FabricTransport : public Transport {
   const std::chrono::microseconds spin_{o_.config.spinUs};  // NANOCCL_SPIN_US
   const uint64_t chunkBytes_ = providerDefaults();  // payload per frame; set before any fi_ call
   size_t recvBytes() const { return sizeof(WireHeader) + chunkBytes_; }  // a bounce buffer
-  std::unique_ptr<fi_info, void (*)(fi_info*)> info_{nullptr, fi_freeinfo};
-  std::unique_ptr<fid, FiDeleter> fabric_, domain_, cq_, av_, ep_;
-  std::string provider_ = "?";
-  std::string domainName_;
-  size_t iovLimit_ = 1;
-  bool canWait_ = true;
-  uint8_t nonce_[16]{};
+  Endpoint endpoint_;  // endpoint.h
+  uint8_t nonce_[kNonceBytes]{};
   std::vector<Peer> peers_;
   std::thread thread_;
   std::atomic<bool> connected_{false};
