@@ -5,7 +5,8 @@ strategy (trainers/strategies.py), the gradients compressed with that codec what
 size: DDP through nanoccl.hooks' error-feedback hook, FSDP2 (zero2, zero3) through
 nanoccl.hooks.compress_fsdp's reduce-scatter, HSDP through its replicate group. ``+qwz`` adds
 ZeRO++'s quantized weights to FSDP2 (zero2, zero3): parameters all-gathered as int8 across
-nodes (nanoccl.all_gather_compressed); ``+qwz4`` as int4 (half the bytes, four times the error).
+nodes (nanoccl.all_gather_compressed); ``+qwz4`` as int4 (half the bytes; 15 levels a block of
+64 against int8's 255 a block of 256).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ class BackendSpec:
     text: str  # as given, e.g. "nanoccl+int8"
     name: str  # the torch.distributed backend name
     codec: str | None = None
-    gather_codec: str | None = None  # "+qwz" / "+qwz4": FSDP2's parameter all-gather as int8 / int4
+    gather_codec: str | None = None  # +qwz / +qwz4: parameters all-gathered as int8 / int4
 
     @property
     def is_nanoccl(self) -> bool:

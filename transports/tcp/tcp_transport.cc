@@ -345,8 +345,9 @@ class TcpTransport : public Transport {
     return out;
   }
 
-  // Progress thread: the connections to `peer` from which a partly arrived message still
-  // needs bytes (Matcher::awaitedLanes), and how long each has received nothing.
+  // Progress thread: the connections to `peer` from which a message still needs bytes (partly
+  // arrived, or gone past by the peer: Matcher::awaitedLanes), and how long each has received
+  // nothing.
   std::string receiveStalls(int peer) const {
     std::map<int, std::pair<uint64_t, int>> byLane;  // lane -> bytes, messages
     for (const Matcher::AwaitedLane& a : matcher_->awaitedLanes(peer)) {
