@@ -197,6 +197,30 @@ def write_readme(out: Path, rows: list[dict[str, Any]], command: str) -> dict[st
             "setups": len(ranked)}
 
 
+def volume_text(profile: str) -> str:
+    """The published runs' bytes a token through a node's NIC (both ways), against the study's
+    stack priced at the batch that matches them: DP 16 a GPU, PP 16 a pipeline."""
+    import study_seeds as seeds
+
+    parts = []
+    for setup, name, batch in (("2x1", "dp", 32), ("2x1", "pp", 16), ("2x2", "pp", 16)):
+        row = seeds.nano_row(setup, name)
+        if row is None or row.net_gbps is None:
+            continue
+        published = row.net_gbps * 1e9 / 8 / (row.ktokens_per_s * 1e3)
+        cluster = advise.parse_cluster(setup)
+        spec = dataclasses.replace(advise.model_spec("gpt2-small", batch),
+                                   stack=advise.STUDY_STACK)
+        cfg = advise.evaluate(spec, cluster, advise.Predictor(cluster, profile, {"algo": "ring"}),
+                              advise.Config(name, microbatches=4), 1.0, math.inf)
+        # Sent over all ranks; a node's NIC carries what its ranks send and receive across,
+        # 2 / nodes of it.
+        predicted = cfg.inter_bytes * 2 / cluster.nodes / (batch * 1024)
+        parts.append(f"{name.upper()} {setup} {published / 1e3:.1f} KB a token published, "
+                     f"{predicted / 1e3:.1f} KB priced at a global batch of {batch} x 1024")
+    return "; ".join(parts)
+
+
 def seed_check(measured: dict[str, Any]) -> list[str]:
     """The published GPT-2 small runs (2 nodes x 2 A40, 1 GbE; bench/study_seeds.py) against
     the advisor: one A40's step from the published 1x1 throughput (batch 16 x 1024), the
@@ -221,8 +245,11 @@ def seed_check(measured: dict[str, Any]) -> list[str]:
              "reference trainers' traffic (fp32; TP with q, k, v apart: 6 allreduces a block), "
              "the last the study's stack as its reported network volume shows it (fp16 "
              "activations, Megatron-style TP: 4 allreduces a block; torch_ext/nanoccl/"
-             "advise_traffic.py STUDY_STACK). The published S from its throughputs: "
+             "advise_traffic.py STUDY_STACK), and its pipeline keeps GPT-2's embedding tied "
+             "(the gradient allreduced between the first and the last stage a step). The "
+             "published S from its throughputs: "
              + ", ".join(f"{n} {published_s(n):.4f}" for n in ("dp", "tp", "pp")) + ".",
+             "", "The network volumes fix the batch: " + volume_text(profile) + ".",
              "", "| global batch | configuration | published S | predicted S, nanoccl (auto) | "
              "predicted S, flat ring (NCCL-like) | predicted S, the study's stack, flat ring |",
              "|---|---|---|---|---|---|"]

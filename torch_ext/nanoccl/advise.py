@@ -18,7 +18,8 @@ Where the numbers come from:
   rank's shard allreduced across nodes (the replicate groups of a node share its link);
   DTensor TP's 2 forward and 4 backward
   allreduces of a block's activations; the pipeline's activations and their gradients at
-  each stage boundary, per microbatch.
+  each stage boundary, per microbatch (and, for a stack that keeps GPT-2's embedding tied,
+  STUDY_STACK, its gradient allreduced between the first and the last stage after the flush).
 - Time of each call: nanoccl's planner and cost model (collectives/cost_model.h) through
   nanoccl._C.predict_collective, from a link profile: the tuner's file (nanoccl-tune), or
   bandwidth and latency per link class given here plus this machine's codec rates.
@@ -50,8 +51,8 @@ from typing import Any, Sequence
 from nanoccl.advise_traffic import (REFERENCE_STACK, STUDY_STACK, AdviseError, Call, Cluster,
                                     ModelSpec, Stack, ddp_buckets, fsdp_calls, gpt_by_hand,
                                     hsdp_calls, link_bytes, model_spec, parse_cluster,
-                                    reference_trainers, strategy_refusal, tp_calls, tree_edges,
-                                    zero1_broadcasts)
+                                    pp_tied_embedding_call, reference_trainers,
+                                    strategy_refusal, tp_calls, tree_edges, zero1_broadcasts)
 from nanoccl.tune import BUCKET_CANDIDATES_MB, ddp_step_seconds
 
 __all__ = ["REFERENCE_STACK", "STUDY_STACK", "AdviseError", "Call", "Cluster", "Config",
@@ -146,6 +147,9 @@ class Predictor:
         if call.group == "shard":
             p = self._group(1, c.per_node).price(alone, codec)
             return Priced(call, p.seconds, p.algorithm, p.codec, p.intra_bytes * c.nodes, 0.0)
+        if call.group == "ends":  # the first and the last rank: two nodes where there are
+            p = self._group(min(2, c.nodes), 1 if c.nodes > 1 else 2).price(alone, codec)
+            return Priced(call, p.seconds, p.algorithm, p.codec, p.intra_bytes, p.inter_bytes)
         if call.group != "replicate":
             raise AdviseError(f"no process group {call.group!r}")
         across = self._group(c.nodes, 1)
@@ -402,6 +406,10 @@ def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Confi
         cfg.step_s = pipeline_step(n, m, cfg.schedule, one_device_s / (m * n),
                                    [p.seconds for p in boundary])
         priced = [p for p in boundary for _ in range(2 * m)]  # F and B, every microbatch
+        tied = pp_tied_embedding_call(spec)
+        if tied is not None:  # after the flush, before the optimizer step: exposed
+            priced.append(price(tied))
+            cfg.step_s += priced[-1].seconds
     cfg.calls = priced
     cfg.comm_s = sum(p.seconds for p in priced)
     cfg.inter_bytes = sum(p.inter_bytes for p in priced)
@@ -425,9 +433,10 @@ def best_bucket_mb(spec: ModelSpec, cluster: Cluster, predictor: Predictor, code
 def candidates(spec: ModelSpec, cluster: Cluster, predictor: Predictor,
                one_device_s: float, codecs: Sequence[str] = CODECS) -> list[Config]:
     """Every configuration worth predicting: each strategy with each codec that touches its
-    calls (none where there is one node, or for the pipeline's sends); DP and ZeRO-1 with
-    DDP's default buckets and with the recommended size; PP with GPipe and 1F1B over
-    p, 2p, 4p, ... microbatches. TP and PP once only where the trainers do not run them."""
+    calls (none where there is one node, or for the pipeline's sends; a tied embedding's
+    allreduce takes them); DP and ZeRO-1 with DDP's default buckets and with the recommended
+    size; PP with GPipe and 1F1B over p, 2p, 4p, ... microbatches. TP and PP once only where
+    the trainers do not run them."""
     n = cluster.world
     usable = [c for c in codecs if c == "none" or cluster.nodes > 1]
     out: list[Config] = []
@@ -442,9 +451,13 @@ def candidates(spec: ModelSpec, cluster: Cluster, predictor: Predictor,
                     for s in ("zero2", "zero3", "zero3-hpz")]
         if spec.gpt or codec == "none":
             out.append(Config("tp", codec))
+    # The pipeline's sends go as they are; a tied embedding's gradient allreduce (between the
+    # first and the last stage) takes the group's codec.
+    pp_codecs = usable if pp_tied_embedding_call(spec) is not None else ["none"]
     m = n
     while m <= (max(n, spec.batch) if spec.gpt else n):
-        out += [Config("pp", microbatches=m, schedule=s) for s in ("1f1b", "gpipe")]
+        out += [Config("pp", codec, microbatches=m, schedule=s)
+                for codec in pp_codecs for s in ("1f1b", "gpipe")]
         m *= 2
     return out
 
@@ -576,6 +589,10 @@ def build_parser() -> argparse.ArgumentParser:
                    default="float32", help="the activations' type, on the wire (TP's "
                    "allreduces, PP's sends) and in memory: bfloat16/float16 under autocast or "
                    "a half-precision model (default float32, as the reference trainers)")
+    m.add_argument("--tied-embedding", action="store_true",
+                   help="GPT: the pipeline keeps the embedding tied to the output head, as "
+                   "Megatron and ColossalAI do, and allreduces its gradient between the first "
+                   "and the last stage every step (the reference trainers untie it)")
     c = p.add_argument_group("cluster and links")
     c.add_argument("--cluster", required=True, help="nodes x devices per node, e.g. 2x2")
     c.add_argument("--profile", help="a link profile saved by nanoccl-tune")
@@ -630,6 +647,13 @@ def spec_from_args(args: argparse.Namespace) -> ModelSpec:
     if args.activations != "float32":
         spec.stack = dataclasses.replace(spec.stack, name=f"{args.activations} activations",
                                          activation_bytes=2)
+    if args.tied_embedding:
+        if not spec.gpt:
+            raise AdviseError("--tied-embedding is for GPT models (a pipeline's tied "
+                              "embedding and output head)")
+        name = "tied embedding" if spec.stack is REFERENCE_STACK else (
+            f"{spec.stack.name}, tied embedding")
+        spec.stack = dataclasses.replace(spec.stack, name=name, pp_tied_embedding=True)
     return spec
 
 
@@ -645,9 +669,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             if args.inter_gbps is None:
                 raise AdviseError("--check emulates the inter-node link --inter-gbps gives: "
                                   "give it (a --profile cannot be emulated)")
-            if args.activations != "float32":
-                raise AdviseError("--check trains the reference trainers, in float32: leave "
-                                  "--activations out")
+            if args.activations != "float32" or args.tied_embedding:
+                raise AdviseError("--check trains the reference trainers, in float32, their "
+                                  "pipeline's embedding untied: leave --activations and "
+                                  "--tied-embedding out")
             if not args.model and not args.check_model:
                 raise AdviseError("--check trains a reference model: give --check-model for a "
                                   "model given by hand")

@@ -34,6 +34,11 @@ class Stack:
     # DTensor TP with q, k, v apart: the 2 row-wise projections' allreduces in forward, the 4
     # column-wise layers' input gradients in backward. Megatron-style fused qkv: 2 + 2.
     tp_allreduces_per_block: int = 6
+    # GPT-2's token embedding and output head are one weight. A pipeline that keeps it tied
+    # holds it on the first and the last stage and allreduces its gradient between the two
+    # after the last backward (Megatron's embedding group, ColossalAI's shared parameters), in
+    # fp32. The reference trainers untie it for the pipeline (trainers/strategies.py).
+    pp_tied_embedding: bool = False
 
 
 REFERENCE_STACK = Stack()
@@ -43,9 +48,15 @@ REFERENCE_STACK = Stack()
 # both ways, as its DP rows show (2x1: 1.63 Gbit/s at 6.7k tokens/s is 30.4 KB a token; fp32
 # gradients of 124.4 M parameters sent and received per 32768-token step, 30.3 KB); TP 2x1:
 # 1.81 Gbit/s at 1.46k tokens/s, 155 KB a token; 4 fp16 allreduces of 768 a block over 12
-# blocks, sent and received, 147 KB. bench/advise_study.py compares the scaling factors.
-STUDY_STACK = Stack("the published study's TP (ColossalAI, fp16, fused qkv)",
-                    activation_bytes=2, tp_allreduces_per_block=4)
+# blocks, sent and received, 147 KB. PP: 2x1 1.39 Gbit/s at 7.94k tokens/s is 21.9 KB a token
+# (2x2: 1.53 at 8.87k, 21.6 KB); the hidden states at the node boundary in fp16, 768 x 2 bytes
+# each way, are 3.1 KB of it, and the tied embedding's gradient (50257 x 768, fp32) allreduced
+# between the first and the last stage per 16 x 1024-token step is the other 18.8 KB (21.9 KB
+# in all; fp16 gradients at batch 8 would give the same bytes a token).
+# bench/advise_study.py compares the scaling factors.
+STUDY_STACK = Stack("the published study's TP and PP (ColossalAI, fp16, fused qkv, tied "
+                    "embedding)", activation_bytes=2, tp_allreduces_per_block=4,
+                    pp_tied_embedding=True)
 
 
 @dataclass
@@ -240,8 +251,9 @@ class Call:
     root: int = 0  # broadcast: the owner's rank
     src: int = 0  # send: from this rank
     dst: int = 1  # send: to this rank
-    # The process group it runs on: the whole world, or one of HSDP's mesh groups: "shard"
-    # (a node's ranks) or "replicate" (the ranks of the same local rank across nodes).
+    # The process group it runs on: the whole world, one of HSDP's mesh groups: "shard" (a
+    # node's ranks) or "replicate" (the ranks of the same local rank across nodes), or "ends"
+    # (a pipeline's first and last stage: the first and the last rank).
     group: str = "world"
 
 
@@ -354,6 +366,14 @@ def tp_calls(spec: ModelSpec) -> list[Call]:
     forward, backward = Call("allreduce", count, "forward"), Call("allreduce", count, "backward")
     per_block = [forward] * 2 + [backward] * (spec.stack.tp_allreduces_per_block - 2)
     return per_block * spec.layers
+
+
+def pp_tied_embedding_call(spec: ModelSpec) -> Call | None:
+    """The tied embedding's gradient allreduce between the first and last stage (group
+    "ends"), where the stack keeps GPT-2's embedding tied in its pipeline; else None."""
+    if not (spec.stack.pp_tied_embedding and spec.gpt and spec.vocab and spec.hidden):
+        return None
+    return Call("allreduce", spec.vocab * spec.hidden, "step", group="ends")
 
 
 def strategy_refusal(spec: ModelSpec, cluster: Cluster, strategy: str,
