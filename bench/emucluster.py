@@ -44,30 +44,39 @@ raises NoPrivilegeError and the CLI says so; ``--no-shaping`` runs the same
 launch (N torchrun agents, --nnodes N) on the host's loopback instead, with
 NANOCCL_NODE_ID set per node (a single rail only: there are no links to
 multiply).
+
+The code: emucluster_net.py (rates, rail names, the ip/tc runner, the namespaces and
+their clean-up, Node, LinkStats) and emucluster_procs.py (signals, launching, waiting
+for and stopping processes, the goodput stream of netcheck). This file keeps EmuCluster
+and the command line, and re-exports the moved names: ``emucluster.<name>`` works for
+all of them.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
-import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType, TracebackType
+from types import TracebackType
 from typing import Sequence, TextIO
 
-PREFIX = "ncl"
-NODE_IFNAME = "eth0"  # rail 0; rail k is eth<k> (rail_ifname)
-BRIDGE_NAME = "br0"   # rail 0; rail k is br<k> (rail_bridge)
+# Moved names, re-exported: emucluster.<name> and `from emucluster import ...` keep working.
+from emucluster_net import (  # noqa: F401
+    BRIDGE_NAME, IP_TIMEOUT_S, NETNS_ETC, NODE_IFNAME, PREFIX, _NS_PATTERN, _UNITS,
+    EmuClusterError, LinkStats, Node, NoPrivilegeError, _kill_namespace_pids, _pid_alive,
+    _run_cmd, cleanup_leftovers, delete_namespace, format_rate, list_namespaces, parse_rail_rates,
+    parse_rate, rail_bridge, rail_ifname)
+from emucluster_procs import (  # noqa: F401
+    STOP_GRACE_S, _SignalsToExceptions, _free_port, _pump, _stream_client, _stream_server,
+    _wait_all, stop_process_group)
+
 DEFAULT_SUBNET = "10.77.0"
 DEFAULT_RATE = "1gbit"
 DEFAULT_MASTER_PORT = 29500
@@ -78,207 +87,9 @@ ETH_WIRE_OVERHEAD = 24
 # bucket smaller than that would make tbf split every one of them in software.
 MIN_BURST_BYTES = 128 * 1024
 DEFAULT_LATENCY_MS = 20.0
-IP_TIMEOUT_S = 30.0
-# `ip netns exec NS` bind-mounts /etc/netns/NS/* over /etc/*: the nodes get a
-# hosts file naming each other, so c10d's reverse lookups of peers succeed.
-NETNS_ETC = Path("/etc/netns")
-STOP_GRACE_S = 10.0
 
-_NS_PATTERN = re.compile(rf"^{PREFIX}(\d+)(?:_\d+)?(?:n\d+|sw)$")
 _instances = 0
 _instances_lock = threading.Lock()
-
-
-class EmuClusterError(RuntimeError):
-    """A step of building, running or tearing down the cluster failed."""
-
-
-class NoPrivilegeError(EmuClusterError):
-    """Namespaces, veths or qdiscs cannot be made here (not root / no CAP_NET_ADMIN)."""
-
-
-_UNITS = {
-    "bit": 1, "kbit": 10**3, "mbit": 10**6, "gbit": 10**9, "tbit": 10**12,
-    "bps": 8, "kbps": 8 * 10**3, "mbps": 8 * 10**6, "gbps": 8 * 10**9,
-}
-
-
-def parse_rate(text: str) -> int | None:
-    """Returns bits per second for tc-style rates ('1gbit', '100mbit', '2.5gbit').
-
-    'none', 'off' and '0' mean unshaped and give None.
-    """
-    value = text.strip().lower()
-    if value in ("none", "off", "0", ""):
-        return None
-    match = re.fullmatch(r"([0-9]*\.?[0-9]+)\s*([a-z]*)", value)
-    if not match or match.group(2) not in _UNITS | {"": 1}:
-        raise ValueError(f"bad rate {text!r}: use e.g. 1gbit, 100mbit, 10gbit")
-    unit = _UNITS.get(match.group(2), 1)
-    bits = int(float(match.group(1)) * unit)
-    if bits < 8000:
-        raise ValueError(f"rate {text!r} is too low")
-    return bits
-
-
-def parse_rail_rates(text: str) -> list[str]:
-    """Splits a comma-separated --rail-rates value, checking every rate (ValueError if bad)."""
-    rates = [part.strip() for part in text.split(",")]
-    for rate in rates:
-        if not rate:
-            raise ValueError(f"empty rate in {text!r}: give one rate per rail, e.g. 1gbit,100mbit")
-        parse_rate(rate)
-    return rates
-
-
-def rail_ifname(rail: int) -> str:
-    """A node's interface on rail: eth0 (NODE_IFNAME), eth1, ..."""
-    return NODE_IFNAME if rail == 0 else f"eth{rail}"
-
-
-def rail_bridge(rail: int) -> str:
-    """Rail's bridge in the switch namespace: br0 (BRIDGE_NAME), br1, ..."""
-    return BRIDGE_NAME if rail == 0 else f"br{rail}"
-
-
-def format_rate(bits: int) -> str:
-    for unit, scale in (("gbit", 10**9), ("mbit", 10**6), ("kbit", 10**3)):
-        if bits >= scale:
-            return f"{bits / scale:g}{unit}"
-    return f"{bits}bit"
-
-
-def _run_cmd(argv: Sequence[str], check: bool = True,
-             timeout: float = IP_TIMEOUT_S) -> subprocess.CompletedProcess[str]:
-    try:
-        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError as exc:
-        raise EmuClusterError(f"{argv[0]} not found (install iproute2)") from exc
-    except subprocess.TimeoutExpired as exc:
-        raise EmuClusterError(f"timed out after {timeout:.0f}s: {' '.join(argv)}") from exc
-    if check and proc.returncode != 0:
-        message = (proc.stderr or proc.stdout).strip()
-        if "Operation not permitted" in message or "Permission denied" in message:
-            raise NoPrivilegeError(f"{' '.join(argv)}: {message}")
-        raise EmuClusterError(f"{' '.join(argv)} failed ({proc.returncode}): {message}")
-    return proc
-
-
-def list_namespaces() -> list[str]:
-    """Names of all named network namespaces (ip netns list)."""
-    if shutil.which("ip") is None:
-        return []
-    proc = _run_cmd(["ip", "netns", "list"], check=False)
-    return [line.split()[0] for line in proc.stdout.splitlines() if line.strip()]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        # A killed run whose parent has not reaped it yet is a zombie: gone.
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.rsplit(")", 1)[1].split()[0] != "Z"
-    except (OSError, IndexError):
-        return True
-
-
-def _kill_namespace_pids(netns: str) -> None:
-    """SIGTERM, then SIGKILL, whatever still runs inside netns."""
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        proc = _run_cmd(["ip", "netns", "pids", netns], check=False)
-        pids = [int(p) for p in proc.stdout.split() if p.isdigit() and int(p) != os.getpid()]
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, sig)
-        deadline = time.monotonic() + 3.0
-        while time.monotonic() < deadline and any(_pid_alive(p) for p in pids):
-            time.sleep(0.05)
-
-
-def delete_namespace(netns: str) -> None:
-    """Kills what runs inside netns, then deletes it (its veth ends go with it)."""
-    _kill_namespace_pids(netns)
-    _run_cmd(["ip", "netns", "del", netns], check=False)
-    etc = NETNS_ETC / netns
-    if etc.is_dir():
-        shutil.rmtree(etc, ignore_errors=True)
-        with contextlib.suppress(OSError):
-            NETNS_ETC.rmdir()  # only when no other namespace keeps files there
-
-
-def cleanup_leftovers(force: bool = False, out: TextIO = sys.stdout) -> list[str]:
-    """Deletes ncl* namespaces whose creating process is gone (all of them with force)."""
-    removed = []
-    # Switch namespaces last: node namespaces hold the other veth ends.
-    for netns in sorted(list_namespaces(), key=lambda n: n.endswith("sw")):
-        match = _NS_PATTERN.match(netns)
-        if not match:
-            continue
-        owner = int(match.group(1))
-        if not force and _pid_alive(owner):
-            print(f"keeping {netns}: its run (pid {owner}) is still alive (--force removes it)",
-                  file=out)
-            continue
-        delete_namespace(netns)
-        removed.append(netns)
-    return removed
-
-
-@dataclass(frozen=True)
-class Node:
-    index: int
-    netns: str | None  # None: the host namespace (--no-shaping)
-    ifname: str   # rail 0's interface
-    address: str  # rail 0's address: the node's name, torchrun's master address
-    ifnames: tuple[str, ...] = ()    # every rail's interface, rail 0 first
-    addresses: tuple[str, ...] = ()  # every rail's address, in the same order
-
-    def __post_init__(self) -> None:
-        if not self.ifnames:
-            object.__setattr__(self, "ifnames", (self.ifname,))
-        if not self.addresses:
-            object.__setattr__(self, "addresses", (self.address,))
-
-
-@dataclass
-class LinkStats:
-    tx_bytes: int
-    rx_bytes: int
-    tx_packets: int
-    rx_packets: int
-
-
-class _SignalsToExceptions:
-    """Turns SIGTERM/SIGHUP into SystemExit and SIGINT into KeyboardInterrupt, so
-    that finally blocks tear the cluster down."""
-
-    def __init__(self) -> None:
-        self._saved: dict[int, object] = {}
-
-    def __enter__(self) -> "_SignalsToExceptions":
-        if threading.current_thread() is not threading.main_thread():
-            return self
-        for sig in (signal.SIGTERM, signal.SIGHUP):
-            self._saved[sig] = signal.signal(sig, self._raise)
-        # Also when started in the background, where the shell ignores SIGINT.
-        self._saved[signal.SIGINT] = signal.signal(signal.SIGINT, signal.default_int_handler)
-        return self
-
-    @staticmethod
-    def _raise(signum: int, frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)
-
-    def __exit__(self, *exc: object) -> None:
-        for sig, handler in self._saved.items():
-            signal.signal(sig, handler)  # type: ignore[arg-type]
-        self._saved.clear()
 
 
 @dataclass
@@ -655,108 +466,6 @@ class EmuCluster:
                 if proc in self._procs:
                     self._procs.remove(proc)
         return results
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _pump(proc: subprocess.Popen[bytes], prefix: str, out: TextIO, lock: threading.Lock) -> None:
-    assert proc.stdout is not None
-    for raw in iter(proc.stdout.readline, b""):
-        line = raw.decode(errors="replace").rstrip("\n")
-        with lock:
-            out.write(prefix + line + "\n")
-            out.flush()
-
-
-def _wait_all(procs: list[subprocess.Popen[bytes]], timeout_s: float, fail_grace_s: float) -> int:
-    deadline = time.monotonic() + timeout_s
-    first_failure: int | None = None
-    failed_at = 0.0
-    while True:
-        codes = [p.poll() for p in procs]
-        for code in codes:
-            if code not in (None, 0) and first_failure is None:
-                first_failure = code
-                failed_at = time.monotonic()
-        if all(c is not None for c in codes):
-            return first_failure or 0
-        now = time.monotonic()
-        if first_failure is not None and now - failed_at > fail_grace_s:
-            return first_failure
-        if now > deadline:
-            print(f"emucluster: timed out after {timeout_s:.0f}s, stopping", file=sys.stderr)
-            return 124
-        time.sleep(0.05)
-
-
-def stop_process_group(proc: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM to the process group of `proc` (started with start_new_session), SIGKILL after
-    `grace_s`."""
-    if proc.poll() is not None:
-        return
-    for sig, grace in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 5.0)):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(proc.pid, sig)
-        try:
-            proc.wait(timeout=grace)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
-# ------------------------------------------------------ goodput stream helper
-def _stream_server(port: int, timeout: float) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as listener:
-        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("0.0.0.0", port))
-        listener.listen(1)
-        listener.settimeout(timeout)
-        conn, _ = listener.accept()
-        with conn:
-            conn.settimeout(timeout)
-            buf = bytearray(1 << 20)
-            total = 0
-            first = last = start = 0.0
-            while True:
-                n = conn.recv_into(buf)
-                if n == 0:
-                    break
-                now = time.perf_counter()
-                # The first 0.5 s hold the connection's ramp-up; measure the steady state.
-                if first == 0.0:
-                    first = now
-                if now - first < 0.5:
-                    start = now
-                    continue
-                total += n
-                last = now
-    seconds = max(last - start, 1e-9) if total else 0.0
-    print(json.dumps({"bytes": total, "seconds": seconds,
-                      "mbit_s": total * 8 / seconds / 1e6 if seconds else 0.0}), flush=True)
-    return 0
-
-
-def _stream_client(host: str, port: int, seconds: float) -> int:
-    deadline = time.monotonic() + 10.0
-    while True:
-        try:
-            sock = socket.create_connection((host, port), timeout=5.0)
-            break
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(0.05)
-    with sock:
-        payload = b"\x5a" * (1 << 20)
-        end = time.monotonic() + seconds + 0.5
-        while time.monotonic() < end:
-            sock.sendall(payload)
-        sock.shutdown(socket.SHUT_WR)
-    return 0
 
 
 # -------------------------------------------------------------------- the CLI
