@@ -1,0 +1,266 @@
+// TcpTransport's private half: the class behind createTcpTransport() (tcp_transport.h says what
+// the transport does and which thread may call what), its connections, the frames queued on
+// them and the commands the calling threads hand its progress thread. Included only by
+// tcp_transport.cc (construction, listen and connect, the calls any thread makes, the stall
+// reports) and progress.cc (the progress thread: its loop, the send and receive paths,
+// completions and failure).
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <future>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "common/crypto.h"
+#include "common/status.h"
+#include "transports/frame.h"
+#include "transports/matcher.h"
+#include "transports/request.h"
+#include "transports/tcp/handshake.h"
+#include "transports/tcp/layout.h"
+#include "transports/tcp/socket_ops.h"
+#include "transports/transport.h"
+#include "transports/transport_common.h"
+
+namespace nanoccl::tcp {
+
+constexpr int kMaxSocketsPerPeer = 64;  // stripes are tracked in a 64-bit mask
+// stallReport() names a connection whose peer has not acknowledged its bytes for this long.
+constexpr uint32_t kStallReportMs = 1000;
+// How long stallReport() waits for the progress thread's part (receiveStalls()).
+constexpr auto kReportWait = std::chrono::milliseconds(500);
+
+// Encryption (NANOCCL_ENCRYPT=1): every frame travels as sealed records, its header as one
+// record of sizeof(FrameHeader) bytes and its payload as records of at most kRecordBytes, each
+// followed by its GCM tag; each direction of each connection has its own key (from the
+// handshake) and record counter (crypto::Aead). A send seals up to kRecordsPerSend records into
+// the connection's staging buffer while the previous ones drain from the socket buffer; a
+// receive takes one record into staging and opens it into the message's buffer.
+constexpr uint64_t kRecordBytes = 256 * 1024;
+constexpr uint64_t kRecordsPerSend = 2;
+constexpr uint64_t kSealedHeaderBytes = sizeof(FrameHeader) + crypto::kTagBytes;
+static_assert(kMaxAbortText <= kRecordBytes, "an abort text is one record");
+
+// A peer that fails sends its reason on every idle connection, but a connection busy with a
+// frame only closes. When a close would fail this transport, it waits this long for a reason
+// to arrive on another stream (from that peer or any other) and fails with it if one comes.
+constexpr auto kCloseGrace = std::chrono::milliseconds(200);
+// How long abort() waits for the progress thread to end the socket operations on callers'
+// buffers, before it shuts the sockets down itself (and again after that, before it reports).
+constexpr auto kAbortDrain = std::chrono::milliseconds(5000);
+
+class TcpRequest : public BasicRequest {
+ public:
+  using BasicRequest::BasicRequest;
+  size_t framesLeft = 0;  // send: frames not yet written (progress thread)
+};
+using RequestPtr = std::shared_ptr<TcpRequest>;
+using IncomingPtr = Matcher::IncomingPtr;
+
+struct OutFrame {
+  FrameHeader hdr;
+  const char* payload;
+  RequestPtr req;
+  // Encrypted connections: how much of the frame is sealed (and posted) so far.
+  bool headerSealed = false;
+  uint64_t payloadSealed = 0;
+};
+
+struct Conn;
+struct Cookie {
+  Conn* conn;
+  bool send;
+};
+
+struct Conn {
+  int fd = -1;
+  int peer = -1;
+  int index = 0;
+  Cookie recvCookie{this, false};
+  Cookie sendCookie{this, true};
+  // Receive side: header, then payload (or abort text), then the next header.
+  enum class Stage { kHeader, kPayload, kAbortText } stage = Stage::kHeader;
+  FrameHeader hdr{};
+  IncomingPtr target;  // the message the payload in flight belongs to
+  std::string abortText;
+  bool recvInFlight = false;
+  bool closed = false;  // the peer closed this connection at a frame boundary
+  // Send side.
+  std::deque<OutFrame> queue;
+  bool sendInFlight = false;
+  // Encryption: set when the job encrypts (see kRecordBytes).
+  std::optional<crypto::Aead> tx;
+  std::optional<crypto::Aead> rx;
+  std::vector<char> txStage;
+  std::vector<char> rxStage;
+  char* rxDest = nullptr;    // where the record being received opens to
+  uint64_t rxRecord = 0;     // its payload bytes
+  uint64_t rxLeft = 0;       // payload bytes of the frame still to come after it
+};
+
+enum class CommandKind { kSend, kRecv, kAbort, kStop, kReport };
+struct Command {
+  CommandKind kind;
+  RequestPtr req;
+  Status why;
+  // kReport: the receive side's stall report on `peer` (receiveStalls()), set by the progress
+  // thread, which owns the matcher.
+  int peer = -1;
+  std::shared_ptr<std::promise<std::string>> report;
+};
+
+class TcpTransport : public Transport {
+ public:
+  explicit TcpTransport(const TransportOptions& o)
+      : o_(o),
+        peers_(static_cast<size_t>(o.size)),
+        counters_(o.size) {}
+
+  ~TcpTransport() override;
+
+  Result<std::string> listen() override;
+  Status connect(const std::vector<std::string>& addresses, const Deadline& deadline) override;
+  std::shared_ptr<Request> isend(int peer, const Envelope& env, const void* buf,
+                                 size_t bytes) override;
+  std::shared_ptr<Request> irecv(int peer, const Envelope& env, void* buf,
+                                 size_t bytes) override;
+  void abort(const Status& why) override;
+
+  std::vector<PeerCounters> counters() const override { return counters_.snapshot(); }
+
+  std::vector<RailCounters> railCounters() const override;
+
+  // Connections to `peer` that are stuck: bytes the peer has not acknowledged for a while, bytes
+  // queued that have not left for a while, a rail whose interface is down here, or a message
+  // whose part on a connection is missing (partly arrived, or one the peer has gone past:
+  // Matcher::awaitedLanes). A link (a rail) that went down, or a peer whose host stopped, leaves
+  // its connections like that; a rank waiting only to receive sees the last two.
+  std::string stallReport(int peer) const override;
+
+  // The sending side of stallReport(), from the sockets alone (any thread): connections to
+  // `peer` with bytes unacknowledged or unsent for kStallReportMs, or whose interface is down.
+  std::string socketStalls(int peer) const;
+
+  // Progress thread: the connections to `peer` from which a message still needs bytes (partly
+  // arrived, or gone past by the peer: Matcher::awaitedLanes), and how long each has received
+  // nothing.
+  std::string receiveStalls(int peer) const;
+
+  // The interface of `c`'s rail ("" where unknown).
+  std::string railName(const Conn& c) const;
+
+  // "connection 1 to rank 0", with " on eth1" where there are several rails: how the stall
+  // reports name a connection.
+  std::string connectionLabel(const Conn& c) const;
+
+  // Whether interface `ifname` is administratively down or has no carrier (asked through any
+  // socket, `fd`); false where it cannot be told.
+  static bool interfaceDown(int fd, const std::string& ifname);
+
+  std::string describe() const override;
+
+ private:
+  // A peer's connections: nsocks on each rail, connection s on rail s % rails_.
+  int connections() const {
+    return std::clamp(o_.config.nsocks * rails_, 1, kMaxSocketsPerPeer);
+  }
+
+  // Connections are the matcher's lanes; layout() says which carry what.
+  MatcherOptions matcherOptions();
+
+  void post(Command cmd);
+
+  // ---- progress thread (progress.cc) --------------------------------------------------
+
+  void progressLoop();
+
+  // The connections a message travels on (layout.h); `lanes` (the call's
+  // OpFingerprint::lanes, 0: all): only the first `lanes` connections of each rail carry the
+  // call (the first lanes * rails).
+  std::vector<Part> layout(uint64_t seq, uint32_t tag, OpType op, uint64_t total,
+                           int lanes) const;
+
+  void startSend(const RequestPtr& req);
+  void kickSend(Conn& c);
+  // Seals the frame's next records (its header first) into c.txStage; returns their bytes.
+  Result<size_t> sealNext(Conn& c, OutFrame& f);
+
+  void startRecv(const RequestPtr& req);
+  void postHeaderRecv(Conn& c);
+  void postPayloadRecv(Conn& c, char* dest, uint64_t len);
+  void postNextRecord(Conn& c);
+  void postRecv(Conn& c, void* dest, uint64_t len);
+  // Opens the record that just arrived on an encrypted connection: the frame header, or the
+  // next piece of a payload. A record that fails its tag fails the transport.
+  Status openRecord(Conn& c);
+
+  void onCompletion(const IoCompletion& ev);
+  void onSendDone(Conn& c, int64_t result);
+  void onRecvDone(Conn& c, int64_t result);
+  // The peer failed and says why. What this rank sees stuck on its way to that peer goes with
+  // it: where the peer timed out waiting for bytes that left here, the link they are stuck on
+  // (a rail down here, say) is told only on this side.
+  void onAbortText(const Conn& c);
+  void onHeader(Conn& c);
+  void onPayload(Conn& c, const IncomingPtr& msg);
+  // The peer closed `c` cleanly: what already arrived stays receivable; only receives that
+  // needed more from this connection fail.
+  void onOrderlyClose(Conn& c);
+
+  Status connectionError(const Conn& c, int64_t result) const;
+  bool hasPending() const;
+  // Socket operations still in flight (each may target a caller's buffer).
+  size_t inFlight() const;
+  void updateDrained();
+
+  // A connection closed under a pending request: fail after kCloseGrace with `why`, unless a
+  // peer's reason (an abort frame) or another failure comes first. `parked` (a request that
+  // cannot proceed, held by no table) completes when the transport fails.
+  void failOnClose(const Status& why, const std::shared_ptr<BasicRequest>& parked = nullptr);
+  // Fails the transport: every request completes with `why` (those whose buffers a socket
+  // operation still targets as soon as that operation ends), and peers are told.
+  void fail(const Status& why, bool notifyPeers);
+
+  // Whether a socket operation in flight reads or writes `r`'s buffer.
+  bool busy(const BasicRequest& r) const;
+
+  const TransportOptions o_;
+  const std::chrono::microseconds spin_{o_.config.spinUs};  // NANOCCL_SPIN_US
+  std::vector<Listener> listeners_;  // one a rail; closed once connected
+  int rails_ = 1;
+  Rails railLayout_;  // the rails' weights: weighRails() (layout.h)
+  // Payload bytes per rail (frames sent, frames landed): written by the progress thread.
+  std::unique_ptr<std::atomic<uint64_t>[]> railSent_, railReceived_;
+  std::unique_ptr<IoEngine> engine_;
+  std::vector<std::vector<std::unique_ptr<Conn>>> peers_;
+  std::thread thread_;
+
+  std::mutex mu_;  // guards commands_, failedPublic_
+  std::deque<Command> commands_;
+  std::atomic<bool> commandsWaiting_{false};  // commands_ is not empty (read while spinning)
+  DrainedFlag drained_;  // abort() waits for it
+  Status failedPublic_;
+
+  TransportCounters counters_;
+
+  // Progress-thread state.
+  Status failed_;
+  std::optional<Matcher> matcher_;  // made by connect(), once the rails are known
+  struct Closing {
+    Status why;
+    Clock::time_point until;
+  };
+  std::optional<Closing> closing_;  // failOnClose()
+  std::vector<std::shared_ptr<BasicRequest>> parked_;
+};
+
+}  // namespace nanoccl::tcp
