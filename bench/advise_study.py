@@ -225,8 +225,10 @@ def seed_check(measured: dict[str, Any]) -> list[str]:
     """The published GPT-2 small runs (2 nodes x 2 A40, 1 GbE; bench/study_seeds.py) against
     the advisor: one A40's step from the published 1x1 throughput (batch 16 x 1024), the
     inter-node link at 1 Gbit/s, PCIe between the GPUs of a node. The slides do not say
-    whether batch 16 is global or per GPU: both readings are shown. The last column prices
-    the study's own stack (advise.STUDY_STACK: fp16 activations, fused qkv) on a flat ring."""
+    whether batch 16 is global or per GPU: both readings are shown, and the network volumes a
+    token (volume_text) tell which one each row ran (DP 16 a GPU, PP 16 a pipeline). The last
+    column prices the study's own stack (advise.STUDY_STACK: fp16 activations, fused qkv, a
+    tied embedding) on a flat ring."""
     import study_seeds as seeds
 
     cluster = advise.parse_cluster("2x2")
