@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstring>
 #include <functional>
 #include <future>
@@ -321,6 +322,51 @@ TEST_P(HandshakeTest, TheAcceptorMustProveTheSecretToo) {
   EXPECT_NE(st.message().find("did not prove"), std::string::npos) << st.message();
   EXPECT_FALSE(proofSeen.get()) << "rank 1 sent its Proof to an impostor";
   close(impostor);
+}
+
+TEST_P(HandshakeTest, AVerdictOnAnotherConnectionWinsOverAHangUp) {
+  // A rank 0 holding the job's secret finds rank 1's settings differ: it hangs up one of rank
+  // 1's two connections first and answers the other with the verdict 50 ms later (a real rank
+  // 0 answers, then fails and closes the rest; which one rank 1 reads first is a race). Rank 1
+  // reports the verdict, naming both settings, not the hang-up.
+  std::string address;
+  const int listener = listenLoopback(&address);
+  auto played = std::async(std::launch::async, [&] {
+    const CommIdentity key = keyOf("test-secret");
+    int fds[2];
+    Hello hellos[2];
+    Challenge challenges[2]{};
+    for (int i = 0; i < 2; ++i) {
+      fds[i] = accept(listener, nullptr, nullptr);
+      if (fds[i] < 0 || !recvAll(fds[i], &hellos[i], sizeof(Hello))) return false;
+      Challenge& c = challenges[i];
+      c.magic = kMagic;
+      c.rank = 0;
+      EXPECT_TRUE(crypto::randomBytes(c.nonce, sizeof(c.nonce)).isOk());
+      const crypto::Mac mac = tcp::challengeMac(key, hellos[i], c);
+      std::memcpy(c.mac, mac.data(), mac.size());
+      if (!sendAll(fds[i], &c, sizeof(c))) return false;
+    }
+    for (int i = 0; i < 2; ++i) {
+      Proof p{};
+      if (!recvAll(fds[i], &p, sizeof(p))) return false;
+    }
+    close(fds[1]);
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const HelloAck ack{kMagic, tcp::HelloVerdict::kConfigMismatch, 0, 3, 64 * 1024, 0, 0};
+    const bool sent = sendAll(fds[0], &ack, sizeof(ack));
+    closedByPeer(fds[0]);
+    close(fds[0]);
+    return sent;
+  });
+  auto t1 = createTransport("tcp", optionsFor(1, 2, loopbackConfig(GetParam(), 2))).value();
+  const std::string a1 = t1->listen().value();
+  const Status st = t1->connect({address, a1}, soon(20));
+  EXPECT_TRUE(played.get());
+  ASSERT_EQ(st.code(), StatusCode::kMismatch) << st.toString();
+  EXPECT_NE(st.message().find("nsocks=3"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("nsocks=2"), std::string::npos) << st.message();
+  close(listener);
 }
 
 // Encrypted connections through a proxy that changes what rank 1 sends to rank 0: rank 0

@@ -7,6 +7,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstdio>
@@ -22,6 +23,11 @@ namespace {
 // Most half-open connections we keep while waiting for Hellos; more are closed at once, so a
 // flood of strangers cannot exhaust descriptors.
 constexpr size_t kMaxPendingIncoming = 256;
+// A peer that hangs up one of our connections mid-handshake may have told us why on another:
+// a rank that finds our settings differ answers the first connection with a verdict, then fails
+// and closes the rest. The close is reported only once the peer's other connections have
+// answered or closed too, or after this long (within the setup deadline).
+constexpr std::chrono::milliseconds kHangUpGrace{250};
 
 // Every connection: no Nagle delay, and the congestion control asked for (if any).
 Status tuneSocket(int fd, const std::string& congestion) {
@@ -141,7 +147,10 @@ class MeshBuilder {
     expectedIncoming_ = (p_.size - 1 - p_.rank) * p_.nsocks;
     const size_t nListeners = listeners_.size();
     while (!done()) {
-      if (deadline.expired()) return timeoutError(describeMissing());
+      if (!hungUp_.isOk() && (Clock::now() >= hungUpReportAt_ || !outgoingPendingTo(hungUpPeer_))) {
+        return hungUp_;
+      }
+      if (deadline.expired()) return hungUp_.isOk() ? timeoutError(describeMissing()) : hungUp_;
       std::vector<pollfd> pfds;
       for (const Listener& l : listeners_) pfds.push_back({l.fd, POLLIN, 0});
       for (auto& pc : pending_) {
@@ -171,6 +180,25 @@ class MeshBuilder {
 
  private:
   bool done() const { return outgoingDone_ == p_.rank * p_.nsocks && incomingDone_ == expectedIncoming_; }
+
+  bool outgoingPendingTo(int peer) const {
+    return std::any_of(pending_.begin(), pending_.end(), [peer](const Pending& pc) {
+      return pc.outgoing && pc.peer == peer && pc.fd >= 0;
+    });
+  }
+
+  // An outgoing connection the peer closed mid-handshake: the setup fails with `why` unless
+  // another connection to that peer says why first (kHangUpGrace).
+  Status hangUp(Pending& pc, const std::string& why) {
+    close(pc.fd);
+    pc.fd = -1;
+    if (hungUp_.isOk()) {
+      hungUp_ = peerError(why);
+      hungUpPeer_ = pc.peer;
+      hungUpReportAt_ = Clock::now() + kHangUpGrace;
+    }
+    return Status::ok();
+  }
 
   int rails() const { return static_cast<int>(listeners_.size()); }
 
@@ -402,7 +430,7 @@ class MeshBuilder {
         } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
           return Status::ok();
         } else if (pc.outgoing) {
-          return peerError(outgoingWho(pc) + " closed the connection during setup");
+          return hangUp(pc, outgoingWho(pc) + " closed the connection during setup");
         } else {
           drop(pc, "closed before our answer was sent", /*bare=*/true);
           return Status::ok();
@@ -431,9 +459,9 @@ class MeshBuilder {
         } else if (n < 0 && (errno == EAGAIN || errno == EINTR)) {
           return Status::ok();
         } else if (pc.outgoing) {
-          return peerError(outgoingWho(pc) +
-                           " closed the connection during the handshake (is it running a "
-                           "different job, with another secret or communicator id?)");
+          return hangUp(pc, outgoingWho(pc) +
+                                " closed the connection during the handshake (is it running a "
+                                "different job, with another secret or communicator id?)");
         } else {
           // After our Challenge, a peer that cannot verify it (another secret) hangs up.
           if (pc.phase == 0) {
@@ -583,6 +611,9 @@ class MeshBuilder {
   std::vector<std::tuple<int, int, Clock::time_point>> refused_;
   std::vector<std::vector<MeshLink>> links_;
   std::string rejection_;  // drop()'s: the last connection turned away, by cause first
+  Status hungUp_;  // hangUp()'s: the first outgoing connection a peer closed, and when to say so
+  int hungUpPeer_ = -1;
+  Clock::time_point hungUpReportAt_{};
   bool rejectionNamesCause_ = false;
   int outgoingDone_ = 0;
   int incomingDone_ = 0;
