@@ -148,7 +148,8 @@ class Predictor:
             p = self._group(1, c.per_node).price(alone, codec)
             return Priced(call, p.seconds, p.algorithm, p.codec, p.intra_bytes * c.nodes, 0.0)
         if call.group == "ends":  # the first and the last rank: two nodes where there are
-            p = self._group(min(2, c.nodes), 1 if c.nodes > 1 else 2).price(alone, codec)
+            ends = self._group(2, 1) if c.nodes > 1 else self._group(1, 2)
+            p = ends.price(alone, codec)
             return Priced(call, p.seconds, p.algorithm, p.codec, p.intra_bytes, p.inter_bytes)
         if call.group != "replicate":
             raise AdviseError(f"no process group {call.group!r}")
