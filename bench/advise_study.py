@@ -10,6 +10,10 @@ advisor (torch_ext/nanoccl/advise.py) predicts the step time and the scaling fac
   (results/tuning/grid_2x2_1gbit.json), cpu_share = 2 cores / ranks;
 - one device's step on the whole global batch: what the study divides by, T_1 measured while
   n single-rank runs share the machine (summary.csv's t1_shared);
+- each strategy's framework time a step (DDP, FSDP2's hooks, DTensor's dispatch), as a
+  fraction of the plain step, from results/advise/framework_probe.json: the trainers on one
+  rank of this machine (advise.probe_one_rank_steps; `--probe-framework` measures it again),
+  times the row's one-device step (so it shares the cores as T_1 did);
 - the backend: nanoccl as configured; nanoccl+<codec> with that codec (DDP's hook and the
   group's compression); Gloo as nanoccl forced to the flat ring (algo=ring), the closest of
   nanoccl's rows to Gloo's ring allreduce (a stand-in: Gloo is not modelled).
@@ -37,6 +41,8 @@ sys.path.insert(0, str(REPO / "bench"))
 from nanoccl import advise  # noqa: E402
 
 TUNED_PROFILE = REPO / "results" / "tuning" / "grid_2x2_1gbit.json"
+FRAMEWORK_PROBE = REPO / "results" / "advise" / "framework_probe.json"
+PROBE_REPEATS, PROBE_STEPS, PROBE_WARMUP = 3, 16, 4
 MACHINE_CORES = 2
 
 
@@ -90,8 +96,61 @@ def spearman(a: list[float], b: list[float]) -> float:
     return cov / var if var else math.nan
 
 
+def probe_framework(study: Path, out: Path) -> dict[str, Any]:
+    """Every (model, batch) of the study on one rank, with each of its strategies the probe
+    knows and with none, PROBE_REPEATS times; the median fraction (strategy - plain) / plain
+    per strategy, written to `out`."""
+    import datetime
+
+    wanted: dict[tuple[str, int], set[str]] = defaultdict(set)
+    with (study / "summary.csv").open() as f:
+        for r in csv.DictReader(f):
+            if r["strategy"] in advise.FRAMEWORK_PROBED:
+                wanted[(r["model"], int(r["batch"]))].add(r["strategy"])
+    entries = []
+    for (model, batch), names in sorted(wanted.items()):
+        spec = advise.model_spec(model, batch)
+        strategies = [s for s in advise.FRAMEWORK_PROBED if s in names]
+        runs = [advise.probe_one_rank_steps(spec, strategies, PROBE_STEPS, PROBE_WARMUP)
+                for _ in range(PROBE_REPEATS)]
+        fractions = {s: statistics.median((r[s] - r["single"]) / r["single"] for r in runs)
+                     for s in strategies}
+        entries.append({"model": model, "batch": batch, "runs": runs, "fraction": fractions})
+        print(f"{model} b{batch}: " + ", ".join(f"{s} {v:+.3f}" for s, v in fractions.items()),
+              flush=True)
+    doc = {"what": "each strategy's step on one rank (trainers/train.py, backend nanoccl) "
+                   "less the plain step, as a fraction of the plain step (median of the "
+                   "repeats); runs: the medians of each repeat's timed steps, seconds",
+           "command": f"python bench/advise_study.py {study} --probe-framework",
+           "measured": datetime.datetime.now().isoformat(timespec="seconds"),
+           "repeats": PROBE_REPEATS, "steps": PROBE_STEPS, "warmup": PROBE_WARMUP,
+           "entries": entries}
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    return doc
+
+
+def framework_fractions(path: Path) -> dict[tuple[str, int], dict[str, float]]:
+    """framework_probe.json's fractions by (model, batch); empty where there is no file."""
+    if not path.is_file():
+        return {}
+    doc = json.loads(path.read_text())
+    return {(e["model"], int(e["batch"])): dict(e["fraction"]) for e in doc["entries"]}
+
+
+def probe_text(path: Path = FRAMEWORK_PROBE) -> str:
+    """The probe's fractions in words, for the README; or that there is no probe file."""
+    if not path.is_file():
+        return "no probe file, so none counted"
+    doc = json.loads(path.read_text())
+    parts = [f"{e['model']} b{e['batch']} " + ", ".join(f"{s} {v:+.0%}"
+                                                     for s, v in e["fraction"].items())
+             for e in doc["entries"]]
+    return f"measured {doc['measured'][:10]}; " + "; ".join(parts)
+
+
 def predict_row(row: dict[str, str], measured: dict[str, Any],
-                specs: dict[tuple[str, int], advise.ModelSpec]) -> dict[str, Any]:
+                specs: dict[tuple[str, int], advise.ModelSpec],
+                fractions: dict[tuple[str, int], dict[str, float]]) -> dict[str, Any]:
     model, strategy, backend = row["model"], row["strategy"], row["backend"]
     batch, world = int(row["batch"]), int(row["world"])
     cluster = advise.parse_cluster(row["setup"])
@@ -109,11 +168,12 @@ def predict_row(row: dict[str, str], measured: dict[str, Any],
     predictor = (GlooStandIn(cluster, profile) if backend == "gloo"
                  else advise.Predictor(cluster, profile))
     cfg = advise.Config(strategy, codec, microbatches=world, schedule="1f1b")
-    cfg = advise.evaluate(spec, cluster, predictor, cfg, one_device_s, math.inf)
+    framework = {s: max(0.0, v) * one_device_s for s, v in fractions.get(key, {}).items()}
+    cfg = advise.evaluate(spec, cluster, predictor, cfg, one_device_s, math.inf, framework)
     got = float(row["scaling"])
     return {"model": model, "batch": batch, "setup": row["setup"], "strategy": strategy,
             "backend": backend, "measured_step_s": float(row["step_s"]),
-            "predicted_step_s": cfg.step_s, "measured_S": got, "predicted_S": cfg.scaling,
+            "predicted_step_s": cfg.step_s, "framework_s": cfg.framework_s, "measured_S": got, "predicted_S": cfg.scaling,
             "rel_error": (cfg.scaling - got) / got if got else math.nan,
             "predicted_inter_mb": cfg.inter_bytes / 1e6,
             "measured_inter_mb": float(row["nanoccl_inter_mb_step"] or "nan"),
@@ -156,11 +216,17 @@ def write_readme(out: Path, rows: list[dict[str, Any]], command: str) -> dict[st
         v = rho[k]
         lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {len(groups[k])} | "
                      f"{'-' if math.isnan(v) else f'{v:.2f}'} |")
-    lines += ["", "What the model leaves out, and where that shows: compute is taken as not slowed "
+    lines += ["", "A rank's compute is its share of the row's T_1 (TP: its share of the blocks and "
+              "the whole output head) plus its strategy's framework time, measured on one rank "
+              "of this machine as a fraction of the plain step (framework_probe.json: "
+              + probe_text() + ").",
+              "", "What the model leaves out, and where that shows: compute is taken as not slowed "
               "by communication, and a stage or rank that waits as leaving the CPU to no one. "
               "On this 2-core machine (2 or 4 ranks, their progress threads and the kernel's "
               "TCP copies) both are false: inside one node the links are fast and the CPU sets "
-              "the pace, so every strategy is predicted near S = 1; the codecs on 4 ranks and "
+              "the pace, so DP is predicted near S = 1 and the others near 1 less their "
+              "framework time, while the ranks wait on each other and on their calls; the "
+              "codecs on 4 ranks and "
               "nanoccl's hierarchical stages on 2x2 are slower than their profile rates say "
               "(the cost model's own caveat, results/tuning/README.md); the pipeline's idle "
               "stages give their cores to the busy ones, so it runs faster than predicted. "
@@ -306,11 +372,17 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("study", type=Path, help="a study folder (summary.csv)")
     p.add_argument("--out", type=Path, default=REPO / "results" / "advise")
+    p.add_argument("--probe-framework", action="store_true",
+                   help=f"measure the strategies' framework time on one rank here first "
+                   f"(a few minutes; writes {FRAMEWORK_PROBE.relative_to(REPO)})")
     args = p.parse_args(argv)
+    if args.probe_framework:
+        probe_framework(args.study, FRAMEWORK_PROBE)
+    fractions = framework_fractions(FRAMEWORK_PROBE)
     measured = measured_profile()
     specs: dict[tuple[str, int], advise.ModelSpec] = {}
     with (args.study / "summary.csv").open() as f:
-        rows = [predict_row(r, measured, specs) for r in csv.DictReader(f)
+        rows = [predict_row(r, measured, specs, fractions) for r in csv.DictReader(f)
                 if r["strategy"] != "single" and r["scaling"]]
     args.out.mkdir(parents=True, exist_ok=True)
     with (args.out / "study_predictions.csv").open("w", newline="") as f:

@@ -78,6 +78,10 @@ class TrainConfig:
     # GPU's streams overlap them (nanoccl.hooks.overlap_fsdp), whatever the backend; False
     # (train.py's default: no faster on the emulated cluster, README): in place.
     fsdp_overlap: bool = False
+    # tp on one rank (train.py --probe-one-rank): nothing split, DTensor's dispatch and the
+    # (one-rank) collectives kept, so that nanoccl-advise's probe can time the framework's own
+    # work a step; no effect on more ranks.
+    probe_one_rank: bool = False
 
 
 def loss_fn_for(model_name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -453,7 +457,7 @@ class TensorParallel(_WholeModel):
 
         if not is_gpt(cfg.model):
             raise StrategyError("tensor parallelism is implemented for the GPT models only")
-        if world < 2:
+        if world < 2 and not cfg.probe_one_rank:
             raise StrategyError("tensor parallelism needs at least 2 ranks")
         gcfg = gpt_config(cfg.model)
         if gcfg.n_head % world or (4 * gcfg.n_embd) % world:

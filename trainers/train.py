@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "cross-node allreduces) and all-gathers with compute, as a GPU's "
                         "streams do (nanoccl.hooks.overlap_fsdp, any backend); default off, "
                         "FSDP2's own calls in place")
+    p.add_argument("--probe-one-rank", action="store_true",
+                   help="let tp run on one rank (nothing split, DTensor's dispatch kept): how "
+                        "nanoccl-advise --probe-framework times the framework's own work")
     p.add_argument("--data", default=None,
                    help="real data: a text file (GPT, bytes as tokens) or a folder of .npy "
                         "images (ResNet); default synthetic")
@@ -187,7 +190,8 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
                       schedule=args.schedule, device=device, local_world=local_world,
                       codec=spec.codec, gather_codec=spec.gather_codec,
                       timeout_s=args.timeout, nanoccl=spec.is_nanoccl,
-                      fsdp_overlap=args.fsdp_overlap == "on")
+                      fsdp_overlap=args.fsdp_overlap == "on",
+                      probe_one_rank=args.probe_one_rank)
     strategy = make_strategy(cfg, source, rank, world)
     unit = "tokens" if gpt else "images"
     per_sample = seq_len if gpt else 1

@@ -241,6 +241,88 @@ def test_cli_errors_are_messages(capsys: pytest.CaptureFixture[str]) -> None:
     assert "nope" in capsys.readouterr().err
 
 
+# ------------------------------------------------------------- a rank's compute and framework
+def test_framework_time_is_on_each_strategys_critical_path() -> None:
+    spec = advise.model_spec(MODEL, BATCH, SEQ)
+    given = {"dp": 0.01, "zero1": 0.02, "zero2": 0.03, "zero3": 0.04, "hsdp": 0.05, "tp": 0.06}
+    for strategy, extra in [("dp", 0.01), ("zero1", 0.02), ("zero2", 0.03), ("zero3", 0.04),
+                            ("zero3-hpz", 0.04), ("hsdp", 0.05), ("tp", 0.06), ("pp", 0.0)]:
+        cluster = advise.Cluster(2, 1 if strategy in ("tp", "pp") else 2)
+        predictor = advise.Predictor(cluster, PROFILE)
+
+        def step(framework: dict[str, float] | None) -> advise.Config:
+            cfg = advise.Config(strategy, microbatches=2)
+            return advise.evaluate(spec, cluster, predictor, cfg, 1.0, math.inf, framework)
+        plain, timed = step(None), step(given)
+        assert not timed.refused, (strategy, timed.refused)
+        assert timed.framework_s == pytest.approx(extra), strategy
+        assert timed.step_s == pytest.approx(plain.step_s + extra), strategy
+        assert timed.scaling == pytest.approx(1.0 / (cluster.world * timed.step_s)), strategy
+    cluster = advise.Cluster(2, 2)
+    predictor = advise.Predictor(cluster, PROFILE)
+    # A negative probe difference is noise: nothing added.
+    cfg = advise.evaluate(spec, cluster, predictor, advise.Config("zero2"), 1.0, math.inf,
+                          {"zero2": -0.01})
+    assert cfg.framework_s == 0.0
+    with pytest.raises(advise.AdviseError, match="framework time pp"):
+        advise.advise(spec, cluster, PROFILE, 1.0, math.inf, framework_s={"pp": 0.1})
+
+
+def test_a_tp_rank_computes_its_share_of_the_blocks_and_the_whole_head() -> None:
+    small = advise.model_spec("gpt2-small", 16)
+    blocks, head = 12 * 768**2 * 12, 50257 * 768
+    for n in (2, 4):
+        assert advise.tp_compute_share(small, n) == pytest.approx(
+            (blocks / n + head) / (blocks + head))
+    # With links that cost (almost) nothing, a TP rank's step is that share of the device's step.
+    fast = advise.profile_by_hand(1e6, 1e-3, 1e6, 1e-3, cpu_rates="reduce_MBps 1000000000\n")
+    cluster = advise.Cluster(1, 4)
+    cfg = advise.evaluate(small, cluster, advise.Predictor(cluster, fast), advise.Config("tp"),
+                          1.0, math.inf)
+    assert cfg.step_s == pytest.approx(advise.tp_compute_share(small, 4), rel=1e-3)
+    assert 0.25 < cfg.step_s < 0.5
+
+
+def test_framework_seconds_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--model", MODEL, "--batch", "4", "--cluster", "2x1", "--inter-gbps", "1",
+            "--step-seconds", "1", "--codecs", "none", "--top", "3"]
+    assert advise.main(base + ["--framework-seconds", "zero2=0.25,tp=0.5"]) == 0
+    out = capsys.readouterr().out
+    assert "framework time a step, a rank: zero2 0.2500 s, tp 0.5000 s" in out
+    for bad in ("zero2", "zero2=-1", "pp=0.1", "zero2=fast", "zero2=nan"):
+        assert advise.main(base + ["--framework-seconds", bad]) == 2, bad
+        assert "--framework-seconds" in capsys.readouterr().err, bad
+    assert advise.main(base + ["--framework-seconds", "dp=0", "--probe-framework"]) == 2
+    assert "not both" in capsys.readouterr().err
+    hand = ["--params", "1000000", "--layers", "2", "--hidden", "128", "--seq", "32",
+            "--batch", "4", "--cluster", "2x1", "--inter-gbps", "1", "--step-seconds", "1"]
+    assert advise.main(hand + ["--probe-framework"]) == 2
+    assert "--probe-framework runs a reference model" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(240)
+def test_the_probe_times_each_strategy_on_one_rank() -> None:
+    spec = advise.model_spec(MODEL, BATCH, SEQ)
+    steps = advise.probe_one_rank_steps(spec, ("dp", "tp"), steps=3, warmup=1)
+    assert set(steps) == {"single", "dp", "tp"}  # tp ran on one rank (--probe-one-rank)
+    assert all(0 < v < 30 for v in steps.values()), steps
+    with pytest.raises(advise.AdviseError, match="cannot probe pp"):
+        advise.probe_one_rank_steps(spec, ("pp",))
+    with pytest.raises(advise.AdviseError, match="steps > warmup"):
+        advise.probe_one_rank_steps(spec, ("dp",), steps=2, warmup=2)
+
+
+@pytest.mark.timeout(120)
+def test_tp_on_one_rank_needs_the_probe_flag(tmp_path: Path) -> None:
+    args = ["--model", MODEL, "--strategy", "tp", "--backend", "nanoccl", "--batch", "2",
+            "--seq-len", str(SEQ), "--steps", "2", "--warmup-steps", "1", "--print-every", "0"]
+    refused = launch(1, args, tmp_path / "refused")
+    assert not refused.ok and "tensor parallelism needs at least 2 ranks" in refused.output
+    probed = launch(1, args + ["--probe-one-rank"], tmp_path / "probed")
+    assert probed.ok, probed.output[-2000:]
+    assert probed.result is not None and probed.result["world_size"] == 1
+
+
 # ---------------------------------------------------------------------------------- ranking
 def test_ranking_is_by_predicted_step_and_the_same_every_time() -> None:
     spec = advise.model_spec("gpt2-small", 16)

@@ -31,6 +31,12 @@ Where the numbers come from:
   microbatch (GPipe or 1F1B order; a stage waits for its input, each boundary link carries
   one message at a time each way). The calls of one group run one after another (nanoccl's
   queue), and compute never slows down for communication (no CPU contention modelled).
+- Compute a rank: its share of one device's step (the batch split n ways; TP splits the
+  blocks' matmuls and repeats the output head's on every rank), plus the strategy's own
+  framework time a step where it is known (DDP, FSDP2's hooks, DTensor's dispatch: the
+  trainer's step on one rank less the plain model's, `--probe-framework`, or given by
+  `--framework-seconds`), on the critical path. The pipeline has none measured (it needs
+  two ranks).
 - Memory (fp32 training with AdamW, 16 bytes a parameter, sharded as each strategy shards
   it) plus activations counted by running the model once on the meta device.
 
@@ -46,7 +52,7 @@ import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from nanoccl.advise_traffic import (REFERENCE_STACK, STUDY_STACK, AdviseError, Call, Cluster,
                                     ModelSpec, Stack, ddp_buckets, fsdp_calls, gpt_by_hand,
@@ -66,6 +72,10 @@ CODECS = ("none", "bf16", "int8", "int4")
 # trainers set them up) compress every call (Call.hook).
 COMPRESSION_MIN_BYTES = 1 << 20
 FORWARD_SHARE = 1.0 / 3.0  # of a device's compute; backward takes the rest
+# Strategies whose framework time a step the one-rank probe measures (probe_framework_seconds);
+# hpZ takes ZeRO-3's (on one rank it would run as ZeRO-2) and the pipeline has none (a
+# pipeline needs two stages).
+FRAMEWORK_PROBED = ("dp", "zero1", "zero2", "zero3", "hsdp", "tp")
 BYTES_PER_PARAM = 16  # fp32 parameter + gradient + AdamW's two moments
 OVERLAP_TEXT = (
     "overlap: forward 1/3, backward 2/3 of compute; DP/ZeRO-1 buckets overlap backward in "
@@ -304,6 +314,7 @@ class Config:
     inter_bytes: float = 0.0  # sent over all ranks, a step
     intra_bytes: float = 0.0
     memory_bytes: float = 0.0  # the busiest device
+    framework_s: float = 0.0  # the strategy's own framework time a step, in step_s
     scaling: float = 0.0
     fits: bool = True
     refused: str | None = None  # why it cannot run (trainers' rules, memory)
@@ -353,10 +364,30 @@ def memory_bytes(spec: ModelSpec, cluster: Cluster, cfg: Config) -> float:
     return BYTES_PER_PARAM * stage + act * spec.batch / cfg.microbatches / n * in_flight
 
 
+def framework_seconds(strategy: str, framework_s: Mapping[str, float] | None) -> float:
+    """A strategy's framework time a step from what the probe measured or the user gave
+    (FRAMEWORK_PROBED's names); 0 where not known. hpZ takes ZeRO-3's."""
+    if not framework_s:
+        return 0.0
+    return max(0.0, float(framework_s.get("zero3" if strategy == "zero3-hpz" else strategy,
+                                          0.0)))
+
+
+def tp_compute_share(spec: ModelSpec, n: int) -> float:
+    """The part of one device's compute a TP rank does: the blocks' matmuls (12 d^2 a layer)
+    split n ways, the output head's (vocab x d, tied to the embedding) on every rank; the
+    matmuls' parameters stand for their work."""
+    split = 12.0 * spec.hidden ** 2 * spec.layers
+    head = float(spec.vocab * spec.hidden)
+    return (split / n + head) / (split + head) if split + head > 0 else 1.0 / n
+
+
 def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Config,
-             one_device_s: float, device_bytes: float) -> Config:
+             one_device_s: float, device_bytes: float,
+             framework_s: Mapping[str, float] | None = None) -> Config:
     """Fills in cfg's predictions: `one_device_s` is one device's step on the whole global
-    batch (compute only), `device_bytes` a device's memory."""
+    batch (compute only), `device_bytes` a device's memory, `framework_s` the strategies'
+    framework time a step (framework_seconds())."""
     n = cluster.world
     cfg.refused = strategy_refusal(spec, cluster, cfg.strategy, cfg.microbatches)
     if cfg.refused:
@@ -399,7 +430,7 @@ def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Confi
         priced = gathers + scatters + allreduces
     elif cfg.strategy == "tp":
         priced = [price(c) for c in tp_calls(spec)]
-        cfg.step_s = compute + sum(p.seconds for p in priced)
+        cfg.step_s = one_device_s * tp_compute_share(spec, n) + sum(p.seconds for p in priced)
     else:
         m = cfg.microbatches
         count = spec.activation_count(spec.batch // m * spec.seq * spec.hidden)
@@ -411,6 +442,8 @@ def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Confi
         if tied is not None:  # after the flush, before the optimizer step: exposed
             priced.append(price(tied))
             cfg.step_s += priced[-1].seconds
+    cfg.framework_s = framework_seconds(cfg.strategy, framework_s)
+    cfg.step_s += cfg.framework_s
     cfg.calls = priced
     cfg.comm_s = sum(p.seconds for p in priced)
     cfg.inter_bytes = sum(p.inter_bytes for p in priced)
@@ -465,7 +498,8 @@ def candidates(spec: ModelSpec, cluster: Cluster, predictor: Predictor,
 
 def advise(spec: ModelSpec, cluster: Cluster, profile: str, one_device_s: float,
            device_bytes: float, settings: dict[str, str] | None = None,
-           codecs: Sequence[str] = CODECS) -> list[Config]:
+           codecs: Sequence[str] = CODECS,
+           framework_s: Mapping[str, float] | None = None) -> list[Config]:
     """Every candidate predicted; those that can run ranked fastest first (ties by label, so
     the order is the same at every call), the others after them."""
     if cluster.world < 2:
@@ -476,7 +510,11 @@ def advise(spec: ModelSpec, cluster: Cluster, profile: str, one_device_s: float,
         if c not in CODECS:
             raise AdviseError(f"codec {c!r}: choose from {', '.join(CODECS)}")
     predictor = Predictor(cluster, profile, settings)
-    done = [evaluate(spec, cluster, predictor, c, one_device_s, device_bytes)
+    for name, v in (framework_s or {}).items():
+        if name not in FRAMEWORK_PROBED or not (v >= 0 and math.isfinite(v)):
+            raise AdviseError(f"framework time {name}={v!r}: a strategy of "
+                              f"{', '.join(FRAMEWORK_PROBED)} and seconds >= 0")
+    done = [evaluate(spec, cluster, predictor, c, one_device_s, device_bytes, framework_s)
             for c in candidates(spec, cluster, predictor, one_device_s, codecs)]
     unique: dict[str, Config] = {}
     for c in done:
@@ -572,6 +610,88 @@ def probe_step_seconds(spec: ModelSpec, steps: int = 3) -> float:
     return statistics.median(times)
 
 
+def probe_framework_seconds(spec: ModelSpec, strategies: Sequence[str] = FRAMEWORK_PROBED,
+                            steps: int = 12, warmup: int = 3,
+                            timeout_s: float = 600.0) -> dict[str, float]:
+    """Each strategy's framework time a step, measured here: its step on one rank less the
+    plain step (probe_one_rank_steps()). A negative difference is noise (0 in the model:
+    framework_seconds())."""
+    got = probe_one_rank_steps(spec, strategies, steps, warmup, timeout_s)
+    return {s: got[s] - got["single"] for s in strategies}
+
+
+def probe_one_rank_steps(spec: ModelSpec, strategies: Sequence[str] = FRAMEWORK_PROBED,
+                         steps: int = 12, warmup: int = 3,
+                         timeout_s: float = 600.0) -> dict[str, float]:
+    """The reference trainer's step (trainers/train.py under torchrun, one rank, backend
+    nanoccl, the whole global batch) with each strategy and with none ("single"): the medians
+    of the steps after `warmup`, in seconds. On one rank nothing is split or sent, so a
+    strategy's step less the plain one is the framework's own work: DDP's hooks and bucket
+    copies, FSDP2's hooks and DTensor optimizer, DTensor's dispatch (TP runs on one rank with
+    train.py's `--probe-one-rank`)."""
+    import json
+    import os
+    import statistics
+    import subprocess
+    import tempfile
+
+    import torch
+
+    unknown = [s for s in strategies if s not in FRAMEWORK_PROBED]
+    if unknown:
+        raise AdviseError(f"cannot probe {', '.join(unknown)}: probed are "
+                          f"{', '.join(FRAMEWORK_PROBED)}")
+    if steps <= warmup or warmup < 0:
+        raise AdviseError("the probe needs steps > warmup >= 0")
+    _, strategies_module = reference_trainers()
+    train = Path(strategies_module.__file__).with_name("train.py")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def step_seconds(strategy: str, folder: str) -> float:
+        out = Path(folder) / f"{strategy}.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "1", str(train), "--model", spec.name, "--strategy",
+               strategy, "--backend", "nanoccl", "--device", device, "--batch",
+               str(spec.batch), "--steps", str(steps), "--warmup-steps", str(warmup),
+               "--print-every", "0", "--json", str(out)]
+        if spec.gpt:
+            cmd += ["--seq-len", str(spec.seq)]
+        if strategy == "tp":
+            cmd.append("--probe-one-rank")
+        try:
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                                 env={**os.environ, "OMP_NUM_THREADS":
+                                      os.environ.get("OMP_NUM_THREADS", "1")})
+        except subprocess.TimeoutExpired:
+            raise AdviseError(f"framework probe: {strategy} on one rank took over "
+                              f"{timeout_s:g} s") from None
+        if run.returncode != 0 or not out.is_file():
+            tail = "\n".join((run.stdout + run.stderr).strip().splitlines()[-5:])
+            raise AdviseError(f"framework probe: {strategy} on one rank failed "
+                              f"(exit {run.returncode}):\n{tail}")
+        times = json.loads(out.read_text())["step_time_s"][warmup:]
+        return statistics.median(times)
+
+    with tempfile.TemporaryDirectory(prefix="nanoccl-probe-") as folder:
+        return {s: step_seconds(s, folder) for s in ("single", *strategies)}
+
+
+def parse_framework_seconds(text: str) -> dict[str, float]:
+    """--framework-seconds: NAME=SECONDS[,NAME=SECONDS...], names of FRAMEWORK_PROBED."""
+    out: dict[str, float] = {}
+    for item in (t.strip() for t in text.split(",")):
+        name, _, value = item.partition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = math.nan
+        if name not in FRAMEWORK_PROBED or not (seconds >= 0 and math.isfinite(seconds)):
+            raise AdviseError(f"--framework-seconds {item!r}: NAME=SECONDS with NAME one of "
+                              f"{', '.join(FRAMEWORK_PROBED)} and SECONDS >= 0")
+        out[name] = seconds
+    return out
+
+
 # ------------------------------------------------------------------------------------ CLI
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
@@ -609,6 +729,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="one device's training step on the whole global batch")
     t.add_argument("--probe", action="store_true",
                    help="measure --step-seconds here: a few steps of the model on this machine")
+    t.add_argument("--framework-seconds", metavar="NAME=S,...",
+                   help="each strategy's own framework time a step on a rank (DDP, FSDP2's "
+                   "hooks, DTensor's dispatch), e.g. zero2=0.012,tp=0.02; names: "
+                   + ", ".join(FRAMEWORK_PROBED) + " (default: none counted)")
+    t.add_argument("--probe-framework", action="store_true",
+                   help="measure --framework-seconds here: the reference trainer on one rank "
+                   "with each strategy, less its plain step (a reference model only)")
     t.add_argument("--device-memory-gb", type=float, default=48.0,
                    help="memory of one device, GiB (default 48: an A40)")
     o = p.add_argument_group("output")
@@ -691,15 +818,26 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise AdviseError(f"--setting takes NAME=VALUE, got {args.setting}")
         if args.step_seconds is None and not args.probe:
             raise AdviseError("give --step-seconds (one device, whole global batch) or --probe")
+        if args.framework_seconds and args.probe_framework:
+            raise AdviseError("give --framework-seconds or --probe-framework, not both")
+        if args.probe_framework and not args.model:
+            raise AdviseError("--probe-framework runs a reference model: give --model")
         step = probe_step_seconds(spec) if args.probe else args.step_seconds
+        framework = (probe_framework_seconds(spec) if args.probe_framework else
+                     parse_framework_seconds(args.framework_seconds)
+                     if args.framework_seconds else {})
         codecs = [c.strip() for c in args.codecs.split(",") if c.strip()]
         ranked = advise(spec, cluster, profile, step, args.device_memory_gb * 2**30, settings,
-                        codecs)
+                        codecs, framework)
     except AdviseError as exc:
         print(f"nanoccl-advise: {exc}", file=sys.stderr)
         return 2
     shown = ranked[: args.top] if args.top > 0 else ranked
     print(f"one device's step: {step:.4f} s" + (" (probed here)" if args.probe else ""))
+    if framework:
+        print("framework time a step, a rank" + (" (probed here)" if args.probe_framework
+                                                  else "") + ": "
+              + ", ".join(f"{k} {v:.4f} s" for k, v in framework.items()))
     print(table(shown, spec, cluster, stock_dp(ranked)))
     runnable = [c for c in ranked if not c.refused]
     if not runnable:
