@@ -35,7 +35,7 @@ Where the numbers come from:
   blocks' matmuls and repeats the output head's on every rank), plus the strategy's own
   framework time a step where it is known (DDP, FSDP2's hooks, DTensor's dispatch: the
   trainer's step on one rank less the plain model's, `--probe-framework`, or given by
-  `--framework-seconds`), on the critical path. The pipeline has none measured (it needs
+  `--framework-seconds`; nanoccl/advise_probe.py), on the critical path. The pipeline has none measured (it needs
   two ranks).
 - Memory (fp32 training with AdamW, 16 bytes a parameter, sharded as each strategy shards
   it) plus activations counted by running the model once on the meta device.
@@ -54,17 +54,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from nanoccl.advise_probe import (FRAMEWORK_PROBED, framework_seconds,
+                                  parse_framework_seconds, probe_framework_seconds,
+                                  probe_one_rank_steps, probe_step_seconds)
 from nanoccl.advise_traffic import (REFERENCE_STACK, STUDY_STACK, AdviseError, Call, Cluster,
                                     ModelSpec, Stack, ddp_buckets, fsdp_calls, gpt_by_hand,
                                     hsdp_calls, link_bytes, model_spec, parse_cluster,
-                                    pp_tied_embedding_call, reference_trainers,
-                                    strategy_refusal, tp_calls, tree_edges, zero1_broadcasts)
+                                    pp_tied_embedding_call, strategy_refusal, tp_calls,
+                                    tree_edges, zero1_broadcasts)
 from nanoccl.tune import BUCKET_CANDIDATES_MB, ddp_step_seconds
 
 __all__ = ["REFERENCE_STACK", "STUDY_STACK", "AdviseError", "Call", "Cluster", "Config",
            "ModelSpec", "Predictor", "Stack", "advise", "evaluate", "gpt_by_hand", "link_bytes",
            "main", "model_spec", "parse_cluster", "pipeline_step", "profile_by_hand",
-           "profile_from_file", "tree_edges"]
+           "profile_from_file", "tree_edges", "FRAMEWORK_PROBED", "framework_seconds",
+           "probe_framework_seconds", "probe_one_rank_steps", "probe_step_seconds",
+           "tp_compute_share"]
 
 CODECS = ("none", "bf16", "int8", "int4")
 # The group's codec applies to calls of at least this many bytes (NANOCCL_COMPRESSION_MIN_BYTES'
@@ -72,10 +77,6 @@ CODECS = ("none", "bf16", "int8", "int4")
 # trainers set them up) compress every call (Call.hook).
 COMPRESSION_MIN_BYTES = 1 << 20
 FORWARD_SHARE = 1.0 / 3.0  # of a device's compute; backward takes the rest
-# Strategies whose framework time a step the one-rank probe measures (probe_framework_seconds);
-# hpZ takes ZeRO-3's (on one rank it would run as ZeRO-2) and the pipeline has none (a
-# pipeline needs two stages).
-FRAMEWORK_PROBED = ("dp", "zero1", "zero2", "zero3", "hsdp", "tp")
 BYTES_PER_PARAM = 16  # fp32 parameter + gradient + AdamW's two moments
 OVERLAP_TEXT = (
     "overlap: forward 1/3, backward 2/3 of compute; DP/ZeRO-1 buckets overlap backward in "
@@ -364,15 +365,6 @@ def memory_bytes(spec: ModelSpec, cluster: Cluster, cfg: Config) -> float:
     return BYTES_PER_PARAM * stage + act * spec.batch / cfg.microbatches / n * in_flight
 
 
-def framework_seconds(strategy: str, framework_s: Mapping[str, float] | None) -> float:
-    """A strategy's framework time a step from what the probe measured or the user gave
-    (FRAMEWORK_PROBED's names); 0 where not known. hpZ takes ZeRO-3's."""
-    if not framework_s:
-        return 0.0
-    return max(0.0, float(framework_s.get("zero3" if strategy == "zero3-hpz" else strategy,
-                                          0.0)))
-
-
 def tp_compute_share(spec: ModelSpec, n: int) -> float:
     """The part of one device's compute a TP rank does: the blocks' matmuls (12 d^2 a layer)
     split n ways, the output head's (vocab x d, tied to the embedding) on every rank; the
@@ -572,124 +564,6 @@ def plot(ranked: Sequence[Config], path: Path, title: str) -> str | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return None
-
-
-def probe_step_seconds(spec: ModelSpec, steps: int = 3) -> float:
-    """One device's training step on the whole global batch, measured here: the reference
-    model (real weights on CPU, or the first CUDA device), AdamW, random data; the median of
-    `steps` after one warm-up step."""
-    import statistics
-    import time
-
-    import torch
-
-    models, _ = reference_trainers()
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if spec.gpt:
-        cfg = models.GPTConfig(spec.layers, spec.heads, spec.hidden, spec.vocab, spec.seq)
-        model = models.GPT(cfg).to(dev)
-        x = torch.randint(0, spec.vocab, (spec.batch, spec.seq), device=dev)
-        y = x
-        loss_fn = models.gpt_loss
-    else:
-        model = models.build_model(spec.name, 0).to(dev)
-        x = torch.randn(spec.batch, 3, 32, 32, device=dev)
-        y = torch.randint(0, 10, (spec.batch,), device=dev)
-        loss_fn = torch.nn.functional.cross_entropy
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    times = []
-    for i in range(steps + 1):
-        start = time.perf_counter()
-        optim.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
-        optim.step()
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-        if i:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def probe_framework_seconds(spec: ModelSpec, strategies: Sequence[str] = FRAMEWORK_PROBED,
-                            steps: int = 12, warmup: int = 3,
-                            timeout_s: float = 600.0) -> dict[str, float]:
-    """Each strategy's framework time a step, measured here: its step on one rank less the
-    plain step (probe_one_rank_steps()). A negative difference is noise (0 in the model:
-    framework_seconds())."""
-    got = probe_one_rank_steps(spec, strategies, steps, warmup, timeout_s)
-    return {s: got[s] - got["single"] for s in strategies}
-
-
-def probe_one_rank_steps(spec: ModelSpec, strategies: Sequence[str] = FRAMEWORK_PROBED,
-                         steps: int = 12, warmup: int = 3,
-                         timeout_s: float = 600.0) -> dict[str, float]:
-    """The reference trainer's step (trainers/train.py under torchrun, one rank, backend
-    nanoccl, the whole global batch) with each strategy and with none ("single"): the medians
-    of the steps after `warmup`, in seconds. On one rank nothing is split or sent, so a
-    strategy's step less the plain one is the framework's own work: DDP's hooks and bucket
-    copies, FSDP2's hooks and DTensor optimizer, DTensor's dispatch (TP runs on one rank with
-    train.py's `--probe-one-rank`)."""
-    import json
-    import os
-    import statistics
-    import subprocess
-    import tempfile
-
-    import torch
-
-    unknown = [s for s in strategies if s not in FRAMEWORK_PROBED]
-    if unknown:
-        raise AdviseError(f"cannot probe {', '.join(unknown)}: probed are "
-                          f"{', '.join(FRAMEWORK_PROBED)}")
-    if steps <= warmup or warmup < 0:
-        raise AdviseError("the probe needs steps > warmup >= 0")
-    _, strategies_module = reference_trainers()
-    train = Path(strategies_module.__file__).with_name("train.py")
-    device = "cuda" if torch.cuda.is_available() else "cpu"
-
-    def step_seconds(strategy: str, folder: str) -> float:
-        out = Path(folder) / f"{strategy}.json"
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc-per-node", "1", str(train), "--model", spec.name, "--strategy",
-               strategy, "--backend", "nanoccl", "--device", device, "--batch",
-               str(spec.batch), "--steps", str(steps), "--warmup-steps", str(warmup),
-               "--print-every", "0", "--json", str(out)]
-        if spec.gpt:
-            cmd += ["--seq-len", str(spec.seq)]
-        if strategy == "tp":
-            cmd.append("--probe-one-rank")
-        try:
-            run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
-                                 env={**os.environ, "OMP_NUM_THREADS":
-                                      os.environ.get("OMP_NUM_THREADS", "1")})
-        except subprocess.TimeoutExpired:
-            raise AdviseError(f"framework probe: {strategy} on one rank took over "
-                              f"{timeout_s:g} s") from None
-        if run.returncode != 0 or not out.is_file():
-            tail = "\n".join((run.stdout + run.stderr).strip().splitlines()[-5:])
-            raise AdviseError(f"framework probe: {strategy} on one rank failed "
-                              f"(exit {run.returncode}):\n{tail}")
-        times = json.loads(out.read_text())["step_time_s"][warmup:]
-        return statistics.median(times)
-
-    with tempfile.TemporaryDirectory(prefix="nanoccl-probe-") as folder:
-        return {s: step_seconds(s, folder) for s in ("single", *strategies)}
-
-
-def parse_framework_seconds(text: str) -> dict[str, float]:
-    """--framework-seconds: NAME=SECONDS[,NAME=SECONDS...], names of FRAMEWORK_PROBED."""
-    out: dict[str, float] = {}
-    for item in (t.strip() for t in text.split(",")):
-        name, _, value = item.partition("=")
-        try:
-            seconds = float(value)
-        except ValueError:
-            seconds = math.nan
-        if name not in FRAMEWORK_PROBED or not (seconds >= 0 and math.isfinite(seconds)):
-            raise AdviseError(f"--framework-seconds {item!r}: NAME=SECONDS with NAME one of "
-                              f"{', '.join(FRAMEWORK_PROBED)} and SECONDS >= 0")
-        out[name] = seconds
-    return out
 
 
 # ------------------------------------------------------------------------------------ CLI

@@ -1,0 +1,146 @@
+"""What a rank computes, for nanoccl-advise (advise.py): one device's step measured here
+(`--probe`), and each strategy's own framework time a step (DDP's hooks and bucket copies,
+FSDP2's hooks and DTensor optimizer, DTensor's dispatch), measured by running the reference
+trainer on one rank (`--probe-framework`) or given (`--framework-seconds`); the model adds it
+to a rank's step on the critical path (framework_seconds())."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from nanoccl.advise_traffic import AdviseError, ModelSpec, reference_trainers
+
+# Strategies whose framework time a step the one-rank probe measures (probe_framework_seconds);
+# hpZ takes ZeRO-3's (on one rank it would run as ZeRO-2) and the pipeline has none (a
+# pipeline needs two stages).
+FRAMEWORK_PROBED = ("dp", "zero1", "zero2", "zero3", "hsdp", "tp")
+
+
+def framework_seconds(strategy: str, framework_s: Mapping[str, float] | None) -> float:
+    """A strategy's framework time a step from what the probe measured or the user gave
+    (FRAMEWORK_PROBED's names); 0 where not known. hpZ takes ZeRO-3's."""
+    if not framework_s:
+        return 0.0
+    return max(0.0, float(framework_s.get("zero3" if strategy == "zero3-hpz" else strategy,
+                                          0.0)))
+
+
+def probe_step_seconds(spec: ModelSpec, steps: int = 3) -> float:
+    """One device's training step on the whole global batch, measured here: the reference
+    model (real weights on CPU, or the first CUDA device), AdamW, random data; the median of
+    `steps` after one warm-up step."""
+    import statistics
+    import time
+
+    import torch
+
+    models, _ = reference_trainers()
+    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if spec.gpt:
+        cfg = models.GPTConfig(spec.layers, spec.heads, spec.hidden, spec.vocab, spec.seq)
+        model = models.GPT(cfg).to(dev)
+        x = torch.randint(0, spec.vocab, (spec.batch, spec.seq), device=dev)
+        y = x
+        loss_fn = models.gpt_loss
+    else:
+        model = models.build_model(spec.name, 0).to(dev)
+        x = torch.randn(spec.batch, 3, 32, 32, device=dev)
+        y = torch.randint(0, 10, (spec.batch,), device=dev)
+        loss_fn = torch.nn.functional.cross_entropy
+    optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    times = []
+    for i in range(steps + 1):
+        start = time.perf_counter()
+        optim.zero_grad(set_to_none=True)
+        loss_fn(model(x), y).backward()
+        optim.step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        if i:
+            times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def probe_framework_seconds(spec: ModelSpec, strategies: Sequence[str] = FRAMEWORK_PROBED,
+                            steps: int = 12, warmup: int = 3,
+                            timeout_s: float = 600.0) -> dict[str, float]:
+    """Each strategy's framework time a step, measured here: its step on one rank less the
+    plain step (probe_one_rank_steps()). A negative difference is noise (0 in the model:
+    framework_seconds())."""
+    got = probe_one_rank_steps(spec, strategies, steps, warmup, timeout_s)
+    return {s: got[s] - got["single"] for s in strategies}
+
+
+def probe_one_rank_steps(spec: ModelSpec, strategies: Sequence[str] = FRAMEWORK_PROBED,
+                         steps: int = 12, warmup: int = 3,
+                         timeout_s: float = 600.0) -> dict[str, float]:
+    """The reference trainer's step (trainers/train.py under torchrun, one rank, backend
+    nanoccl, the whole global batch) with each strategy and with none ("single"): the medians
+    of the steps after `warmup`, in seconds. On one rank nothing is split or sent, so a
+    strategy's step less the plain one is the framework's own work: DDP's hooks and bucket
+    copies, FSDP2's hooks and DTensor optimizer, DTensor's dispatch (TP runs on one rank with
+    train.py's `--probe-one-rank`)."""
+    import json
+    import os
+    import statistics
+    import subprocess
+    import tempfile
+
+    import torch
+
+    unknown = [s for s in strategies if s not in FRAMEWORK_PROBED]
+    if unknown:
+        raise AdviseError(f"cannot probe {', '.join(unknown)}: probed are "
+                          f"{', '.join(FRAMEWORK_PROBED)}")
+    if steps <= warmup or warmup < 0:
+        raise AdviseError("the probe needs steps > warmup >= 0")
+    _, strategies_module = reference_trainers()
+    train = Path(strategies_module.__file__).with_name("train.py")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+
+    def step_seconds(strategy: str, folder: str) -> float:
+        out = Path(folder) / f"{strategy}.json"
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "1", str(train), "--model", spec.name, "--strategy",
+               strategy, "--backend", "nanoccl", "--device", device, "--batch",
+               str(spec.batch), "--steps", str(steps), "--warmup-steps", str(warmup),
+               "--print-every", "0", "--json", str(out)]
+        if spec.gpt:
+            cmd += ["--seq-len", str(spec.seq)]
+        if strategy == "tp":
+            cmd.append("--probe-one-rank")
+        try:
+            run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s,
+                                 env={**os.environ, "OMP_NUM_THREADS":
+                                      os.environ.get("OMP_NUM_THREADS", "1")})
+        except subprocess.TimeoutExpired:
+            raise AdviseError(f"framework probe: {strategy} on one rank took over "
+                              f"{timeout_s:g} s") from None
+        if run.returncode != 0 or not out.is_file():
+            tail = "\n".join((run.stdout + run.stderr).strip().splitlines()[-5:])
+            raise AdviseError(f"framework probe: {strategy} on one rank failed "
+                              f"(exit {run.returncode}):\n{tail}")
+        times = json.loads(out.read_text())["step_time_s"][warmup:]
+        return statistics.median(times)
+
+    with tempfile.TemporaryDirectory(prefix="nanoccl-probe-") as folder:
+        return {s: step_seconds(s, folder) for s in ("single", *strategies)}
+
+
+def parse_framework_seconds(text: str) -> dict[str, float]:
+    """--framework-seconds: NAME=SECONDS[,NAME=SECONDS...], names of FRAMEWORK_PROBED."""
+    out: dict[str, float] = {}
+    for item in (t.strip() for t in text.split(",")):
+        name, _, value = item.partition("=")
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = math.nan
+        if name not in FRAMEWORK_PROBED or not (seconds >= 0 and math.isfinite(seconds)):
+            raise AdviseError(f"--framework-seconds {item!r}: NAME=SECONDS with NAME one of "
+                              f"{', '.join(FRAMEWORK_PROBED)} and SECONDS >= 0")
+        out[name] = seconds
+    return out
