@@ -168,7 +168,8 @@ def predict_row(row: dict[str, str], measured: dict[str, Any],
     predictor = (GlooStandIn(cluster, profile) if backend == "gloo"
                  else advise.Predictor(cluster, profile))
     cfg = advise.Config(strategy, codec, microbatches=world, schedule="1f1b")
-    framework = {s: max(0.0, v) * one_device_s for s, v in fractions.get(key, {}).items()}
+    # A negative fraction (noise) counts as none: advise.framework_seconds() clamps it.
+    framework = {s: v * one_device_s for s, v in fractions.get(key, {}).items()}
     cfg = advise.evaluate(spec, cluster, predictor, cfg, one_device_s, math.inf, framework)
     got = float(row["scaling"])
     return {"model": model, "batch": batch, "setup": row["setup"], "strategy": strategy,

@@ -54,7 +54,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from nanoccl.advise_probe import (FRAMEWORK_PROBED, framework_seconds,
+from nanoccl.advise_probe import (FRAMEWORK_PROBED, framework_seconds, framework_time_ok,
                                   parse_framework_seconds, probe_framework_seconds,
                                   probe_one_rank_steps, probe_step_seconds)
 from nanoccl.advise_traffic import (REFERENCE_STACK, STUDY_STACK, AdviseError, Call, Cluster,
@@ -503,7 +503,7 @@ def advise(spec: ModelSpec, cluster: Cluster, profile: str, one_device_s: float,
             raise AdviseError(f"codec {c!r}: choose from {', '.join(CODECS)}")
     predictor = Predictor(cluster, profile, settings)
     for name, v in (framework_s or {}).items():
-        if name not in FRAMEWORK_PROBED or not (v >= 0 and math.isfinite(v)):
+        if not framework_time_ok(name, v):
             raise AdviseError(f"framework time {name}={v!r}: a strategy of "
                               f"{', '.join(FRAMEWORK_PROBED)} and seconds >= 0")
     done = [evaluate(spec, cluster, predictor, c, one_device_s, device_bytes, framework_s)

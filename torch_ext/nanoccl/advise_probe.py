@@ -19,6 +19,11 @@ from nanoccl.advise_traffic import AdviseError, ModelSpec, reference_trainers
 FRAMEWORK_PROBED = ("dp", "zero1", "zero2", "zero3", "hsdp", "tp")
 
 
+def framework_time_ok(name: str, seconds: float) -> bool:
+    """A framework time the model takes: a strategy of FRAMEWORK_PROBED, finite seconds >= 0."""
+    return name in FRAMEWORK_PROBED and seconds >= 0 and math.isfinite(seconds)
+
+
 def framework_seconds(strategy: str, framework_s: Mapping[str, float] | None) -> float:
     """A strategy's framework time a step from what the probe measured or the user gave
     (FRAMEWORK_PROBED's names); 0 where not known. hpZ takes ZeRO-3's."""
@@ -139,7 +144,7 @@ def parse_framework_seconds(text: str) -> dict[str, float]:
             seconds = float(value)
         except ValueError:
             seconds = math.nan
-        if name not in FRAMEWORK_PROBED or not (seconds >= 0 and math.isfinite(seconds)):
+        if not framework_time_ok(name, seconds):
             raise AdviseError(f"--framework-seconds {item!r}: NAME=SECONDS with NAME one of "
                               f"{', '.join(FRAMEWORK_PROBED)} and SECONDS >= 0")
         out[name] = seconds
