@@ -13,7 +13,11 @@ advisor (torch_ext/nanoccl/advise.py) predicts the step time and the scaling fac
 - each strategy's framework time a step (DDP, FSDP2's hooks, DTensor's dispatch), as a
   fraction of the plain step, from results/advise/framework_probe.json: the trainers on one
   rank of this machine (advise.probe_one_rank_steps; `--probe-framework` measures it again),
-  times the row's one-device step (so it shares the cores as T_1 did);
+  times the row's one-device step (so it shares the cores as T_1 did); and in the same way
+  the optimizer step's part of that step (advise.probe_step_seconds), which a rank runs as
+  the strategy shards the parameters, not as it splits the batch (advise.optimizer_share),
+  and the part of forward and backward that does not shrink with the batch (the step at the
+  global batch and at a quarter of it), which every rank runs whole;
 - the backend: nanoccl as configured; nanoccl+<codec> with that codec (DDP's hook and the
   group's compression); Gloo as nanoccl forced to the flat ring (algo=ring), the closest of
   nanoccl's rows to Gloo's ring allreduce (a stand-in: Gloo is not modelled).
@@ -43,6 +47,7 @@ from nanoccl import advise  # noqa: E402
 TUNED_PROFILE = REPO / "results" / "tuning" / "grid_2x2_1gbit.json"
 FRAMEWORK_PROBE = REPO / "results" / "advise" / "framework_probe.json"
 PROBE_REPEATS, PROBE_STEPS, PROBE_WARMUP = 3, 16, 4
+SMALLEST_SHARE = 4  # the study's largest world: its rank's batch is the probe's small one
 MACHINE_CORES = 2
 
 
@@ -99,8 +104,14 @@ def spearman(a: list[float], b: list[float]) -> float:
 def probe_framework(study: Path, out: Path) -> dict[str, Any]:
     """Every (model, batch) of the study on one rank, with each of its strategies the probe
     knows and with none, PROBE_REPEATS times; the median fraction (strategy - plain) / plain
-    per strategy, written to `out`."""
+    per strategy, and the optimizer step's fraction of the plain step (advise.
+    probe_step_seconds, in this process on the study's one thread a rank), written to
+    `out`."""
     import datetime
+
+    import torch
+
+    torch.set_num_threads(1)  # as the study's ranks (OMP_NUM_THREADS=1)
 
     wanted: dict[tuple[str, int], set[str]] = defaultdict(set)
     with (study / "summary.csv").open() as f:
@@ -115,12 +126,22 @@ def probe_framework(study: Path, out: Path) -> dict[str, Any]:
                 for _ in range(PROBE_REPEATS)]
         fractions = {s: statistics.median((r[s] - r["single"]) / r["single"] for r in runs)
                      for s in strategies}
-        entries.append({"model": model, "batch": batch, "runs": runs, "fraction": fractions})
-        print(f"{model} b{batch}: " + ", ".join(f"{s} {v:+.3f}" for s, v in fractions.items()),
-              flush=True)
+        steps = [advise.probe_step_seconds(spec, PROBE_STEPS, max(1, batch // SMALLEST_SHARE))
+                 for _ in range(PROBE_REPEATS)]
+        optimizer = statistics.median(p.optimizer_s / p.step_s for p in steps)
+        fixed = statistics.median(p.fixed_s / p.step_s for p in steps)
+        entries.append({"model": model, "batch": batch, "runs": runs, "fraction": fractions,
+                        "step_runs": [dataclasses.asdict(p) for p in steps],
+                        "optimizer_fraction": optimizer, "fixed_fraction": fixed})
+        print(f"{model} b{batch}: " + ", ".join(f"{s} {v:+.3f}" for s, v in fractions.items())
+              + f"; optimizer {optimizer:.3f}, fixed {fixed:.3f} of the step", flush=True)
     doc = {"what": "each strategy's step on one rank (trainers/train.py, backend nanoccl) "
                    "less the plain step, as a fraction of the plain step (median of the "
-                   "repeats); runs: the medians of each repeat's timed steps, seconds",
+                   "repeats); runs: the medians of each repeat's timed steps, seconds; "
+                   "optimizer_fraction, fixed_fraction: the optimizer step's part of the plain "
+                   "step and the part of its forward and backward that does not shrink with the "
+                   "batch (through the steps at the batch and at a quarter of it), medians of "
+                   "the repeats; step_runs: each repeat's advise.StepProbe, seconds",
            "command": f"python bench/advise_study.py {study} --probe-framework",
            "measured": datetime.datetime.now().isoformat(timespec="seconds"),
            "repeats": PROBE_REPEATS, "steps": PROBE_STEPS, "warmup": PROBE_WARMUP,
@@ -130,11 +151,15 @@ def probe_framework(study: Path, out: Path) -> dict[str, Any]:
 
 
 def framework_fractions(path: Path) -> dict[tuple[str, int], dict[str, float]]:
-    """framework_probe.json's fractions by (model, batch); empty where there is no file."""
+    """framework_probe.json's fractions by (model, batch), the optimizer's as "optimizer" and
+    the fixed part's as "fixed"; empty where there is no file."""
     if not path.is_file():
         return {}
     doc = json.loads(path.read_text())
-    return {(e["model"], int(e["batch"])): dict(e["fraction"]) for e in doc["entries"]}
+    return {(e["model"], int(e["batch"])): {**e["fraction"],
+                                             "optimizer": e.get("optimizer_fraction", 0.0),
+                                             "fixed": e.get("fixed_fraction", 0.0)}
+            for e in doc["entries"]}
 
 
 def probe_text(path: Path = FRAMEWORK_PROBE) -> str:
@@ -144,6 +169,8 @@ def probe_text(path: Path = FRAMEWORK_PROBE) -> str:
     doc = json.loads(path.read_text())
     parts = [f"{e['model']} b{e['batch']} " + ", ".join(f"{s} {v:+.0%}"
                                                      for s, v in e["fraction"].items())
+             + f", optimizer {e.get('optimizer_fraction', 0.0):.0%} and fixed "
+             f"{e.get('fixed_fraction', 0.0):.0%} of the step"
              for e in doc["entries"]]
     return f"measured {doc['measured'][:10]}; " + "; ".join(parts)
 
@@ -170,11 +197,15 @@ def predict_row(row: dict[str, str], measured: dict[str, Any],
     cfg = advise.Config(strategy, codec, microbatches=world, schedule="1f1b")
     # A negative fraction (noise) counts as none: advise.framework_seconds() clamps it.
     framework = {s: v * one_device_s for s, v in fractions.get(key, {}).items()}
-    cfg = advise.evaluate(spec, cluster, predictor, cfg, one_device_s, math.inf, framework)
+    optimizer_s = framework.pop("optimizer", 0.0)
+    fixed_s = framework.pop("fixed", 0.0)
+    cfg = advise.evaluate(spec, cluster, predictor, cfg, one_device_s, math.inf, framework,
+                          optimizer_s, fixed_s)
     got = float(row["scaling"])
     return {"model": model, "batch": batch, "setup": row["setup"], "strategy": strategy,
             "backend": backend, "measured_step_s": float(row["step_s"]),
             "predicted_step_s": cfg.step_s, "framework_s": cfg.framework_s,
+            "optimizer_s": cfg.optimizer_s, "fixed_s": fixed_s,
             "measured_S": got, "predicted_S": cfg.scaling,
             "rel_error": (cfg.scaling - got) / got if got else math.nan,
             "predicted_inter_mb": cfg.inter_bytes / 1e6,
@@ -219,15 +250,19 @@ def write_readme(out: Path, rows: list[dict[str, Any]], command: str) -> dict[st
         lines.append(f"| {k[0]} | {k[1]} | {k[2]} | {len(groups[k])} | "
                      f"{'-' if math.isnan(v) else f'{v:.2f}'} |")
     lines += ["", "A rank's compute is its share of the row's T_1 (TP: its share of the blocks and "
-              "the whole output head) plus its strategy's framework time, measured on one rank "
-              "of this machine as a fraction of the plain step (framework_probe.json: "
+              "the whole output head), with the optimizer's part of T_1 shared as the strategy "
+              "shards the parameters (all of it under DP) rather than as the batch and the "
+              "part that does not shrink with the batch whole on every rank, plus its "
+              "strategy's framework time; the framework and optimizer parts measured on one "
+              "rank of this machine as fractions of the plain step (framework_probe.json: "
               + probe_text() + ").",
               "", "What the model leaves out, and where that shows: compute is taken as not slowed "
               "by communication, and a stage or rank that waits as leaving the CPU to no one. "
               "On this 2-core machine (2 or 4 ranks, their progress threads and the kernel's "
               "TCP copies) both are false: inside one node the links are fast and the CPU sets "
-              "the pace, so DP is predicted near S = 1 and the others near 1 less their "
-              "framework time, while the ranks wait on each other and on their calls; the "
+              "the pace, so a rank's compute (its share of T_1, the parts that do not split, "
+              "its framework time) is the predicted step, while the ranks wait on each other "
+              "and on their calls; the "
               "codecs on 4 ranks and "
               "nanoccl's hierarchical stages on 2x2 are slower than their profile rates say "
               "(the cost model's own caveat, results/tuning/README.md); the pipeline's idle "

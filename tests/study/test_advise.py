@@ -33,6 +33,8 @@ RATES = ("reduce_MBps 5000\n"
          "codec int4 encode_MBps 1500 decode_MBps 2500 accumulate_MBps 2000\n"
          "codec bf16 encode_MBps 4000 decode_MBps 4000 accumulate_MBps 4000\n")
 PROFILE = advise.profile_by_hand(1.0, 50.0, 100.0, 10.0, cpu_rates=RATES)
+# Links that cost (almost) nothing: a step is the compute.
+FAST = advise.profile_by_hand(1e6, 1e-3, 1e6, 1e-3, cpu_rates="reduce_MBps 1000000000\n")
 # name: (strategy, backend, extra trainer flags, two nodes?)
 CASES = {
     "dp": ("dp", "nanoccl", [], True),
@@ -275,12 +277,85 @@ def test_a_tp_rank_computes_its_share_of_the_blocks_and_the_whole_head() -> None
         assert advise.tp_compute_share(small, n) == pytest.approx(
             (blocks / n + head) / (blocks + head))
     # With links that cost (almost) nothing, a TP rank's step is that share of the device's step.
-    fast = advise.profile_by_hand(1e6, 1e-3, 1e6, 1e-3, cpu_rates="reduce_MBps 1000000000\n")
     cluster = advise.Cluster(1, 4)
-    cfg = advise.evaluate(small, cluster, advise.Predictor(cluster, fast), advise.Config("tp"),
+    cfg = advise.evaluate(small, cluster, advise.Predictor(cluster, FAST), advise.Config("tp"),
                           1.0, math.inf)
     assert cfg.step_s == pytest.approx(advise.tp_compute_share(small, 4), rel=1e-3)
     assert 0.25 < cfg.step_s < 0.5
+
+
+def test_a_rank_runs_the_optimizer_as_its_strategy_shards_the_parameters() -> None:
+    # Links that cost (almost) nothing: a step is compute. Of one device's 1 s, 0.2 s is the
+    # optimizer: DP repeats it on every rank, ZeRO-1/2/3 and hpZ split it over the world,
+    # HSDP over a node, a TP rank runs its share of the blocks' and the whole head's.
+    spec = advise.model_spec("gpt2-tiny", 8, SEQ)  # 4 heads, 4 layers: TP and PP over 4
+    cluster = advise.Cluster(2, 2)
+    predictor = advise.Predictor(cluster, FAST)
+    shares = {"dp": 1.0, "zero1": 0.25, "zero2": 0.25, "zero3": 0.25, "zero3-hpz": 0.25,
+              "hsdp": 0.5, "tp": advise.tp_compute_share(spec, 4)}
+    for strategy, share in shares.items():
+        def step(optimizer: float) -> advise.Config:
+            return advise.evaluate(spec, cluster, predictor, advise.Config(strategy), 1.0,
+                                   math.inf, None, optimizer)
+        plain, split = step(0.0), step(0.2)
+        assert not split.refused, (strategy, split.refused)
+        assert split.optimizer_s == pytest.approx(0.2 * share), strategy
+        batch_share = advise.tp_compute_share(spec, 4) if strategy == "tp" else 0.25
+        assert split.step_s - plain.step_s == pytest.approx(0.2 * (share - batch_share),
+                                                            abs=1e-6), strategy
+    # The pipeline's busiest stage runs its own parameters' optimizer, after the flush.
+    pp = advise.evaluate(spec, cluster, predictor, advise.Config("pp", microbatches=4), 1.0,
+                         math.inf, None, 0.2)
+    assert pp.optimizer_s == pytest.approx(0.2 * max(spec.stage_params(4)) / spec.params)
+
+
+def test_the_fixed_part_of_a_step_is_run_whole_by_every_rank() -> None:
+    # Of one device's 1 s, 0.3 s does not shrink with the batch: a DP rank of 4 runs
+    # 0.3 + 0.7 / 4; a pipeline stage runs a quarter of it once a microbatch, so more
+    # microbatches cost more.
+    spec = advise.model_spec("gpt2-tiny", 8, SEQ)
+    cluster = advise.Cluster(4, 1)
+    predictor = advise.Predictor(cluster, FAST)
+
+    def step(cfg: advise.Config, fixed: float) -> float:
+        return advise.evaluate(spec, cluster, predictor, cfg, 1.0, math.inf, None, 0.0,
+                               fixed).step_s
+    assert step(advise.Config("dp"), 0.3) == pytest.approx(0.3 + 0.7 / 4, rel=1e-3)
+    assert step(advise.Config("tp"), 0.3) == pytest.approx(
+        0.3 + 0.7 * advise.tp_compute_share(spec, 4), rel=1e-3)
+    for m in (4, 8):
+        slot = 0.7 / (m * 4) + 0.3 / 4
+        assert step(advise.Config("pp", microbatches=m), 0.3) == pytest.approx(
+            (m + 4 - 1) * slot, rel=1e-3)
+    assert (step(advise.Config("pp", microbatches=8), 0.3)
+            > step(advise.Config("pp", microbatches=4), 0.3))
+    for bad in [(-0.1, 0.0), (0.0, -0.1), (0.6, 0.5), (math.nan, 0.0)]:
+        with pytest.raises(advise.AdviseError, match="optimizer time .* fixed time"):
+            advise.advise(spec, cluster, FAST, 1.0, math.inf, optimizer_s=bad[0],
+                          fixed_s=bad[1])
+
+
+def test_the_step_probe_measures_the_optimizer_and_the_fixed_part() -> None:
+    probe = advise.probe_step_seconds(advise.model_spec(MODEL, 8, SEQ), 2, small_batch=2)
+    assert probe.step_s > 0
+    assert 0 < probe.optimizer_s < probe.step_s
+    assert 0 <= probe.fixed_s <= probe.step_s - probe.optimizer_s
+    only = advise.probe_step_seconds(advise.model_spec(MODEL, 8, SEQ), 2)
+    assert only.fixed_s == 0.0 and 0 < only.optimizer_s < only.step_s
+
+
+def test_optimizer_and_fixed_seconds_on_the_command_line(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    base = ["--model", MODEL, "--batch", "4", "--cluster", "2x1", "--inter-gbps", "1",
+            "--codecs", "none", "--top", "3"]
+    assert advise.main(base + ["--step-seconds", "1", "--optimizer-seconds", "0.25",
+                               "--fixed-seconds", "0.125"]) == 0
+    assert ("one device's step: 1.0000 s, of which the optimizer 0.2500 s, fixed (not "
+            "shrinking with the batch) 0.1250 s") in capsys.readouterr().out
+    assert advise.main(base + ["--step-seconds", "1", "--optimizer-seconds", "2"]) == 2
+    assert "optimizer time 2.0 s" in capsys.readouterr().err
+    assert advise.main(base + ["--probe", "--fixed-seconds", "0.1"]) == 2
+    assert "not both" in capsys.readouterr().err
 
 
 def test_framework_seconds_on_the_command_line(capsys: pytest.CaptureFixture[str]) -> None:

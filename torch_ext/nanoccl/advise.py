@@ -32,10 +32,14 @@ Where the numbers come from:
   one message at a time each way). The calls of one group run one after another (nanoccl's
   queue), and compute never slows down for communication (no CPU contention modelled).
 - Compute a rank: its share of one device's step (the batch split n ways; TP splits the
-  blocks' matmuls and repeats the output head's on every rank), plus the strategy's own
-  framework time a step where it is known (DDP, FSDP2's hooks, DTensor's dispatch: the
-  trainer's step on one rank less the plain model's, `--probe-framework`, or given by
-  `--framework-seconds`; nanoccl/advise_probe.py), on the critical path. The pipeline has none measured (it needs
+  blocks' matmuls and repeats the output head's on every rank), its share of the optimizer's
+  step (`--optimizer-seconds`, a part of the device's step: as the strategy shards the
+  parameters, all of it under DP, optimizer_share()), the part of its forward and backward
+  that does not shrink with the batch (`--fixed-seconds`: whole on every rank, on a stage
+  once a microbatch), plus the strategy's own framework
+  time a step where it is known (DDP, FSDP2's hooks, DTensor's dispatch: the trainer's step
+  on one rank less the plain model's, `--probe-framework`, or given by `--framework-seconds`;
+  nanoccl/advise_probe.py), on the critical path. The pipeline has none measured (it needs
   two ranks).
 - Memory (fp32 training with AdamW, 16 bytes a parameter, sharded as each strategy shards
   it) plus activations counted by running the model once on the meta device.
@@ -62,6 +66,7 @@ from nanoccl.advise_traffic import (REFERENCE_STACK, STUDY_STACK, AdviseError, C
                                     hsdp_calls, link_bytes, model_spec, parse_cluster,
                                     pp_tied_embedding_call, strategy_refusal, tp_calls,
                                     tree_edges, zero1_broadcasts)
+from nanoccl.advise_schedule import FORWARD_SHARE, fsdp_step, pipeline_step
 from nanoccl.tune import BUCKET_CANDIDATES_MB, ddp_step_seconds
 
 __all__ = ["REFERENCE_STACK", "STUDY_STACK", "AdviseError", "Call", "Cluster", "Config",
@@ -76,7 +81,6 @@ CODECS = ("none", "bf16", "int8", "int4")
 # default); DDP's error-feedback hook, FSDP2's compress_fsdp and HSDP's replicate group (as the
 # trainers set them up) compress every call (Call.hook).
 COMPRESSION_MIN_BYTES = 1 << 20
-FORWARD_SHARE = 1.0 / 3.0  # of a device's compute; backward takes the rest
 BYTES_PER_PARAM = 16  # fp32 parameter + gradient + AdamW's two moments
 OVERLAP_TEXT = (
     "overlap: forward 1/3, backward 2/3 of compute; DP/ZeRO-1 buckets overlap backward in "
@@ -213,92 +217,6 @@ class Predictor:
         return Priced(call, seconds, algorithm, chosen, intra, inter)
 
 
-# ---------------------------------------------------------------------- time, with overlap
-def fsdp_step(forward_s: float, backward_s: float, shares: list[float],
-              gathers: list[float], again: list[float], reduces: list[float]) -> float:
-    """One FSDP2 step, its calls on one queue in the order they are issued: forward's
-    allgathers ahead of the compute (a unit waits for its own); in backward, ZeRO-3's
-    allgather of the next unit when a unit starts (prefetch) and a unit's reduce-scatter when
-    its backward ends. `shares`: each unit's part of the compute, in forward order; backward
-    runs the units in reverse (the lists `again` and `reduces` are in backward order)."""
-    comm = t = 0.0
-    for share, ag in zip(shares, gathers):
-        comm += ag
-        t = max(t, comm) + forward_s * share
-    back = list(reversed(shares[1:])) + shares[:1]
-    ready = [0.0] * len(back)
-    if again:
-        comm = max(comm, t) + again[0]
-        ready[0] = comm
-    for i, share in enumerate(back):
-        start = max(t, ready[i])
-        if again and i + 1 < len(back):
-            comm = max(comm, start) + again[i + 1]
-            ready[i + 1] = comm
-        t = start + backward_s * share
-        comm = max(comm, t) + reduces[i]
-    return max(t, comm)
-
-
-def pipeline_step(stages: int, microbatches: int, schedule: str, slot_s: float,
-                  sends: list[float]) -> float:
-    """A pipeline step, simulated: stage s runs its forwards (F) and backwards (B) in the
-    schedule's order (GPipe: all F then all B; 1F1B: min(m, p - s) F first, then B and F in
-    turn); an F needs the activation from stage s - 1, a B the gradient from stage s + 1; each
-    boundary's link carries one message at a time in each direction (`sends[b]` seconds for
-    boundary b, either way). `slot_s`: one microbatch's F + B on one stage."""
-    p, m = stages, microbatches
-    f_s, b_s = slot_s * FORWARD_SHARE, slot_s * (1 - FORWARD_SHARE)
-    orders = []
-    for s in range(p):
-        if schedule == "gpipe":
-            orders.append([("F", i) for i in range(m)] + [("B", i) for i in range(m)])
-            continue
-        warm = min(m, p - s)
-        order = [("F", i) for i in range(warm)]
-        nb, nf = 0, warm
-        while nb < m:
-            order.append(("B", nb))
-            nb += 1
-            if nf < m:
-                order.append(("F", nf))
-                nf += 1
-        orders.append(order)
-    arrive: dict[tuple[str, int, int], float] = {}  # (kind, stage, mb) -> input ready
-    link_free = {(b, d): 0.0 for b in range(p - 1) for d in ("fwd", "bwd")}
-    clock = [0.0] * p
-    pos = [0] * p
-    while any(pos[s] < len(orders[s]) for s in range(p)):
-        progressed = False
-        for s in range(p):
-            while pos[s] < len(orders[s]):
-                kind, i = orders[s][pos[s]]
-                need = None
-                if kind == "F" and s > 0:
-                    need = arrive.get(("F", s, i))
-                elif kind == "B" and s < p - 1:
-                    need = arrive.get(("B", s, i))
-                if (kind == "F" and s > 0 or kind == "B" and s < p - 1) and need is None:
-                    break
-                start = max(clock[s], need or 0.0)
-                clock[s] = start + (f_s if kind == "F" else b_s)
-                if kind == "F" and s < p - 1:
-                    key = (s, "fwd")
-                    go = max(clock[s], link_free[key])
-                    link_free[key] = go + sends[s]
-                    arrive[("F", s + 1, i)] = go + sends[s]
-                elif kind == "B" and s > 0:
-                    key = (s - 1, "bwd")
-                    go = max(clock[s], link_free[key])
-                    link_free[key] = go + sends[s - 1]
-                    arrive[("B", s - 1, i)] = go + sends[s - 1]
-                pos[s] += 1
-                progressed = True
-        if not progressed:
-            raise AdviseError(f"pipeline schedule {schedule} deadlocked (p={p}, m={m})")
-    return max(clock)
-
-
 # ------------------------------------------------------------------------ a configuration
 @dataclass
 class Config:
@@ -316,6 +234,7 @@ class Config:
     intra_bytes: float = 0.0
     memory_bytes: float = 0.0  # the busiest device
     framework_s: float = 0.0  # the strategy's own framework time a step, in step_s
+    optimizer_s: float = 0.0  # the rank's optimizer step (its share of AdamW), in step_s
     scaling: float = 0.0
     fits: bool = True
     refused: str | None = None  # why it cannot run (trainers' rules, memory)
@@ -374,12 +293,37 @@ def tp_compute_share(spec: ModelSpec, n: int) -> float:
     return (split / n + head) / (split + head) if split + head > 0 else 1.0 / n
 
 
+def optimizer_share(spec: ModelSpec, cluster: Cluster, strategy: str) -> float:
+    """The part of one device's optimizer step (AdamW over every parameter) a rank runs: DP
+    keeps every parameter's moments on every rank (all of it); ZeRO-1/2/3 and hpZ shard them
+    over the world, HSDP over a node's ranks; TP over its split blocks (tp_compute_share);
+    the pipeline's busiest stage its own parameters."""
+    n = cluster.world
+    if strategy == "dp":
+        return 1.0
+    if strategy == "hsdp":
+        return 1.0 / cluster.per_node
+    if strategy == "tp":
+        return tp_compute_share(spec, n)
+    if strategy == "pp":
+        assert spec.stage_params is not None
+        return max(spec.stage_params(n)) / spec.params
+    return 1.0 / n
+
+
 def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Config,
              one_device_s: float, device_bytes: float,
-             framework_s: Mapping[str, float] | None = None) -> Config:
+             framework_s: Mapping[str, float] | None = None,
+             optimizer_s: float = 0.0, fixed_s: float = 0.0) -> Config:
     """Fills in cfg's predictions: `one_device_s` is one device's step on the whole global
     batch (compute only), `device_bytes` a device's memory, `framework_s` the strategies'
-    framework time a step (framework_seconds())."""
+    framework time a step (framework_seconds()), `optimizer_s` the part of `one_device_s`
+    that is the optimizer's step: it does not shrink with a rank's batch, only with the
+    parameters the strategy leaves the rank (optimizer_share()); `fixed_s` the part of a
+    forward and backward pass that does not shrink with the batch (each operator's dispatch
+    and launch, work that does not grow with the samples): every rank runs it whole, a
+    pipeline stage its layers' share once a microbatch. The rest is split as the batch is;
+    with both 0 the whole step is."""
     n = cluster.world
     cfg.refused = strategy_refusal(spec, cluster, cfg.strategy, cfg.microbatches)
     if cfg.refused:
@@ -393,14 +337,18 @@ def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Confi
     def price(call: Call) -> Priced:
         return predictor.price(call, cfg.codec)
 
-    compute = one_device_s / n
+    optimizer_s = min(max(0.0, optimizer_s), one_device_s)
+    fixed_s = min(max(0.0, fixed_s), one_device_s - optimizer_s)
+    batch_s = one_device_s - optimizer_s - fixed_s  # what shrinks with the batch
+    compute = batch_s / n + fixed_s
     fwd, bwd = compute * FORWARD_SHARE, compute * (1 - FORWARD_SHARE)
+    cfg.optimizer_s = optimizer_s * optimizer_share(spec, cluster, cfg.strategy)
     if cfg.strategy in ("dp", "zero1"):
         buckets = ddp_buckets(spec, cfg.bucket_mb)
         priced = [price(c) for c, _ in buckets]
         total = sum(nbytes for nbytes, _ in spec.grads)
         end = ddp_step_seconds([p.seconds for p in priced], [r for _, r in buckets], total, bwd)
-        cfg.step_s = fwd + max(bwd, end)
+        cfg.step_s = fwd + max(bwd, end) + cfg.optimizer_s
         if cfg.strategy == "zero1":
             priced += [price(c) for c in zero1_broadcasts(spec, n)]
             cfg.step_s += sum(p.seconds for p in priced[len(buckets):])
@@ -411,6 +359,7 @@ def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Confi
         groups = [[price(c) for c in calls] for calls in (forward, again, reduce)]
         shares = [u / spec.params for u in spec.units]
         cfg.step_s = fsdp_step(fwd, bwd, shares, *[[p.seconds for p in g] for g in groups])
+        cfg.step_s += cfg.optimizer_s
         priced = [p for g in groups for p in g]
     elif cfg.strategy == "hsdp":  # a unit's reduce-scatter, then its shard across nodes
         forward, reduce, cross = hsdp_calls(spec, cluster.per_node)
@@ -419,16 +368,18 @@ def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Confi
         shares = [u / spec.params for u in spec.units]
         cfg.step_s = fsdp_step(fwd, bwd, shares, [p.seconds for p in gathers], [],
                                [a.seconds + b.seconds for a, b in zip(scatters, allreduces)])
+        cfg.step_s += cfg.optimizer_s
         priced = gathers + scatters + allreduces
     elif cfg.strategy == "tp":
         priced = [price(c) for c in tp_calls(spec)]
-        cfg.step_s = one_device_s * tp_compute_share(spec, n) + sum(p.seconds for p in priced)
+        cfg.step_s = (batch_s * tp_compute_share(spec, n) + fixed_s + cfg.optimizer_s
+                      + sum(p.seconds for p in priced))
     else:
         m = cfg.microbatches
         count = spec.activation_count(spec.batch // m * spec.seq * spec.hidden)
         boundary = [price(Call("send", count, "forward", src=s, dst=s + 1)) for s in range(n - 1)]
-        cfg.step_s = pipeline_step(n, m, cfg.schedule, one_device_s / (m * n),
-                                   [p.seconds for p in boundary])
+        cfg.step_s = pipeline_step(n, m, cfg.schedule, batch_s / (m * n) + fixed_s / n,
+                                   [p.seconds for p in boundary]) + cfg.optimizer_s
         priced = [p for p in boundary for _ in range(2 * m)]  # F and B, every microbatch
         tied = pp_tied_embedding_call(spec)
         if tied is not None:  # after the flush, before the optimizer step: exposed
@@ -491,13 +442,20 @@ def candidates(spec: ModelSpec, cluster: Cluster, predictor: Predictor,
 def advise(spec: ModelSpec, cluster: Cluster, profile: str, one_device_s: float,
            device_bytes: float, settings: dict[str, str] | None = None,
            codecs: Sequence[str] = CODECS,
-           framework_s: Mapping[str, float] | None = None) -> list[Config]:
+           framework_s: Mapping[str, float] | None = None,
+           optimizer_s: float = 0.0, fixed_s: float = 0.0) -> list[Config]:
     """Every candidate predicted; those that can run ranked fastest first (ties by label, so
-    the order is the same at every call), the others after them."""
+    the order is the same at every call), the others after them. `optimizer_s`, `fixed_s`:
+    the parts of `one_device_s` that are the optimizer's step and that do not shrink with
+    the batch (evaluate())."""
     if cluster.world < 2:
         raise AdviseError(f"cluster {cluster}: one device, nothing to parallelize")
     if not (one_device_s > 0 and math.isfinite(one_device_s)):
         raise AdviseError(f"one device's step time {one_device_s!r}: must be a time > 0")
+    if not (0 <= optimizer_s and 0 <= fixed_s and optimizer_s + fixed_s <= one_device_s):
+        raise AdviseError(f"optimizer time {optimizer_s!r} s and fixed time {fixed_s!r} s: "
+                          f"each >= 0, together at most one device's step "
+                          f"({one_device_s:g} s), of which they are parts")
     for c in codecs:
         if c not in CODECS:
             raise AdviseError(f"codec {c!r}: choose from {', '.join(CODECS)}")
@@ -506,7 +464,8 @@ def advise(spec: ModelSpec, cluster: Cluster, profile: str, one_device_s: float,
         if not framework_time_ok(name, v):
             raise AdviseError(f"framework time {name}={v!r}: a strategy of "
                               f"{', '.join(FRAMEWORK_PROBED)} and seconds >= 0")
-    done = [evaluate(spec, cluster, predictor, c, one_device_s, device_bytes, framework_s)
+    done = [evaluate(spec, cluster, predictor, c, one_device_s, device_bytes, framework_s,
+                     optimizer_s, fixed_s)
             for c in candidates(spec, cluster, predictor, one_device_s, codecs)]
     unique: dict[str, Config] = {}
     for c in done:
@@ -601,8 +560,18 @@ def build_parser() -> argparse.ArgumentParser:
     t = p.add_argument_group("compute and memory")
     t.add_argument("--step-seconds", type=float,
                    help="one device's training step on the whole global batch")
+    t.add_argument("--optimizer-seconds", type=float, default=0.0,
+                   help="of --step-seconds, the optimizer's step over every parameter: a rank "
+                   "runs its share of it as the strategy shards the parameters, not as it "
+                   "splits the batch (default 0: the whole step split as the batch)")
+    t.add_argument("--fixed-seconds", type=float, default=0.0,
+                   help="of --step-seconds, the part of forward and backward that does not "
+                   "shrink with the batch (operators' dispatch and launch): every rank runs it "
+                   "whole (default 0)")
     t.add_argument("--probe", action="store_true",
-                   help="measure --step-seconds here: a few steps of the model on this machine")
+                   help="measure --step-seconds, --optimizer-seconds and --fixed-seconds "
+                   "here: a few steps of the model on this machine, at the global batch and "
+                   "at a rank's")
     t.add_argument("--framework-seconds", metavar="NAME=S,...",
                    help="each strategy's own framework time a step on a rank (DDP, FSDP2's "
                    "hooks, DTensor's dispatch), e.g. zero2=0.012,tp=0.02; names: "
@@ -692,22 +661,33 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise AdviseError(f"--setting takes NAME=VALUE, got {args.setting}")
         if args.step_seconds is None and not args.probe:
             raise AdviseError("give --step-seconds (one device, whole global batch) or --probe")
+        if args.probe and (args.step_seconds is not None or args.optimizer_seconds
+                           or args.fixed_seconds):
+            raise AdviseError("--probe measures --step-seconds, --optimizer-seconds and "
+                              "--fixed-seconds: give them or --probe, not both")
         if args.framework_seconds and args.probe_framework:
             raise AdviseError("give --framework-seconds or --probe-framework, not both")
         if args.probe_framework and not args.model:
             raise AdviseError("--probe-framework runs a reference model: give --model")
-        step = probe_step_seconds(spec) if args.probe else args.step_seconds
+        probe = (probe_step_seconds(spec, small_batch=spec.batch // cluster.world)
+                 if args.probe else None)
+        step, optimizer, fixed = ((probe.step_s, probe.optimizer_s, probe.fixed_s) if probe
+                                  else (args.step_seconds, args.optimizer_seconds,
+                                        args.fixed_seconds))
         framework = (probe_framework_seconds(spec) if args.probe_framework else
                      parse_framework_seconds(args.framework_seconds)
                      if args.framework_seconds else {})
         codecs = [c.strip() for c in args.codecs.split(",") if c.strip()]
         ranked = advise(spec, cluster, profile, step, args.device_memory_gb * 2**30, settings,
-                        codecs, framework)
+                        codecs, framework, optimizer, fixed)
     except AdviseError as exc:
         print(f"nanoccl-advise: {exc}", file=sys.stderr)
         return 2
     shown = ranked[: args.top] if args.top > 0 else ranked
-    print(f"one device's step: {step:.4f} s" + (" (probed here)" if args.probe else ""))
+    print(f"one device's step: {step:.4f} s" + (f", of which the optimizer {optimizer:.4f} s"
+                                                 if optimizer else "")
+          + (f", fixed (not shrinking with the batch) {fixed:.4f} s" if fixed else "")
+          + (" (probed here)" if args.probe else ""))
     if framework:
         print("framework time a step, a rank" + (" (probed here)" if args.probe_framework
                                                   else "") + ": "

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import math
 import sys
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from nanoccl.advise_traffic import AdviseError, ModelSpec, reference_trainers
 
@@ -33,40 +34,76 @@ def framework_seconds(strategy: str, framework_s: Mapping[str, float] | None) ->
                                           0.0)))
 
 
-def probe_step_seconds(spec: ModelSpec, steps: int = 3) -> float:
-    """One device's training step on the whole global batch, measured here: the reference
-    model (real weights on CPU, or the first CUDA device), AdamW, random data; the median of
-    `steps` after one warm-up step."""
+@dataclass
+class StepProbe:
+    """One device's step on the global batch (step_s) and two parts of it: the optimizer's
+    step (optimizer_s) and the part of forward and backward that does not shrink with the
+    batch (fixed_s: 0 where only one batch was measured)."""
+
+    step_s: float
+    optimizer_s: float
+    fixed_s: float = 0.0
+
+
+def probe_step_seconds(spec: ModelSpec, steps: int = 3,
+                       small_batch: int | None = None) -> StepProbe:
+    """One device's training step on the whole global batch, measured here, and the part of
+    it that is the optimizer's step: the reference model (real weights on CPU, or the first
+    CUDA device), the trainers' AdamW (strategies.make_optimizer), random data; the medians of
+    `steps` after one warm-up step. With `small_batch` (a rank's batch, smaller than the
+    global one) the step is measured there too, and the forward and backward taken as a fixed
+    part plus a part proportional to the batch, through the two points (fixed_s)."""
     import statistics
     import time
 
     import torch
 
-    models, _ = reference_trainers()
+    models, strategies = reference_trainers()
     dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if spec.gpt:
         cfg = models.GPTConfig(spec.layers, spec.heads, spec.hidden, spec.vocab, spec.seq)
         model = models.GPT(cfg).to(dev)
-        x = torch.randint(0, spec.vocab, (spec.batch, spec.seq), device=dev)
-        y = x
         loss_fn = models.gpt_loss
     else:
         model = models.build_model(spec.name, 0).to(dev)
-        x = torch.randn(spec.batch, 3, 32, 32, device=dev)
-        y = torch.randint(0, 10, (spec.batch,), device=dev)
         loss_fn = torch.nn.functional.cross_entropy
-    optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    times = []
-    for i in range(steps + 1):
-        start = time.perf_counter()
-        optim.zero_grad(set_to_none=True)
-        loss_fn(model(x), y).backward()
-        optim.step()
+    optim = strategies.make_optimizer(model.parameters(), 1e-4)
+
+    def data(batch: int) -> tuple[Any, Any]:
+        if spec.gpt:
+            x = torch.randint(0, spec.vocab, (batch, spec.seq), device=dev)
+            return x, x
+        return (torch.randn(batch, 3, 32, 32, device=dev),
+                torch.randint(0, 10, (batch,), device=dev))
+
+    def sync() -> None:
         if dev.type == "cuda":
             torch.cuda.synchronize()
-        if i:
-            times.append(time.perf_counter() - start)
-    return statistics.median(times)
+
+    def measure(batch: int) -> tuple[float, float]:
+        x, y = data(batch)
+        times, optimizer = [], []
+        for i in range(steps + 1):
+            start = time.perf_counter()
+            optim.zero_grad(set_to_none=True)
+            loss_fn(model(x), y).backward()
+            sync()
+            mid = time.perf_counter()
+            optim.step()
+            sync()
+            if i:
+                end = time.perf_counter()
+                times.append(end - start)
+                optimizer.append(end - mid)
+        return statistics.median(times), statistics.median(optimizer)
+
+    step, opt = measure(spec.batch)
+    if not small_batch or not 1 <= small_batch < spec.batch:
+        return StepProbe(step, opt)
+    small, _ = measure(small_batch)
+    per_sample = max(0.0, (step - small) / (spec.batch - small_batch))
+    fixed = min(max(0.0, step - opt - per_sample * spec.batch), step - opt)
+    return StepProbe(step, opt, fixed)
 
 
 def probe_framework_seconds(spec: ModelSpec, strategies: Sequence[str] = FRAMEWORK_PROBED,
