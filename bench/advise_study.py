@@ -104,9 +104,9 @@ def spearman(a: list[float], b: list[float]) -> float:
 def probe_framework(study: Path, out: Path) -> dict[str, Any]:
     """Every (model, batch) of the study on one rank, with each of its strategies the probe
     knows and with none, PROBE_REPEATS times; the median fraction (strategy - plain) / plain
-    per strategy, and the optimizer step's fraction of the plain step (advise.
-    probe_step_seconds, in this process on the study's one thread a rank), written to
-    `out`."""
+    per strategy, and the optimizer step's and the fixed part's fractions of the plain step
+    (advise.probe_step_seconds, in this process on the study's one thread a rank), written
+    to `out`."""
     import datetime
 
     import torch
@@ -253,7 +253,7 @@ def write_readme(out: Path, rows: list[dict[str, Any]], command: str) -> dict[st
               "the whole output head), with the optimizer's part of T_1 shared as the strategy "
               "shards the parameters (all of it under DP) rather than as the batch and the "
               "part that does not shrink with the batch whole on every rank, plus its "
-              "strategy's framework time; the framework and optimizer parts measured on one "
+              "strategy's framework time; the framework, optimizer and fixed parts measured on one "
               "rank of this machine as fractions of the plain step (framework_probe.json: "
               + probe_text() + ").",
               "", "What the model leaves out, and where that shows: compute is taken as not slowed "

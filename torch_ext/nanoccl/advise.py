@@ -36,11 +36,10 @@ Where the numbers come from:
   step (`--optimizer-seconds`, a part of the device's step: as the strategy shards the
   parameters, all of it under DP, optimizer_share()), the part of its forward and backward
   that does not shrink with the batch (`--fixed-seconds`: whole on every rank, on a stage
-  once a microbatch), plus the strategy's own framework
-  time a step where it is known (DDP, FSDP2's hooks, DTensor's dispatch: the trainer's step
-  on one rank less the plain model's, `--probe-framework`, or given by `--framework-seconds`;
-  nanoccl/advise_probe.py), on the critical path. The pipeline has none measured (it needs
-  two ranks).
+  once a microbatch), plus the strategy's own framework time a step where it is known (DDP,
+  FSDP2's hooks, DTensor's dispatch: the trainer's step on one rank less the plain model's,
+  `--probe-framework`, or given by `--framework-seconds`; nanoccl/advise_probe.py), on the
+  critical path. The pipeline has none measured (it needs two ranks).
 - Memory (fp32 training with AdamW, 16 bytes a parameter, sharded as each strategy shards
   it) plus activations counted by running the model once on the meta device.
 

@@ -102,7 +102,7 @@ def probe_step_seconds(spec: ModelSpec, steps: int = 3,
         return StepProbe(step, opt)
     small, _ = measure(small_batch)
     per_sample = max(0.0, (step - small) / (spec.batch - small_batch))
-    fixed = min(max(0.0, step - opt - per_sample * spec.batch), step - opt)
+    fixed = max(0.0, step - opt - per_sample * spec.batch)  # at most step - opt
     return StepProbe(step, opt, fixed)
 
 
