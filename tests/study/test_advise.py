@@ -285,8 +285,9 @@ def test_a_tp_rank_computes_its_share_of_the_blocks_and_the_whole_head() -> None
 
 
 def test_a_rank_runs_the_optimizer_as_its_strategy_shards_the_parameters() -> None:
-    # With FAST links a step is compute. Of one device's 1 s, 0.2 s is the optimizer: DP repeats it on every rank, ZeRO-1/2/3 and hpZ split it over the world,
-    # HSDP over a node, a TP rank runs its share of the blocks' and the whole head's.
+    # With FAST links a step is compute. Of one device's 1 s, 0.2 s is the optimizer: DP
+    # repeats it on every rank, ZeRO-1/2/3 and hpZ split it over the world, HSDP over a node,
+    # a TP rank runs its share of the blocks' and the whole head's.
     spec = advise.model_spec("gpt2-tiny", 8, SEQ)  # 4 heads, 4 layers: TP and PP over 4
     cluster = advise.Cluster(2, 2)
     predictor = advise.Predictor(cluster, FAST)
