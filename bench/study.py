@@ -8,6 +8,9 @@
                                                      # prints the torchrun commands
     torchrun ... bench/study.py --profile cluster --inside --out DIR          # or runs them
     python bench/study.py --collect DIR              # report from the JSON files of DIR/runs
+    python bench/study.py --profile full --setups 1x2 --out NEW   # some setups again, then
+    python bench/study.py --merge NEW --into results/study/full --why TEXT   # in place of
+                                                     # the study's (meta.json: "reruns")
 
 Setups are "nodes x ranks per node" (the studies' servers x GPUs): 1x1, 1x2, 2x1, 2x2, 4x1.
 Every setup runs in an EmuCluster (bench/emucluster.py): each node a network namespace,
@@ -157,7 +160,8 @@ def execute(plan: Plan, args: argparse.Namespace, out_dir: Path) -> int:
     meta: dict[str, Any] = {
         "profile": prof.name, "description": prof.description,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "steps": prof.steps,
-        "warmup": prof.warmup, "reps": prof.reps, "rate": args.rate,
+        "warmup": prof.warmup, "min_window_s": prof.min_window_s, "reps": prof.reps,
+        "rate": args.rate,
         "dilation_mode": args.dilation, "no_shaping": args.no_shaping,
         "ref_batch": prof.ref_batch, "notes": plan.notes, "environment": environment(),
         "dilation": {},
@@ -298,12 +302,20 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--reps", type=int, default=None)
     p.add_argument("--steps", type=int, default=None)
     p.add_argument("--warmup", type=int, default=None)
+    p.add_argument("--min-window-s", type=float, default=None,
+                   help="time about this many seconds a run (more steps where they are "
+                        "short; 0: --steps only)")
     p.add_argument("--budget-min", type=float, default=None,
                    help="stop starting runs after this many minutes (0: no budget)")
     p.add_argument("--run-timeout", type=float, default=900.0, help="seconds per run")
     p.add_argument("--allow-failures", action="store_true", help="exit 0 even if runs failed")
     p.add_argument("--collect", default=None, metavar="DIR",
                    help="build the report from DIR/runs/*.json (cluster mode)")
+    p.add_argument("--merge", default=None, metavar="NEW",
+                   help="with --into: the setups a study run of NEW measured (its --setups) "
+                        "replace those of the study in --into (report built again)")
+    p.add_argument("--into", default=None, metavar="DIR", help="see --merge")
+    p.add_argument("--why", default="", help="--merge: why they were measured again (meta.json)")
     p.add_argument("--inside", action="store_true",
                    help="cluster mode under an existing torchrun: run this launch's setup")
     p.add_argument("--master-addr", default="NODE0_ADDRESS", help="cluster mode: node 0")
@@ -338,10 +350,16 @@ def apply_overrides(profile: Profile, args: argparse.Namespace) -> Profile:
         prof.steps = args.steps
     if args.warmup is not None:
         prof.warmup = args.warmup
+    if args.min_window_s is not None:
+        if not 0 <= args.min_window_s < float("inf"):
+            raise SystemExit("study: --min-window-s must be a finite number >= 0")
+        prof.min_window_s = args.min_window_s
     if args.budget_min is not None:
         prof.budget_min = args.budget_min or None
     if prof.warmup >= prof.steps:
         raise SystemExit("study: --warmup must be smaller than --steps")
+    if prof.min_window_s > 0 and prof.warmup < 1:
+        raise SystemExit("study: --min-window-s needs a warm-up step (--warmup >= 1)")
     for s in prof.setups:
         Setup.parse(s)
     return prof
@@ -351,6 +369,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     if args.collect:
         return collect(Path(args.collect))
+    if args.merge or args.into:
+        if not (args.merge and args.into):
+            print("study: --merge NEW and --into DIR go together", file=sys.stderr)
+            return 2
+        try:
+            report = study_report.merge(Path(args.merge), Path(args.into), args.why)
+        except (OSError, ValueError, KeyError) as exc:
+            print(f"study: merge: {exc}", file=sys.stderr)
+            return 1
+        print(f"study: {args.merge} merged into {args.into}: {report}")
+        return 0
     prof = apply_overrides(PROFILES[args.profile], args)
     out_dir = Path(args.out) if args.out else REPO / "results" / "study" / prof.name
     if prof.name == "cluster":

@@ -62,6 +62,8 @@ class Profile:
     extra_backends: dict[str, tuple[str, ...]] = field(default_factory=dict)
     steps: int = 6
     warmup: int = 2
+    # More timed steps where a run's steps are short: the trainer's --min-window-s (0: off).
+    min_window_s: float = 0.0
     budget_min: float | None = None
     description: str = ""
     extra_args: tuple[str, ...] = ()
@@ -85,7 +87,8 @@ PROFILES: dict[str, Profile] = {
         {"gpt2-tiny": GPT_STRATEGIES, "resnet18": ("dp",)},
         ("1x1", "1x2", "2x1", "2x2", "4x1"), ("gloo", "nanoccl", "nanoccl+int8"),
         {"gpt2-tiny": (8, 16, 32), "resnet18": (8, 32)},
-        {"gpt2-tiny": 16, "resnet18": 32}, reps=3, steps=6, warmup=2, budget_min=70.0,
+        {"gpt2-tiny": 16, "resnet18": 32}, reps=3, steps=6, warmup=2, min_window_s=2.0,
+        budget_min=70.0,
         extra_backends={"dp": ("nanoccl+int4",),
                         "zero2": ("nanoccl+int4", "nanoccl+int4+qwz", "nanoccl+int4+qwz4"),
                         "zero3": ("nanoccl+int4+qwz", "nanoccl+int4+qwz4"),
@@ -97,7 +100,7 @@ PROFILES: dict[str, Profile] = {
                     "nanoccl / nanoccl+int8 (at the reference batch also DP, ZeRO-2 and HSDP "
                     "with int4, ZeRO-2/3 and hpZ with int4 + int8 or int4 parameters: +qwz, "
                     "+qwz4), 3 "
-                    "repetitions; "
+                    "repetitions, each timing at least 4 steps and about 2 s; "
                     "runs still queued after 70 minutes are skipped and listed"),
     "cluster": Profile(
         "cluster", ("gpt2-small", "resnet18"),

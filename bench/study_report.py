@@ -26,6 +26,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import shutil
 import statistics
 import sys
 from collections import defaultdict
@@ -447,6 +448,7 @@ def write_report(out_dir: Path, records: Sequence[dict[str, Any]], meta: dict[st
                  "`bench/study.py`; raw rows in `runs.csv`, aggregates in `summary.csv`.")
     lines.append("")
     env = meta.get("environment", {})
+    window = meta.get("min_window_s") or 0
     lines += [
         "## Setup",
         "",
@@ -454,8 +456,18 @@ def write_report(out_dir: Path, records: Sequence[dict[str, Any]], meta: dict[st
         f"{env.get('torch', '?')}; nanoccl: {env.get('nanoccl', '?')}.",
         f"- Cluster: {meta.get('cluster', '?')}.",
         f"- Runs: {meta.get('steps', '?')} steps each, the first {meta.get('warmup', '?')} "
-        f"left out; {meta.get('reps', '?')} repetition(s); one thread per rank.",
+        f"left out" + (f", more where steps are short, to time about {window:g} s "
+                       "(runs.csv's timed_steps)" if window else "")
+        + f"; {meta.get('reps', '?')} repetition(s); one thread per rank.",
     ]
+    for rerun in meta.get("reruns", []):
+        window_again = (f", about {rerun['min_window_s']:g} s timed"
+                        if rerun.get("min_window_s") else "")
+        lines.append(f"- Setups {', '.join(rerun.get('setups', []))} measured again on "
+                     f"{rerun.get('started', '?')} ({rerun.get('steps', '?')} steps, the first "
+                     f"{rerun.get('warmup', '?')} left out{window_again}; "
+                     f"{rerun.get('reps', '?')} repetition(s); {rerun.get('cpu', '?')}): "
+                     f"{rerun.get('why', '')}")
     for model, d in meta.get("dilation", {}).items():
         lines.append(f"- Time dilation for {model}: {d.get('text', '')}")
     lines += ["", "Columns follow the nano-cluster study's table (Setup = servers x GPUs, here "
@@ -467,7 +479,8 @@ def write_report(out_dir: Path, records: Sequence[dict[str, Any]], meta: dict[st
               "`Net Vol.` counts bytes that crossed the emulated links (eth0 tx, all nodes) per "
               "training step; absolute volumes are not comparable with the study's GB per run "
               "(different model, unknown step count), ratios to DP are. `Final loss` is the "
-              "mean over repetitions of the last step's loss; `Loss vs lossless` compares it "
+              "mean over repetitions of the loss after the profile's steps (also where a run "
+              "timed more steps to fill its window); `Loss vs lossless` compares it "
               "with the lossless run (nanoccl, else Gloo) of the same setup and parallelism "
               "after the same steps. `‖ study ...` columns "
               "are the published GPT-2 small numbers for the same setup and parallelism "
@@ -593,6 +606,53 @@ def make_plots(out_dir: Path, records: Sequence[dict[str, Any]],
             plt.close(fig)
             written.append(str(path))
     return written
+
+
+def _remeasured(rec: dict[str, Any], setups: set[str]) -> bool:
+    """rec belongs to one of `setups`: a run on it, or T_1 under its CPU sharing."""
+    if rec.get("kind") == "baseline":
+        return int(rec.get("concurrency") or 1) > 1 and rec.get("for_setup") in setups
+    return rec.get("setup") in setups
+
+
+def _file_of(name: str, setups: set[str]) -> bool:
+    """A runs/ or logs/ file name (study_plan's Run.key, Baseline.key) of one of `setups`."""
+    parts = name.split("_")
+    return (len(parts) > 1 and parts[1] in setups) or any(f"_for{s}_" in name for s in setups)
+
+
+def merge(new_dir: Path, into_dir: Path, why: str) -> Path:
+    """Puts the setups measured in new_dir (a study run with --setups) into the study of
+    into_dir in place of its own: their runs, their T_1 under the same CPU sharing, their
+    files; into_dir keeps its single-rank T_1 alone (and so its time dilation) and every
+    other setup. meta.json's "reruns" says which setups were measured again, when and why;
+    the summary, plots and report are built again."""
+    new = read_runs_csv(new_dir / "runs.csv")
+    setups = {r["setup"] for r in new if r.get("kind") == "train" and r.get("setup") != "1x1"}
+    if not setups:
+        raise ValueError(f"{new_dir / 'runs.csv'}: no runs on a setup other than 1x1")
+    old = read_runs_csv(into_dir / "runs.csv")
+    kept = [r for r in old if not _remeasured(r, setups)]
+    records = kept + [r for r in new if _remeasured(r, setups)]
+    for sub in ("runs", "logs"):
+        for path in (into_dir / sub).glob("*"):
+            if _file_of(path.stem, setups):
+                path.unlink()
+        for path in (new_dir / sub).glob("*"):
+            if _file_of(path.stem, setups):
+                shutil.copy2(path, into_dir / sub / path.name)
+    write_runs_csv(into_dir / "runs.csv", records)
+    meta_path = into_dir / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    new_meta = json.loads((new_dir / "meta.json").read_text())
+    meta.setdefault("reruns", []).append({
+        "setups": sorted(setups), "started": new_meta.get("started"),
+        "finished": new_meta.get("finished"), "steps": new_meta.get("steps"),
+        "warmup": new_meta.get("warmup"), "min_window_s": new_meta.get("min_window_s"),
+        "reps": new_meta.get("reps"), "cpu": new_meta.get("environment", {}).get("cpu"),
+        "why": why})
+    meta_path.write_text(json.dumps(meta, indent=1))
+    return build(into_dir)
 
 
 def build(out_dir: Path) -> Path:

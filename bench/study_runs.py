@@ -92,6 +92,8 @@ def train_argv(model: str, strategy: str, backend: str, batch: int, profile: Pro
     return ["--model", model, "--strategy", strategy, "--backend", backend,
             "--batch", str(batch), "--steps", str(profile.steps),
             "--warmup-steps", str(profile.warmup), "--json", str(json_path),
+            *(["--min-window-s", f"{profile.min_window_s:g}"] if profile.min_window_s > 0
+              else []),
             *profile.extra_args, *extra]
 
 
@@ -115,6 +117,12 @@ def record_from_result(doc: dict[str, Any], base: dict[str, Any]) -> dict[str, A
     link = doc.get("link_bytes") or {}
     nano = doc.get("nanoccl_bytes") or {}
     losses = [v for v in doc.get("losses", []) if v is not None]
+    # The loss after the steps asked for, the same for every row of a profile, where a run
+    # timed more steps to fill its window (--min-window-s): rows' losses stay comparable.
+    asked = doc.get("steps_asked") or doc.get("steps") or 0
+    every = doc.get("losses") or []
+    final = every[asked - 1] if 0 < asked <= len(every) and every[asked - 1] is not None \
+        else doc.get("final_loss")
     rec.update({
         "status": "ok", "seq_len": doc.get("seq_len"), "unit": doc.get("unit"),
         "steps": doc.get("steps"), "warmup_steps": doc.get("warmup_steps"),
@@ -122,7 +130,7 @@ def record_from_result(doc: dict[str, Any], base: dict[str, Any]) -> dict[str, A
         "samples_per_s": doc.get("samples_per_s"), "units_per_s": doc.get("units_per_s"),
         "step_time_mean_s": doc.get("step_time_mean_s"),
         "step_time_std_s": doc.get("step_time_std_s"),
-        "final_loss": doc.get("final_loss"), "first_loss": losses[0] if losses else None,
+        "final_loss": final, "first_loss": losses[0] if losses else None,
         "peak_rss_mb": doc.get("peak_rss_mb_max"), "params": doc.get("params"),
         "link_tx_bytes": link.get("tx_bytes"), "link_rx_bytes": link.get("rx_bytes"),
         "nanoccl_sent_bytes": nano.get("sent"), "nanoccl_inter_sent_bytes": nano.get("inter_sent"),

@@ -12,7 +12,9 @@ counters (/sys/class/net/<if>/statistics) when the ranks run in emulated nodes.
 
 Timing: the first --warmup-steps steps are left out; the timed window opens and closes
 with a barrier on a separate gloo group, throughput = global samples x timed steps /
-window. Step time per step is the slowest rank's.
+window. Step time per step is the slowest rank's. With --min-window-s, the ranks agree when
+the window opens (the slowest rank's fastest warm-up step, one allreduce before the window) on
+enough timed steps to fill about that many seconds: a few steps of 40 ms measure noise.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import math
 import os
 import resource
 import statistics
@@ -41,6 +44,7 @@ from trainers.strategies import (BATCH_SPLIT, STRATEGIES, StrategyError,  # noqa
                                  TrainConfig, check_batch, env_int, make_strategy)
 
 RESULT_KIND = "nanoccl_train_result"
+MAX_TIMED_STEPS = 400  # --min-window-s's bound on a run's timed steps
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=20, help="optimizer steps, warm-up included")
     p.add_argument("--warmup-steps", type=int, default=None,
                    help="steps left out of the timing (default min(2, steps - 1))")
+    p.add_argument("--min-window-s", type=float, default=0.0,
+                   help="more timed steps than --steps gives, when needed to time about this "
+                        "many seconds (estimated from the fastest warm-up step; at most "
+                        f"{MAX_TIMED_STEPS} timed steps; needs a warm-up step; default 0: off)")
     p.add_argument("--batch", type=int, default=None,
                    help="global batch in samples (default 16 for GPT, 32 for ResNet)")
     p.add_argument("--seq-len", type=int, default=None, help="GPT context (default: the model's)")
@@ -117,6 +125,7 @@ def _bucket_cap(text: str) -> float | str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    args.steps_asked = args.steps  # --min-window-s may run more
     try:
         spec = backends.parse_backend(args.backend)
     except ValueError as exc:
@@ -132,6 +141,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     warmup = args.warmup_steps if args.warmup_steps is not None else min(2, args.steps - 1)
     if args.steps < 1 or not 0 <= warmup < args.steps:
         print("train: need --steps >= 1 and 0 <= --warmup-steps < --steps", file=sys.stderr)
+        return 2
+    if not 0 <= args.min_window_s < math.inf or (args.min_window_s > 0 and warmup < 1):
+        print(f"train: --min-window-s {args.min_window_s}: must be a finite number >= 0, "
+              "and > 0 needs a warm-up step (--warmup-steps >= 1) to estimate a step",
+              file=sys.stderr)
         return 2
     threads = args.threads or env_int("OMP_NUM_THREADS", 1)
     torch.set_num_threads(max(1, threads))
@@ -213,9 +227,16 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
     t_start = t_end = 0.0
     counters_start = counters_end = None
     stats_start = stats_end = None
-    for step in range(args.steps):
+    step = 0
+    while step < args.steps:
         if step == warmup:
-            dist.barrier(group=ctrl)
+            if args.min_window_s > 0:  # agree on the timed steps (also the window's barrier)
+                slowest = torch.tensor([min(step_s)], dtype=torch.float64)
+                dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=ctrl)
+                args.steps = warmup + timed_steps_for(args.min_window_s, float(slowest),
+                                                      args.steps - warmup)
+            else:
+                dist.barrier(group=ctrl)
             counters_start = _read_counters(ifname) if count_link else None
             stats_start = backends.nanoccl_stats(spec, strategy.comm_groups())
             t_start = time.perf_counter()
@@ -231,6 +252,7 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
             shown = f"{loss:.4f}" if loss is not None else "-"
             print(f"step {step + 1}/{args.steps} loss {shown} time {elapsed * 1000:.1f} ms"
                   + (" (warm-up)" if step < warmup else ""), flush=True)
+        step += 1
     dist.barrier(group=ctrl)
     t_end = time.perf_counter()
     counters_end = _read_counters(ifname) if count_link else None
@@ -261,6 +283,13 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
             path.write_text(line + "\n")
     dist.barrier(group=ctrl)
     return 0
+
+
+def timed_steps_for(min_window_s: float, step_s: float, at_least: int) -> int:
+    """Timed steps to fill about min_window_s at step_s a step: at least `at_least`, at most
+    MAX_TIMED_STEPS (or `at_least` if that is more)."""
+    wanted = math.ceil(min_window_s / step_s) if step_s > 0 else MAX_TIMED_STEPS
+    return max(at_least, min(wanted, MAX_TIMED_STEPS))
 
 
 def combine_losses(strategy: str, per_rank: list[list[float | None]]) -> list[float | None]:
@@ -313,6 +342,7 @@ def summarize(args: argparse.Namespace, spec: backends.BackendSpec, strategy: An
         "params": strategy.params, "description": strategy.describe(),
         "global_batch": batch, "seq_len": seq_len if gpt else None, "unit": unit,
         "steps": steps, "warmup_steps": warmup, "timed_steps": timed, "threads": threads,
+        "min_window_s": args.min_window_s, "steps_asked": args.steps_asked,
         "microbatches": getattr(strategy, "microbatches", None),
         "schedule": args.schedule if args.strategy == "pp" else None,
         "bucket_cap_mb": getattr(strategy.cfg, "bucket_cap_mb", args.bucket_cap_mb),

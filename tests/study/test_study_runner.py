@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import os
 import shutil
 import subprocess
@@ -115,6 +116,84 @@ def test_summarize_scaling_and_volume() -> None:
     assert dp.net_gbps_ref == pytest.approx(0.32)
     assert dp.link_util == pytest.approx(0.16)
     assert rows[("1x1", "single")].scaling == pytest.approx(1.0)
+
+
+def _study_dir(root: Path, records: list[dict[str, object]], files: list[str],
+               started: str) -> Path:
+    root.mkdir()
+    for sub in ("runs", "logs"):
+        (root / sub).mkdir()
+    for name in files:
+        (root / "runs" / f"{name}.json").write_text(started)
+        (root / "logs" / f"{name}.log").write_text(started)
+    study_report.write_runs_csv(root / "runs.csv", records)
+    (root / "meta.json").write_text(json.dumps({"started": started, "steps": 6, "warmup": 2,
+                                                "min_window_s": 2.0, "reps": 1,
+                                                "environment": {"cpu": "cpu " + started}}))
+    return root
+
+
+def test_merge_puts_a_setup_measured_again_in_place_of_the_studys(tmp_path: Path) -> None:
+    base = {"model": "m", "batch": 8, "unit": "tokens", "status": "ok", "timed_steps": 4,
+            "step_time_mean_s": 0.1, "strategy": "single", "backend": "-", "world": 1,
+            "nodes": 1}
+    t1 = {**base, "kind": "baseline", "setup": "1x1", "concurrency": 1, "units_per_s": 1000.0}
+    shared = {**base, "kind": "baseline", "setup": "1x1", "concurrency": 2}
+    run = {**base, "kind": "train", "strategy": "dp", "backend": "gloo", "world": 2, "rep": 0}
+    old = _study_dir(tmp_path / "study", [
+        t1, {**shared, "for_setup": "1x2", "units_per_s": 800.0},
+        {**shared, "for_setup": "2x1", "units_per_s": 900.0},
+        {**run, "setup": "1x2", "nodes": 1, "units_per_s": 800.0},
+        {**run, "setup": "2x1", "nodes": 2, "units_per_s": 360.0}],
+        ["m_baseline_x1_b8_r0_c0", "m_baseline_x2_for1x2_b8_r0_c0",
+         "m_baseline_x2_for2x1_b8_r0_c0", "m_1x2_dp_gloo_b8_r0", "m_2x1_dp_gloo_b8_r0"], "old")
+    new = _study_dir(tmp_path / "again", [
+        {**t1, "units_per_s": 5.0}, {**shared, "for_setup": "1x2", "units_per_s": 1000.0},
+        {**run, "setup": "1x2", "nodes": 1, "units_per_s": 1600.0}],
+        ["m_baseline_x1_b8_r0_c0", "m_baseline_x2_for1x2_b8_r0_c0", "m_1x2_dp_gloo_b8_r0"],
+        "new")
+    report = study_report.merge(new, old, "more steps")
+    rows = {(r["kind"], r["setup"], r["for_setup"], r["units_per_s"])
+            for r in study_report.read_runs_csv(old / "runs.csv")}
+    assert rows == {("baseline", "1x1", "", "1000.0"), ("baseline", "1x1", "1x2", "1000.0"),
+                    ("baseline", "1x1", "2x1", "900.0"), ("train", "1x2", "", "1600.0"),
+                    ("train", "2x1", "", "360.0")}
+    with (old / "summary.csv").open() as fh:
+        summary = {r["setup"]: float(r["scaling"]) for r in csv.DictReader(fh)}
+    assert summary["1x2"] == pytest.approx(0.8) and summary["2x1"] == pytest.approx(0.2)
+    for sub, ext in (("runs", "json"), ("logs", "log")):
+        text = {p.stem: p.read_text() for p in (old / sub).glob(f"*.{ext}")}
+        assert text == {"m_baseline_x1_b8_r0_c0": "old", "m_baseline_x2_for1x2_b8_r0_c0": "new",
+                        "m_baseline_x2_for2x1_b8_r0_c0": "old", "m_1x2_dp_gloo_b8_r0": "new",
+                        "m_2x1_dp_gloo_b8_r0": "old"}
+    meta = json.loads((old / "meta.json").read_text())
+    assert meta["started"] == "old"
+    assert meta["reruns"] == [{"setups": ["1x2"], "started": "new", "finished": None,
+                               "steps": 6, "warmup": 2, "min_window_s": 2.0, "reps": 1,
+                               "cpu": "cpu new", "why": "more steps"}]
+    assert "Setups 1x2 measured again on new" in report.read_text()
+
+
+def test_merge_refuses_what_it_cannot_merge(tmp_path: Path) -> None:
+    t1 = {"model": "m", "batch": 8, "kind": "baseline", "setup": "1x1", "concurrency": 1,
+          "status": "ok"}
+    only_t1 = _study_dir(tmp_path / "t1", [t1], [], "t1")
+    with pytest.raises(ValueError, match="no runs on a setup other than 1x1"):
+        study_report.merge(only_t1, tmp_path / "missing", "")
+    proc = run_study(["--merge", str(only_t1)], timeout_s=60)
+    assert proc.returncode == 2 and "--merge NEW and --into DIR go together" in proc.stderr
+    proc = run_study(["--merge", str(only_t1), "--into", str(tmp_path / "missing")],
+                     timeout_s=60)
+    assert proc.returncode == 1 and "no runs on a setup other than 1x1" in proc.stderr
+
+
+def test_full_profile_times_about_two_seconds_a_run() -> None:
+    argv = study.train_argv("gpt2-tiny", "dp", "gloo", 8, study.PROFILES["full"], "x.json")
+    assert argv[argv.index("--min-window-s") + 1] == "2"
+    assert "--min-window-s" not in study.train_argv("gpt2-nano", "dp", "gloo", 8,
+                                                    study.PROFILES["smoke"], "x.json")
+    proc = run_study(["--profile", "smoke", "--dry-run", "--min-window-s", "-1"], timeout_s=60)
+    assert proc.returncode != 0 and "--min-window-s must be a finite number" in proc.stderr
 
 
 def test_report_shows_each_codecs_loss_against_the_lossless_run() -> None:

@@ -131,6 +131,43 @@ def test_unsupported_combinations_fail_cleanly(tmp_path: Path) -> None:
     assert "zero2 and zero3 only" in res.output
 
 
+def test_timed_steps_for_a_window() -> None:
+    from trainers.train import MAX_TIMED_STEPS, timed_steps_for
+
+    assert timed_steps_for(2.0, 0.04, 4) == 50  # 40 ms steps: 50 fill 2 s
+    assert timed_steps_for(2.0, 1.0, 4) == 4  # long steps: --steps as given
+    assert timed_steps_for(100.0, 0.001, 4) == MAX_TIMED_STEPS
+    assert timed_steps_for(2.0, 0.0, 4) == MAX_TIMED_STEPS  # no estimate: the bound
+    assert timed_steps_for(2.0, 0.001, MAX_TIMED_STEPS + 5) == MAX_TIMED_STEPS + 5
+
+
+@pytest.mark.timeout(120)
+def test_min_window_both_ranks_run_the_same_more_steps(tmp_path: Path) -> None:
+    """--min-window-s: the ranks agree on the timed steps when the window opens (a rank that
+    ran a different count would hang its peer or fail the gather of step times)."""
+    res = launch(2, COMMON + ["--strategy", "dp", "--min-window-s", "0.3"], tmp_path)
+    assert res.ok, res.output[-3000:]
+    assert res.result is not None
+    r = res.result
+    assert r["min_window_s"] == 0.3 and r["warmup_steps"] == 1
+    assert r["steps"] == r["warmup_steps"] + r["timed_steps"]
+    assert 2 <= r["timed_steps"] <= 400
+    # Both ranks' step times and losses, every step: the slowest rank's, the mean loss.
+    assert len(r["step_time_s"]) == len(r["losses"]) == r["steps"]
+    assert all(v is not None and math.isfinite(v) for v in r["losses"])
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("extra", [["--min-window-s", "-1"], ["--min-window-s", "nan"],
+                                   ["--min-window-s", "inf"],
+                                   ["--min-window-s", "1", "--warmup-steps", "0"]])
+def test_a_bad_min_window_is_refused(extra: list[str], tmp_path: Path) -> None:
+    res = launch(1, ["--model", "gpt2-nano", "--strategy", "single", "--steps", "3",
+                     "--standalone", *extra], tmp_path)
+    assert res.returncodes == [2], res.output[-2000:]
+    assert "--min-window-s" in res.output
+
+
 @pytest.mark.timeout(150)
 def test_dp_with_the_tuned_bucket(single: dict[str, Any], tmp_path: Path,
                                   monkeypatch: pytest.MonkeyPatch) -> None:
