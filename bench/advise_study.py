@@ -20,7 +20,10 @@ advisor (torch_ext/nanoccl/advise.py) predicts the step time and the scaling fac
   global batch and at a quarter of it), which every rank runs whole;
 - the backend: nanoccl as configured; nanoccl+<codec> with that codec (DDP's hook and the
   group's compression); Gloo as nanoccl forced to the flat ring (algo=ring), the closest of
-  nanoccl's rows to Gloo's ring allreduce (a stand-in: Gloo is not modelled).
+  nanoccl's rows to Gloo's ring allreduce (a stand-in: Gloo is not modelled), but on one
+  node of two ranks as Gloo measured over TCP loopback on this machine
+  (results/advise/gloo_probe.json, `--probe-gloo`), its calls exposed: the kernel's copies
+  run on the cores the ranks compute on, they do not hide under backward.
 It writes results/advise/README.md (the table, the relative error of the scaling factor per
 row, Spearman's rank correlation per setup), study_predictions.csv and a PNG.
 """
@@ -43,9 +46,11 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
 from nanoccl import advise  # noqa: E402
+from trainers.backends import parse_backend  # noqa: E402
 
 TUNED_PROFILE = REPO / "results" / "tuning" / "grid_2x2_1gbit.json"
 FRAMEWORK_PROBE = REPO / "results" / "advise" / "framework_probe.json"
+GLOO_PROBE = REPO / "results" / "advise" / "gloo_probe.json"
 PROBE_REPEATS, PROBE_STEPS, PROBE_WARMUP = 3, 16, 4
 SMALLEST_SHARE = 4  # the study's largest world: its rank's batch is the probe's small one
 MACHINE_CORES = 2
@@ -67,15 +72,124 @@ class GlooStandIn(advise.Predictor):
     """Gloo's calls as nanoccl's flat ring rows (settings algo=ring): the closest rows, not a
     model of Gloo. One difference is taken from the study's link counters: Gloo has no
     reduce-scatter, torch runs FSDP2's as an allreduce (the link bytes of zero2/zero3 with Gloo
-    are DP's plus the allgathers'), so reduce-scatters are priced as allreduces."""
+    are DP's plus the allgathers'), so reduce-scatters are priced as allreduces. On one node
+    of GLOO_RANKS ranks, with `loopback` (probe_gloo's fit per op), a call's time is Gloo's
+    measured over TCP loopback instead of nanoccl's over shared memory, and exposed: it is
+    the kernel's copying on the cores the ranks compute on, it cannot hide under backward."""
 
-    def __init__(self, cluster: advise.Cluster, profile: str) -> None:
+    def __init__(self, cluster: advise.Cluster, profile: str,
+                 loopback: dict[str, dict[str, float]] | None = None) -> None:
         super().__init__(cluster, profile, {"algo": "ring"})
+        one_node = cluster.nodes == 1 and cluster.per_node == GLOO_RANKS
+        self.loopback = loopback if one_node else None
 
     def price(self, call: advise.Call, codec: str) -> advise.Priced:
         if call.op == "reduce_scatter":
-            return super().price(advise.Call("allreduce", call.count, call.phase), codec)
-        return super().price(call, codec)
+            call = advise.Call("allreduce", call.count, call.phase)
+        priced = super().price(call, codec)
+        fit = (self.loopback or {}).get(call.op)
+        if fit is None or call.group != "world":
+            return priced
+        seconds = fit["alpha_us"] * 1e-6 + 4.0 * call.count / (fit["MBps"] * 1e6)
+        return dataclasses.replace(priced, seconds=seconds, exposed=True)
+
+
+GLOO_RANKS = 2  # probe_gloo's ranks: the study's one-node setup, 1x2
+GLOO_OPS = ("allreduce", "allgather", "broadcast")
+GLOO_COUNTS = (4096, 1 << 20)  # fp32 elements: 16 KiB and 4 MiB a buffer
+
+
+def _gloo_rank(rank: int, port: int, repeats: int, out: str) -> None:
+    """One of probe_gloo's ranks: each op at each size, the median of `repeats` calls."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
+                            world_size=GLOO_RANKS)
+    times: dict[str, list[float]] = {}
+    for op in GLOO_OPS:
+        for count in GLOO_COUNTS:  # the call's buffer: allgather's is its output
+            x = torch.ones(count // GLOO_RANKS if op == "allgather" else count)
+            out_buf = torch.empty(count)
+            samples = []
+            for i in range(repeats + 3):  # 3 warm-up calls
+                dist.barrier()
+                t = time.perf_counter()
+                if op == "allreduce":
+                    dist.all_reduce(x)
+                elif op == "allgather":
+                    dist.all_gather_into_tensor(out_buf, x)
+                else:
+                    dist.broadcast(x, src=0)
+                if i >= 3:
+                    samples.append(time.perf_counter() - t)
+            times.setdefault(op, []).append(statistics.median(samples))
+    if rank == 0:
+        Path(out).write_text(json.dumps(times))
+    dist.destroy_process_group()
+
+
+def probe_gloo(out: Path, repeats: int = 30, launches: int = 3) -> dict[str, Any]:
+    """Gloo's allreduce, allgather and broadcast between GLOO_RANKS processes over TCP
+    loopback, each at two buffer sizes, in `launches` fresh pairs of processes (Gloo's
+    latency moves from one launch to the next: 0.4 to 1.5 ms for 16 KiB here); per op the
+    line through the median times (latency alpha_us, then MBps of the call's buffer),
+    written to `out`."""
+    import datetime
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    runs = []
+    for _ in range(launches):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        with tempfile.TemporaryDirectory() as tmp:
+            result = Path(tmp) / "gloo.json"
+            mp.start_processes(_gloo_rank, args=(port, repeats, str(result)),
+                               nprocs=GLOO_RANKS, start_method="spawn")
+            runs.append(json.loads(result.read_text()))
+    fits = {}
+    small, large = (4.0 * c for c in GLOO_COUNTS)
+    for op in GLOO_OPS:
+        t_small, t_large = (statistics.median(r[op][i] for r in runs) for i in range(2))
+        mbps = (large - small) / max(t_large - t_small, 1e-9) / 1e6
+        fits[op] = {"alpha_us": max(0.0, t_small - small / (mbps * 1e6)) * 1e6, "MBps": mbps,
+                    "seconds": [t_small, t_large], "launches": [r[op] for r in runs]}
+    doc = {"what": f"Gloo between {GLOO_RANKS} processes over TCP loopback on this machine, one "
+                   "thread each: per op and launch the median of the calls at buffers of "
+                   f"{small / 1024:g} KiB and {large / 2**20:g} MiB (allgather: its output), "
+                   f"and the line through the medians of {launches} launches",
+           "command": "python bench/advise_study.py results/study/full --probe-gloo",
+           "measured": datetime.datetime.now().isoformat(timespec="seconds"),
+           "repeats": repeats, "launches": launches, "ops": fits}
+    out.write_text(json.dumps(doc, indent=1) + "\n")
+    for op, fit in fits.items():
+        print(f"gloo {op}: {fit['alpha_us']:.0f} us + buffer / {fit['MBps']:.0f} MB/s")
+    return doc
+
+
+def gloo_text(path: Path = GLOO_PROBE) -> str:
+    """probe_gloo's fits in words, for the README."""
+    ops = gloo_loopback(path)
+    if ops is None:
+        return "nanoccl's too (no gloo_probe.json)"
+    doc = json.loads(path.read_text())
+    return (f"Gloo over TCP loopback measured here (gloo_probe.json, {doc['measured'][:10]}: "
+            + ", ".join(f"{op} {f['alpha_us']:.0f} us + buffer / {f['MBps']:.0f} MB/s"
+                        for op, f in ops.items()) + ")")
+
+
+def gloo_loopback(path: Path) -> dict[str, dict[str, float]] | None:
+    """probe_gloo's fits by op; None where there is no file."""
+    if not path.is_file():
+        return None
+    return json.loads(path.read_text())["ops"]
 
 
 def spearman(a: list[float], b: list[float]) -> float:
@@ -177,7 +291,8 @@ def probe_text(path: Path = FRAMEWORK_PROBE) -> str:
 
 def predict_row(row: dict[str, str], measured: dict[str, Any],
                 specs: dict[tuple[str, int], advise.ModelSpec],
-                fractions: dict[tuple[str, int], dict[str, float]]) -> dict[str, Any]:
+                fractions: dict[tuple[str, int], dict[str, float]],
+                loopback: dict[str, dict[str, float]] | None = None) -> dict[str, Any]:
     model, strategy, backend = row["model"], row["strategy"], row["backend"]
     batch, world = int(row["batch"]), int(row["world"])
     cluster = advise.parse_cluster(row["setup"])
@@ -191,10 +306,12 @@ def predict_row(row: dict[str, str], measured: dict[str, Any],
         rate / 1e9, measured["inter"]["alpha_us"], measured["intra"]["pair_MBps"] * 8 / 1e3,
         measured["intra"]["alpha_us"], cpu_share=min(1.0, MACHINE_CORES / world),
         cpu_rates=measured["text"])
-    codec = backend.partition("+")[2] or "none"
-    predictor = (GlooStandIn(cluster, profile) if backend == "gloo"
+    parsed = parse_backend(backend)  # nanoccl+int4+qwz: int4, parameters gathered as int8
+    codec, gather = parsed.codec or "none", parsed.gather_codec or "none"
+    predictor = (GlooStandIn(cluster, profile, loopback) if backend == "gloo"
                  else advise.Predictor(cluster, profile))
-    cfg = advise.Config(strategy, codec, microbatches=world, schedule="1f1b")
+    cfg = advise.Config(strategy, codec, gather_codec=gather, microbatches=world,
+                        schedule="1f1b")
     # A negative fraction (noise) counts as none: advise.framework_seconds() clamps it.
     framework = {s: v * one_device_s for s, v in fractions.get(key, {}).items()}
     optimizer_s = framework.pop("optimizer", 0.0)
@@ -267,7 +384,9 @@ def write_readme(out: Path, rows: list[dict[str, Any]], command: str) -> dict[st
               "nanoccl's hierarchical stages on 2x2 are slower than their profile rates say "
               "(the cost model's own caveat, results/tuning/README.md); the pipeline's idle "
               "stages give their cores to the busy ones, so it runs faster than predicted. "
-              "Gloo rows are priced as nanoccl's flat ring (a stand-in, not a model of Gloo)."]
+              "Gloo rows are priced as nanoccl's flat ring (a stand-in, not a model of Gloo), "
+              "on one node of two ranks as " + gloo_text() + ", each call added to the step "
+              "(the kernel's TCP copies take the cores the ranks compute on)."]
     misses: dict[str, list[str]] = defaultdict(list)
     for r in rows:
         if abs(r["rel_error"]) > 0.25:
@@ -412,14 +531,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--probe-framework", action="store_true",
                    help=f"measure the strategies' framework time on one rank here first "
                    f"(a few minutes; writes {FRAMEWORK_PROBE.relative_to(REPO)})")
+    p.add_argument("--probe-gloo", action="store_true",
+                   help=f"measure Gloo over TCP loopback here first (seconds; writes "
+                   f"{GLOO_PROBE.relative_to(REPO)})")
     args = p.parse_args(argv)
     if args.probe_framework:
         probe_framework(args.study, FRAMEWORK_PROBE)
+    if args.probe_gloo:
+        probe_gloo(GLOO_PROBE)
     fractions = framework_fractions(FRAMEWORK_PROBE)
+    loopback = gloo_loopback(GLOO_PROBE)
     measured = measured_profile()
     specs: dict[tuple[str, int], advise.ModelSpec] = {}
     with (args.study / "summary.csv").open() as f:
-        rows = [predict_row(r, measured, specs, fractions) for r in csv.DictReader(f)
+        rows = [predict_row(r, measured, specs, fractions, loopback) for r in csv.DictReader(f)
                 if r["strategy"] != "single" and r["scaling"]]
     args.out.mkdir(parents=True, exist_ok=True)
     with (args.out / "study_predictions.csv").open("w", newline="") as f:

@@ -270,6 +270,49 @@ def test_framework_time_is_on_each_strategys_critical_path() -> None:
         advise.advise(spec, cluster, PROFILE, 1.0, math.inf, framework_s={"pp": 0.1})
 
 
+class _Exposed(advise.Predictor):
+    """Every call the rank's own cores' work (as GlooStandIn's on one node)."""
+
+    def price(self, call: advise.Call, codec: str) -> advise.Priced:
+        return dataclasses.replace(super().price(call, codec), exposed=True)
+
+
+def test_an_exposed_call_adds_to_the_step_instead_of_hiding_under_compute() -> None:
+    spec = advise.model_spec(MODEL, BATCH, SEQ)
+    for strategy in ("dp", "zero1", "zero2", "zero3", "hsdp", "tp"):
+        cluster = advise.Cluster(2, 1 if strategy == "tp" else 2)
+        bucket = 0.05 if strategy in ("dp", "zero1") else None  # buckets ready in backward
+        cfgs = [advise.evaluate(spec, cluster, predictor(cluster, PROFILE),
+                                advise.Config(strategy, bucket_mb=bucket), 1.0, math.inf)
+                for predictor in (advise.Predictor, _Exposed)]
+        hidden, exposed = cfgs
+        assert exposed.comm_s == pytest.approx(hidden.comm_s) and hidden.comm_s > 0, strategy
+        if strategy == "tp":  # its calls are on the critical path either way
+            assert exposed.step_s == pytest.approx(hidden.step_s)
+            continue
+        # The compute (a quarter of 1 s a rank), then every call after it.
+        assert exposed.step_s == pytest.approx(0.25 + exposed.comm_s), strategy
+        assert exposed.step_s > hidden.step_s, strategy
+
+
+def test_the_gloo_stand_in_prices_one_node_as_gloo_over_loopback() -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    import advise_study
+
+    fit = {"allreduce": {"alpha_us": 400.0, "MBps": 1000.0}}
+    one_node = advise_study.GlooStandIn(advise.Cluster(1, 2), PROFILE, fit)
+    p = one_node.price(advise.Call("allreduce", 1 << 20, "backward"), "none")
+    assert p.exposed and p.seconds == pytest.approx(400e-6 + 4 * (1 << 20) / 1e9)
+    # Gloo has no reduce-scatter: torch runs an allreduce of the same buffer.
+    rs = one_node.price(advise.Call("reduce_scatter", 1 << 20, "backward"), "none")
+    assert rs.seconds == pytest.approx(p.seconds) and rs.call.op == "allreduce"
+    # No fit for the op, or across nodes: nanoccl's flat ring stands in, overlapped.
+    assert not one_node.price(advise.Call("broadcast", 1 << 20, "step"), "none").exposed
+    two_nodes = advise_study.GlooStandIn(advise.Cluster(2, 1), PROFILE, fit)
+    assert not two_nodes.price(advise.Call("allreduce", 1 << 20, "backward"), "none").exposed
+    assert advise_study.gloo_loopback(Path("/nonexistent/gloo_probe.json")) is None
+
+
 def test_a_tp_rank_computes_its_share_of_the_blocks_and_the_whole_head() -> None:
     small = advise.model_spec("gpt2-small", 16)
     blocks, head = 12 * 768**2 * 12, 50257 * 768

@@ -136,6 +136,18 @@ class Priced:
     codec: str
     intra_bytes: float  # sent over all ranks
     inter_bytes: float
+    # The call's time is the rank's own cores' work (Gloo's TCP over loopback on CPU ranks
+    # that fill the machine): it cannot hide under compute, it adds to the step.
+    exposed: bool = False
+
+
+def hidden_seconds(priced: Sequence[Priced]) -> list[float]:
+    """Each call's time for the overlap schedules: an exposed call's none (exposed_seconds)."""
+    return [0.0 if p.exposed else p.seconds for p in priced]
+
+
+def exposed_seconds(priced: Sequence[Priced]) -> float:
+    return sum(p.seconds for p in priced if p.exposed)
 
 
 class Predictor:
@@ -346,8 +358,8 @@ def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Confi
         buckets = ddp_buckets(spec, cfg.bucket_mb)
         priced = [price(c) for c, _ in buckets]
         total = sum(nbytes for nbytes, _ in spec.grads)
-        end = ddp_step_seconds([p.seconds for p in priced], [r for _, r in buckets], total, bwd)
-        cfg.step_s = fwd + max(bwd, end) + cfg.optimizer_s
+        end = ddp_step_seconds(hidden_seconds(priced), [r for _, r in buckets], total, bwd)
+        cfg.step_s = fwd + max(bwd, end) + cfg.optimizer_s + exposed_seconds(priced)
         if cfg.strategy == "zero1":
             priced += [price(c) for c in zero1_broadcasts(spec, n)]
             cfg.step_s += sum(p.seconds for p in priced[len(buckets):])
@@ -357,18 +369,19 @@ def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Confi
                                             hpz=cfg.strategy == "zero3-hpz")
         groups = [[price(c) for c in calls] for calls in (forward, again, reduce)]
         shares = [u / spec.params for u in spec.units]
-        cfg.step_s = fsdp_step(fwd, bwd, shares, *[[p.seconds for p in g] for g in groups])
-        cfg.step_s += cfg.optimizer_s
+        cfg.step_s = fsdp_step(fwd, bwd, shares, *[hidden_seconds(g) for g in groups])
         priced = [p for g in groups for p in g]
+        cfg.step_s += cfg.optimizer_s + exposed_seconds(priced)
     elif cfg.strategy == "hsdp":  # a unit's reduce-scatter, then its shard across nodes
         forward, reduce, cross = hsdp_calls(spec, cluster.per_node)
         gathers, scatters, allreduces = [[price(c) for c in calls]
                                          for calls in (forward, reduce, cross)]
         shares = [u / spec.params for u in spec.units]
-        cfg.step_s = fsdp_step(fwd, bwd, shares, [p.seconds for p in gathers], [],
-                               [a.seconds + b.seconds for a, b in zip(scatters, allreduces)])
-        cfg.step_s += cfg.optimizer_s
+        cfg.step_s = fsdp_step(fwd, bwd, shares, hidden_seconds(gathers), [],
+                               [a + b for a, b in zip(hidden_seconds(scatters),
+                                                      hidden_seconds(allreduces))])
         priced = gathers + scatters + allreduces
+        cfg.step_s += cfg.optimizer_s + exposed_seconds(priced)
     elif cfg.strategy == "tp":
         priced = [price(c) for c in tp_calls(spec)]
         cfg.step_s = (batch_s * tp_compute_share(spec, n) + fixed_s + cfg.optimizer_s
