@@ -296,8 +296,7 @@ def test_an_exposed_call_adds_to_the_step_instead_of_hiding_under_compute() -> N
 
 
 def test_the_gloo_stand_in_prices_one_node_as_gloo_over_loopback() -> None:
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    import advise_study
+    import advise_study  # bench/ is on sys.path through study_helpers
 
     fit = {"allreduce": {"alpha_us": 400.0, "MBps": 1000.0}}
     one_node = advise_study.GlooStandIn(advise.Cluster(1, 2), PROFILE, fit)
