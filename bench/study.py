@@ -11,6 +11,7 @@
     python bench/study.py --profile full --setups 1x2 --out NEW   # some setups again, then
     python bench/study.py --merge NEW --into results/study/full --why TEXT   # in place of
                                                      # the study's (meta.json: "reruns")
+    (across nodes, measure them at the study's link rates: --dilation-of results/study/full)
 
 Setups are "nodes x ranks per node" (the studies' servers x GPUs): 1x1, 1x2, 2x1, 2x2, 4x1.
 Every setup runs in an EmuCluster (bench/emucluster.py): each node a network namespace,
@@ -65,8 +66,8 @@ from emucluster import (EmuCluster, EmuClusterError, NO_PRIVILEGE_HELP,  # noqa:
 from study_plan import (GPT_STRATEGIES, PROFILES, Baseline, Block, Plan,  # noqa: E402, F401
                         Profile, Run, Setup, applicable, build_plan)
 from study_runs import (TRAIN, Dilation, compute_dilation, environment,  # noqa: E402, F401
-                        rate_text, record_from_result, reference_for, run_baseline,
-                        run_in_cluster, train_argv)
+                        rate_text, record_from_result, recorded_dilation, reference_for,
+                        run_baseline, run_in_cluster, train_argv)
 from study_cluster import cluster_commands, collect, run_inside  # noqa: E402, F401
 
 
@@ -162,7 +163,8 @@ def execute(plan: Plan, args: argparse.Namespace, out_dir: Path) -> int:
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"), "steps": prof.steps,
         "warmup": prof.warmup, "min_window_s": prof.min_window_s, "reps": prof.reps,
         "rate": args.rate,
-        "dilation_mode": args.dilation, "no_shaping": args.no_shaping,
+        "dilation_mode": f"of {args.dilation_of}" if args.dilation_of else args.dilation,
+        "no_shaping": args.no_shaping,
         "ref_batch": prof.ref_batch, "notes": plan.notes, "environment": environment(),
         "dilation": {},
     }
@@ -199,7 +201,9 @@ def execute(plan: Plan, args: argparse.Namespace, out_dir: Path) -> int:
             step = float(ok[0]["step_time_mean_s"]) if ok else None
             params = int(ok[0]["params"]) if ok else None
             try:
-                dil = compute_dilation(base.model, args.dilation, base_rate, step, params)
+                dil = (recorded_dilation(Path(args.dilation_of), base.model)
+                       if args.dilation_of else
+                       compute_dilation(base.model, args.dilation, base_rate, step, params))
             except ValueError as exc:
                 print(f"study: {exc}", file=sys.stderr)
                 save()
@@ -290,6 +294,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--rate", default="1gbit", help="the link rate the study stands for")
     p.add_argument("--dilation", default="auto",
                    help="auto (keep the reference's compute/comm ratio), none, or a factor")
+    p.add_argument("--dilation-of", default=None, metavar="DIR",
+                   help="the time dilation (link rate per model) of the study in DIR, to "
+                        "measure some of its setups again for --merge")
     p.add_argument("--no-shaping", action="store_true",
                    help="no namespaces: all nodes on the host loopback, unshaped (no root)")
     p.add_argument("--models", type=_csv, default=None, help="override, comma-separated")
@@ -393,6 +400,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         cluster_commands(plan, args)
         return 0
     plan = build_plan(prof)
+    if args.dilation_of:
+        if args.dilation != "auto" or args.no_shaping:
+            print("study: --dilation-of takes the link rates of a study: not with --dilation "
+                  "or --no-shaping", file=sys.stderr)
+            return 2
+        try:
+            for model in prof.models:
+                recorded_dilation(Path(args.dilation_of), model)
+        except ValueError as exc:
+            print(f"study: {exc}", file=sys.stderr)
+            return 2
     if args.dry_run:
         print_plan(plan, args)
         return 0

@@ -621,6 +621,23 @@ def _file_of(name: str, setups: set[str]) -> bool:
     return (len(parts) > 1 and parts[1] in setups) or any(f"_for{s}_" in name for s in setups)
 
 
+def _check_link_rates(new: list[dict[str, Any]], dilation: dict[str, Any],
+                      into_dir: Path) -> None:
+    """Runs across nodes measured at another link rate than the study's (another time
+    dilation) would mix two emulated clusters in one table: refused. One node's ranks talk
+    over its loopback, so its runs merge whatever rate their study computed."""
+    for rec in new:
+        if rec.get("kind") != "train" or int(rec.get("nodes") or 1) < 2:
+            continue
+        want = (dilation.get(rec.get("model")) or {}).get("rate_bits")
+        got = _num(rec.get("rate_bits"))
+        if want is not None and got is not None and int(got) != int(want):
+            raise ValueError(
+                f"{rec.get('model')} on {rec.get('setup')} was measured with links at "
+                f"{int(got)} bit/s, the study in {into_dir} at {int(want)} bit/s (its time "
+                f"dilation): measure again with --dilation-of {into_dir}")
+
+
 def merge(new_dir: Path, into_dir: Path, why: str) -> Path:
     """Puts the setups measured in new_dir (a study run with --setups) into the study of
     into_dir in place of its own: their runs, their T_1 under the same CPU sharing, their
@@ -631,6 +648,9 @@ def merge(new_dir: Path, into_dir: Path, why: str) -> Path:
     setups = {r["setup"] for r in new if r.get("kind") == "train" and r.get("setup") != "1x1"}
     if not setups:
         raise ValueError(f"{new_dir / 'runs.csv'}: no runs on a setup other than 1x1")
+    meta_path = into_dir / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    _check_link_rates(new, meta.get("dilation", {}), into_dir)
     old = read_runs_csv(into_dir / "runs.csv")
     kept = [r for r in old if not _remeasured(r, setups)]
     records = kept + [r for r in new if _remeasured(r, setups)]
@@ -642,8 +662,6 @@ def merge(new_dir: Path, into_dir: Path, why: str) -> Path:
             if _file_of(path.stem, setups):
                 shutil.copy2(path, into_dir / sub / path.name)
     write_runs_csv(into_dir / "runs.csv", records)
-    meta_path = into_dir / "meta.json"
-    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     new_meta = json.loads((new_dir / "meta.json").read_text())
     meta.setdefault("reruns", []).append({
         "setups": sorted(setups), "started": new_meta.get("started"),

@@ -86,6 +86,26 @@ def compute_dilation(model: str, mode: str, base_rate_bits: int | None, step_s: 
     return Dilation(model, int(rate), factor, text)
 
 
+def recorded_dilation(study_dir: Path, model: str) -> Dilation:
+    """The time dilation a study in study_dir ran `model` under (its meta.json), to measure
+    some of its setups again at the same link rate (--dilation-of, then --merge)."""
+    meta_path = Path(study_dir) / "meta.json"
+    try:
+        meta = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise ValueError(f"--dilation-of: cannot read {meta_path}: {exc}") from exc
+    rec = meta.get("dilation", {}).get(model) if isinstance(meta, dict) else None
+    if not isinstance(rec, dict) or "factor" not in rec or "rate_bits" not in rec:
+        raise ValueError(f"--dilation-of: {meta_path} records no time dilation for {model}")
+    rate = rec["rate_bits"]
+    if rate is not None and (not isinstance(rate, int) or rate <= 0):
+        raise ValueError(f"--dilation-of: {meta_path}: {model}'s rate_bits is {rate!r}")
+    factor = float(rec["factor"])
+    where = f"links at {rate_text(rate)}" if rate else "links unshaped"
+    return Dilation(model, rate, factor,
+                    f"D = {factor:.1f} as in {study_dir} ({where})")
+
+
 # ------------------------------------------------------------------------------- running
 def train_argv(model: str, strategy: str, backend: str, batch: int, profile: Profile,
                json_path: Path | str, extra: Sequence[str] = ()) -> list[str]:

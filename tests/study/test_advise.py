@@ -312,6 +312,27 @@ def test_the_gloo_stand_in_prices_one_node_as_gloo_over_loopback() -> None:
     assert advise_study.gloo_loopback(Path("/nonexistent/gloo_probe.json")) is None
 
 
+def test_the_study_check_counts_setups_meeting_the_criterion(tmp_path: Path) -> None:
+    """A setup meets it with every row within 25%, or with its rank order right."""
+    import advise_study
+
+    def row(setup: str, backend: str, measured: float, predicted: float) -> dict[str, object]:
+        return {"model": "gpt2-tiny", "batch": 16, "setup": setup, "strategy": "dp",
+                "backend": backend, "measured_step_s": 1.0, "predicted_step_s": 1.0,
+                "measured_S": measured, "predicted_S": predicted,
+                "rel_error": predicted / measured - 1, "measured_inter_mb": math.nan,
+                "measured_link_mb": math.nan, "predicted_inter_mb": 0.0,
+                "measured_sent_mb": math.nan, "predicted_sent_mb": 0.0}
+
+    rows = [row("2x1", "a", 0.1, 0.2), row("2x1", "b", 0.2, 0.3), row("2x1", "c", 0.3, 0.4),
+            row("2x2", "a", 0.1, 0.3), row("2x2", "b", 0.2, 0.1), row("2x2", "c", 0.3, 0.2),
+            row("1x2", "a", 0.5, 0.55), row("1x2", "b", 0.6, 0.5), row("1x2", "c", 0.7, 0.6)]
+    summary = advise_study.write_readme(tmp_path, rows, "cmd")
+    assert (summary["met"], summary["groups"]) == (2, 3)
+    text = (tmp_path / "README.md").read_text()
+    assert "Spearman >= 0.8: 2 of 3 (not: gpt2-tiny b16 2x2)." in text
+
+
 def test_a_tp_rank_computes_its_share_of_the_blocks_and_the_whole_head() -> None:
     small = advise.model_spec("gpt2-small", 16)
     blocks, head = 12 * 768**2 * 12, 50257 * 768

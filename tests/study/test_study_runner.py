@@ -187,6 +187,54 @@ def test_merge_refuses_what_it_cannot_merge(tmp_path: Path) -> None:
     assert proc.returncode == 1 and "no runs on a setup other than 1x1" in proc.stderr
 
 
+def test_merge_refuses_runs_across_nodes_at_another_link_rate(tmp_path: Path) -> None:
+    base = {"model": "m", "batch": 8, "unit": "tokens", "status": "ok", "timed_steps": 4,
+            "step_time_mean_s": 0.1, "strategy": "dp", "backend": "gloo", "world": 2,
+            "rep": 0, "kind": "train", "units_per_s": 100.0}
+    old = _study_dir(tmp_path / "study", [{**base, "setup": "2x1", "nodes": 2,
+                                           "rate_bits": 40_000_000}], [], "old")
+    meta = json.loads((old / "meta.json").read_text())
+    meta["dilation"] = {"m": {"factor": 25.0, "rate_bits": 40_000_000, "text": "D = 25"}}
+    (old / "meta.json").write_text(json.dumps(meta))
+    faster = _study_dir(tmp_path / "faster", [{**base, "setup": "2x1", "nodes": 2,
+                                               "rate_bits": 50_000_000}], [], "new")
+    with pytest.raises(ValueError, match="m on 2x1 was measured with links at 50000000 bit/s, "
+                                         r"the study in .* at 40000000 bit/s .*--dilation-of"):
+        study_report.merge(faster, old, "")
+    assert study_report.read_runs_csv(old / "runs.csv")[0]["rate_bits"] == "40000000"
+    # One node's ranks use no link: its runs merge whatever rate their study computed.
+    one_node = _study_dir(tmp_path / "one", [{**base, "setup": "1x2", "nodes": 1,
+                                              "rate_bits": 50_000_000}], [], "new")
+    study_report.merge(one_node, old, "")
+    assert {r["setup"] for r in study_report.read_runs_csv(old / "runs.csv")} == {"1x2", "2x1"}
+
+
+def test_dilation_of_takes_a_studys_link_rates(tmp_path: Path) -> None:
+    study_dir = tmp_path / "study"
+    study_dir.mkdir()
+    (study_dir / "meta.json").write_text(json.dumps({"dilation": {
+        "gpt2-nano": {"factor": 21.15, "rate_bits": 47281991, "text": "D = 21.1"}}}))
+    dil = study.recorded_dilation(study_dir, "gpt2-nano")
+    assert (dil.rate_bits, dil.factor) == (47281991, 21.15)
+    assert "47.3 Mbit/s" in dil.text
+    with pytest.raises(ValueError, match="records no time dilation for resnet18"):
+        study.recorded_dilation(study_dir, "resnet18")
+    with pytest.raises(ValueError, match="cannot read"):
+        study.recorded_dilation(tmp_path / "none", "gpt2-nano")
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "meta.json").write_text('{"dilation": {"gpt2-nano": '
+                                                '{"factor": 2, "rate_bits": -5}}}')
+    with pytest.raises(ValueError, match="rate_bits is -5"):
+        study.recorded_dilation(tmp_path / "bad", "gpt2-nano")
+    smoke = ["--profile", "smoke", "--dry-run"]
+    proc = run_study([*smoke, "--dilation-of", str(study_dir)], timeout_s=60)
+    assert proc.returncode == 0, proc.stderr
+    proc = run_study([*smoke, "--dilation-of", str(tmp_path / "bad")], timeout_s=60)
+    assert proc.returncode == 2 and "rate_bits is -5" in proc.stderr
+    proc = run_study([*smoke, "--dilation-of", str(study_dir), "--dilation", "20"], timeout_s=60)
+    assert proc.returncode == 2 and "not with --dilation" in proc.stderr
+
+
 def test_full_profile_times_about_two_seconds_a_run() -> None:
     argv = study.train_argv("gpt2-tiny", "dp", "gloo", 8, study.PROFILES["full"], "x.json")
     assert argv[argv.index("--min-window-s") + 1] == "2"
