@@ -629,7 +629,8 @@ def _check_link_rates(new: list[dict[str, Any]], dilation: dict[str, Any],
     for rec in new:
         if rec.get("kind") != "train" or int(rec.get("nodes") or 1) < 2:
             continue
-        want = (dilation.get(rec.get("model")) or {}).get("rate_bits")
+        entry = dilation.get(rec.get("model"))
+        want = _num(entry.get("rate_bits")) if isinstance(entry, dict) else None
         got = _num(rec.get("rate_bits"))
         if want is not None and got is not None and int(got) != int(want):
             raise ValueError(
@@ -650,6 +651,8 @@ def merge(new_dir: Path, into_dir: Path, why: str) -> Path:
         raise ValueError(f"{new_dir / 'runs.csv'}: no runs on a setup other than 1x1")
     meta_path = into_dir / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    if not isinstance(meta, dict) or not isinstance(meta.get("dilation", {}), dict):
+        raise ValueError(f"{meta_path}: not a study's meta.json")
     _check_link_rates(new, meta.get("dilation", {}), into_dir)
     old = read_runs_csv(into_dir / "runs.csv")
     kept = [r for r in old if not _remeasured(r, setups)]

@@ -94,13 +94,15 @@ def recorded_dilation(study_dir: Path, model: str) -> Dilation:
         meta = json.loads(meta_path.read_text())
     except (OSError, ValueError) as exc:
         raise ValueError(f"--dilation-of: cannot read {meta_path}: {exc}") from exc
-    rec = meta.get("dilation", {}).get(model) if isinstance(meta, dict) else None
+    dilations = meta.get("dilation") if isinstance(meta, dict) else None
+    rec = dilations.get(model) if isinstance(dilations, dict) else None
     if not isinstance(rec, dict) or "factor" not in rec or "rate_bits" not in rec:
         raise ValueError(f"--dilation-of: {meta_path} records no time dilation for {model}")
-    rate = rec["rate_bits"]
-    if rate is not None and (not isinstance(rate, int) or rate <= 0):
+    rate, factor = rec["rate_bits"], rec["factor"]
+    if rate is not None and (type(rate) is not int or rate <= 0):
         raise ValueError(f"--dilation-of: {meta_path}: {model}'s rate_bits is {rate!r}")
-    factor = float(rec["factor"])
+    if type(factor) not in (int, float) or not 0 < factor < float("inf"):
+        raise ValueError(f"--dilation-of: {meta_path}: {model}'s factor is {factor!r}")
     where = f"links at {rate_text(rate)}" if rate else "links unshaped"
     return Dilation(model, rate, factor,
                     f"D = {factor:.1f} as in {study_dir} ({where})")

@@ -201,6 +201,11 @@ def test_merge_refuses_runs_across_nodes_at_another_link_rate(tmp_path: Path) ->
     with pytest.raises(ValueError, match="m on 2x1 was measured with links at 50000000 bit/s, "
                                          r"the study in .* at 40000000 bit/s .*--dilation-of"):
         study_report.merge(faster, old, "")
+    good_meta = (old / "meta.json").read_text()
+    (old / "meta.json").write_text('{"dilation": [1]}')
+    with pytest.raises(ValueError, match="not a study's meta.json"):
+        study_report.merge(faster, old, "")
+    (old / "meta.json").write_text(good_meta)
     assert study_report.read_runs_csv(old / "runs.csv")[0]["rate_bits"] == "40000000"
     # One node's ranks use no link: its runs merge whatever rate their study computed.
     one_node = _study_dir(tmp_path / "one", [{**base, "setup": "1x2", "nodes": 1,
@@ -226,11 +231,20 @@ def test_dilation_of_takes_a_studys_link_rates(tmp_path: Path) -> None:
                                                 '{"factor": 2, "rate_bits": -5}}}')
     with pytest.raises(ValueError, match="rate_bits is -5"):
         study.recorded_dilation(tmp_path / "bad", "gpt2-nano")
+    for text, message in (('{"dilation": {"gpt2-nano": {"factor": "x", "rate_bits": 5}}}',
+                           "factor is 'x'"),
+                          ('{"dilation": {"gpt2-nano": {"factor": 2, "rate_bits": true}}}',
+                           "rate_bits is True"),
+                          ('{"dilation": []}', "records no time dilation"),
+                          ("[1]", "records no time dilation"), ("{", "cannot read")):
+        (tmp_path / "bad" / "meta.json").write_text(text)
+        with pytest.raises(ValueError, match=message):
+            study.recorded_dilation(tmp_path / "bad", "gpt2-nano")
     smoke = ["--profile", "smoke", "--dry-run"]
     proc = run_study([*smoke, "--dilation-of", str(study_dir)], timeout_s=60)
     assert proc.returncode == 0, proc.stderr
     proc = run_study([*smoke, "--dilation-of", str(tmp_path / "bad")], timeout_s=60)
-    assert proc.returncode == 2 and "rate_bits is -5" in proc.stderr
+    assert proc.returncode == 2 and "cannot read" in proc.stderr
     proc = run_study([*smoke, "--dilation-of", str(study_dir), "--dilation", "20"], timeout_s=60)
     assert proc.returncode == 2 and "not with --dilation" in proc.stderr
 
