@@ -5,6 +5,8 @@
 
 #include <time.h>
 
+#include <condition_variable>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -26,21 +28,36 @@ WorldOptions world(int size, int spinUs, const std::string& intra = "auto") {
   return o;
 }
 
-// Records the thread a task completed on.
-struct CompletedOn {
+// Records the thread a task completed on. A Task is done() (test() true, wait() returns)
+// before its callbacks have run (common/completion.h), so get() waits for the callback, and
+// the callback keeps this object alive: a test that returns early leaves it no dangling
+// reference on the worker.
+struct CompletedOn : std::enable_shared_from_this<CompletedOn> {
   std::mutex mu;
+  std::condition_variable cv;
+  bool seen = false;
   std::thread::id id;
   void watch(Task& t) {
-    t.onComplete([this](const Status&) {
-      std::lock_guard<std::mutex> lock(mu);
-      id = std::this_thread::get_id();
+    t.onComplete([self = shared_from_this()](const Status&) {
+      std::lock_guard<std::mutex> lock(self->mu);
+      self->id = std::this_thread::get_id();
+      self->seen = true;
+      self->cv.notify_all();
     });
   }
+  // The thread the callback ran on; a default id if it has not run within 30 s.
   std::thread::id get() {
-    std::lock_guard<std::mutex> lock(mu);
+    std::unique_lock<std::mutex> lock(mu);
+    cv.wait_for(lock, std::chrono::seconds(30), [this] { return seen; });
     return id;
   }
 };
+
+std::vector<std::shared_ptr<CompletedOn>> watchers(int n) {
+  std::vector<std::shared_ptr<CompletedOn>> on;
+  for (int i = 0; i < n; ++i) on.push_back(std::make_shared<CompletedOn>());
+  return on;
+}
 
 // Polls test() (which runs nothing) until done or 30 s.
 bool pollUntilDone(const std::vector<std::shared_ptr<Task>>& tasks) {
@@ -60,7 +77,7 @@ TEST(HandOver, AWaitedCallRunsOnTheWaitingThread) {
     SCOPED_TRACE(intra);
     std::vector<std::shared_ptr<Communicator>> comms;
     NANOCCL_MAKE_WORLD_OR_SKIP(world(2, 1000000, intra), comms);
-    std::vector<CompletedOn> on(2);
+    auto on = watchers(2);
     std::vector<std::thread::id> waiter(2);
     std::vector<float> value = {1, 2};
     std::vector<Status> st(2);
@@ -69,7 +86,7 @@ TEST(HandOver, AWaitedCallRunsOnTheWaitingThread) {
       ranks.emplace_back([&, r] {
         waiter[r] = std::this_thread::get_id();
         auto task = comms[r]->allreduce(&value[r], 1, DataType::kFloat32, ReduceOp::kSum);
-        on[r].watch(*task);
+        on[r]->watch(*task);
         st[r] = task->wait(Deadline::after(std::chrono::seconds(30)));
       });
     }
@@ -77,7 +94,7 @@ TEST(HandOver, AWaitedCallRunsOnTheWaitingThread) {
     for (int r = 0; r < 2; ++r) {
       EXPECT_TRUE(st[r].isOk()) << st[r].toString();
       EXPECT_EQ(value[r], 3.0f);
-      EXPECT_EQ(on[r].get(), waiter[r]) << "rank " << r << "'s call ran on another thread";
+      EXPECT_EQ(on[r]->get(), waiter[r]) << "rank " << r << "'s call ran on another thread";
     }
   }
 }
@@ -86,18 +103,20 @@ TEST(HandOver, AWaitedCallRunsOnTheWaitingThread) {
 // test() until both ranks finish, and checks the sum and that neither ran on this thread.
 void runUnwaited(const std::vector<std::shared_ptr<Communicator>>& comms, bool handOver) {
   std::vector<float> value = {1, 2};
-  std::vector<CompletedOn> on(2);
+  auto on = watchers(2);
   std::vector<std::shared_ptr<Task>> tasks;
   for (int r = 0; r < 2; ++r) {
     tasks.push_back(comms[r]->allreduce(&value[r], 1, DataType::kFloat32, ReduceOp::kSum));
-    on[r].watch(*tasks.back());
+    on[r]->watch(*tasks.back());
     if (handOver) comms[r]->handOver();
   }
   ASSERT_TRUE(pollUntilDone(tasks));
   for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE(tasks[r]->status().isOk()) << tasks[r]->status().toString();
     EXPECT_EQ(value[r], 3.0f);
-    EXPECT_NE(on[r].get(), std::this_thread::get_id());
+    const std::thread::id ranOn = on[r]->get();
+    EXPECT_NE(ranOn, std::thread::id()) << "rank " << r << "'s callback did not run";
+    EXPECT_NE(ranOn, std::this_thread::get_id());
   }
 }
 
