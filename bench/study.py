@@ -153,7 +153,10 @@ def print_plan(plan: Plan, args: argparse.Namespace, out: TextIO = sys.stdout) -
             out.write(f"  torchrun (per node) {shlex.join(argv)}\n")
 
 
-def execute(plan: Plan, args: argparse.Namespace, out_dir: Path) -> int:
+def execute(plan: Plan, args: argparse.Namespace, out_dir: Path,
+            recorded: dict[str, Dilation] | None = None) -> int:
+    """Runs the plan; `recorded`: each model's time dilation as another study recorded it
+    (--dilation-of), instead of one computed from this run's 1x1 baseline."""
     prof = plan.profile
     (out_dir / "runs").mkdir(parents=True, exist_ok=True)
     (out_dir / "logs").mkdir(parents=True, exist_ok=True)
@@ -201,8 +204,7 @@ def execute(plan: Plan, args: argparse.Namespace, out_dir: Path) -> int:
             step = float(ok[0]["step_time_mean_s"]) if ok else None
             params = int(ok[0]["params"]) if ok else None
             try:
-                dil = (recorded_dilation(Path(args.dilation_of), base.model)
-                       if args.dilation_of else
+                dil = (recorded[base.model] if recorded else
                        compute_dilation(base.model, args.dilation, base_rate, step, params))
             except ValueError as exc:
                 print(f"study: {exc}", file=sys.stderr)
@@ -400,14 +402,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         cluster_commands(plan, args)
         return 0
     plan = build_plan(prof)
+    recorded: dict[str, Dilation] = {}
     if args.dilation_of:
         if args.dilation != "auto" or args.no_shaping:
             print("study: --dilation-of takes the link rates of a study: not with --dilation "
                   "or --no-shaping", file=sys.stderr)
             return 2
         try:
-            for model in prof.models:
-                recorded_dilation(Path(args.dilation_of), model)
+            recorded = {m: recorded_dilation(Path(args.dilation_of), m) for m in prof.models}
         except ValueError as exc:
             print(f"study: {exc}", file=sys.stderr)
             return 2
@@ -422,7 +424,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        return execute(plan, args, out_dir)
+        return execute(plan, args, out_dir, recorded)
     except KeyboardInterrupt:
         print("study: interrupted", file=sys.stderr)
         return 130
