@@ -14,6 +14,12 @@ The best of many noisy medians is biased low (on 2 cores the same plan's medians
 5-20% between settings that run it identically), so a second round (--finalists, --final-iters)
 times the best few static settings and the tuner again, interleaved, with more calls each: the
 tuner is compared with the best finalist of that round, all measured with the same precision.
+That finalist's median is again the lowest of several, so a third round times it and the
+tuner alone on fresh calls, in pairs (one call each, one right after the other), and the
+median of the pairs' ratios is the figure (the selection and the comparison on separate
+samples, a slow spell of the machine on both calls of a pair; --no-confirm leaves it out). Each timed call follows a barrier
+of its group (--mode barrier), so that no rank's refill or late finish runs into the others'
+timers.
 
     python bench/emucluster.py --nodes 2 --procs-per-node 2 --rate 1gbit -- \\
         bench/tune_grid.py -b 1M -e 256M -f 4 -n 3 --json results/tuning/grid_2x2_1gbit.json
@@ -83,20 +89,33 @@ def static_grid(nodes: int, per_node: int, allow: list[str], chunks: list[int],
     return out
 
 
+MODES = ("barrier", "back-to-back")
+
+
 def time_groups(groups: list[Setting], buf: torch.Tensor, size: int, iters: int, world: int,
-                seed: int) -> list[float]:
+                seed: int, mode: str = "barrier", paired: bool = False) -> list[Any]:
     """Times `iters` allreduces of `buf` per group, the groups in a new shuffled order each
     round (the same on every rank: each group's calls must meet; no group always runs right
     after the same other one). Returns per group the median over the calls of the slowest
     rank's time (a collective ends there; a median, because a 2-core machine's scheduling
     hiccups would sway a mean of few calls). Appends the calls' times to each group's
-    `times[size]`."""
+    `times[size]`. `paired`: per group, the slowest rank's time of every call instead, round by
+    round (for paired_ratio).
+
+    mode "barrier": each call after a barrier of its group, outside the timer, so that no rank
+    is still refilling its buffer (a 256 MB fill is tens of ms here) or finishing the previous
+    group's call while the others' timers run; with more ranks than cores that skew otherwise
+    lands in whichever group runs next. "back-to-back": the calls follow each other."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: one of {', '.join(MODES)}")
     local: list[list[float]] = [[] for _ in groups]
     for it in range(iters):
         order = list(range(len(groups)))
         random.Random(seed + it).shuffle(order)
         for k in order:
             buf.fill_(1.0)
+            if mode == "barrier":
+                dist.barrier(group=groups[k].group)
             start = time.perf_counter()
             dist.all_reduce(buf, group=groups[k].group)
             local[k].append(time.perf_counter() - start)
@@ -104,8 +123,17 @@ def time_groups(groups: list[Setting], buf: torch.Tensor, size: int, iters: int,
         g.times.setdefault(size, []).extend(t)
     gathered: list[Any] = [None] * world
     dist.all_gather_object(gathered, local)
-    return [statistics.median(max(g[i][k] for g in gathered) for k in range(iters))
-            for i in range(len(groups))]
+    slowest = [[max(g[i][k] for g in gathered) for k in range(iters)] for i in range(len(groups))]
+    if paired:
+        return slowest
+    return [statistics.median(calls) for calls in slowest]
+
+
+def paired_ratio(first: list[float], second: list[float]) -> float:
+    """The median over the rounds of first / second, each round's two calls timed one right
+    after the other: a slow spell of the machine (other VMs, 2 cores shared by 4 ranks) lands
+    on both calls of a round alike, so the ratio is steadier than one of two medians."""
+    return statistics.median(a / b for a, b in zip(first, second))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -127,6 +155,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                         "round)")
     p.add_argument("--final-iters", type=int, default=10,
                    help="calls per group in the second round (or more, --budget)")
+    p.add_argument("--no-confirm", dest="confirm", action="store_false",
+                   help="no third round (the best finalist and the tuner timed again on fresh "
+                        "calls: the finalist's second-round median is the lowest of several, "
+                        "biased low)")
+    p.add_argument("--mode", default="barrier", choices=MODES,
+                   help="barrier: each timed call after a barrier of its group (default); "
+                        "back-to-back: calls follow each other (how the 2026-11-24 tables were "
+                        "measured)")
     p.add_argument("--json", default=None)
     args = p.parse_args(argv)
 
@@ -162,13 +198,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile = nanoccl.link_profile(tuned.group)
     if rank == 0:
         print(f"# tune_grid: {world} ranks ({nodes} nodes x {per_node}), {len(settings)} static "
-              f"settings, allow {','.join(allow)}, torch {torch.__version__}", flush=True)
+              f"settings, allow {','.join(allow)}, mode {args.mode}, torch {torch.__version__}",
+              flush=True)
         if profile is not None:
             print("# link profile: " + " | ".join(
                 ln for ln in profile["text"].splitlines() if not ln.startswith("#")), flush=True)
 
     doc: dict[str, Any] = {"meta": {"world": world, "nodes": nodes, "per_node": per_node,
                                     "allow": allow, "chunks": chunks, "socks": socks,
+                                    "mode": args.mode, "confirm": args.confirm,
                                     "profile": profile["text"] if profile else None},
                            "sizes": []}
     worst = float("inf")
@@ -180,8 +218,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                 dist.all_reduce(buf, group=s.group)
         before = dict(nanoccl.stats(tuned.group)["modelled"])
         iters = max(args.iters, min(50, parse_size(args.budget) // size))
-        median = time_groups(everyone, buf, size, iters, world, seed=size * 1000)
-        chose = modelled_since(before, nanoccl.stats(tuned.group)["modelled"])
+        median = time_groups(everyone, buf, size, iters, world, seed=size * 1000,
+                             mode=args.mode)
+        # The allreduces only (barrier mode adds the group's barriers to its counts).
+        chose = [c for c in modelled_since(before, nanoccl.stats(tuned.group)["modelled"])
+                 if c["what"].startswith("allreduce")]
         static = median[:len(settings)]
         best = min(range(len(settings)), key=lambda i: static[i])
         t_auto, t_gloo = median[len(settings)], median[len(settings) + 1]
@@ -204,7 +245,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             ranked = sorted(range(len(settings)), key=lambda i: static[i])[:args.finalists]
             final = [settings[i] for i in ranked] + [tuned]
             f_iters = max(args.final_iters, min(50, 4 * parse_size(args.budget) // size))
-            f_median = time_groups(final, buf, size, f_iters, world, seed=size * 1000 + 7)
+            f_median = time_groups(final, buf, size, f_iters, world, seed=size * 1000 + 7,
+                                   mode=args.mode)
             f_best = min(range(len(final) - 1), key=lambda i: f_median[i])
             ratio = f_median[f_best] / f_median[-1]
             entry["final"] = {"iters": f_iters, "auto_s": f_median[-1],
@@ -217,11 +259,30 @@ def main(argv: Sequence[str] | None = None) -> int:
                       f"{ratio:.3f} of the best's speed", flush=True)
                 for st, t in zip(final[:-1], f_median):
                     print(f"#     {st.label:<38} {t * 1e3:10.2f} ms", flush=True)
+            if args.confirm:
+                # The best finalist was picked as the lowest of several noisy medians, so its
+                # own median is biased low: time it and the tuner again, on fresh calls.
+                # Paired, round by round (the two in a shuffled order), twice the calls.
+                pair = [final[f_best], tuned]
+                c_iters = 2 * f_iters
+                calls = time_groups(pair, buf, size, c_iters, world, seed=size * 1000 + 13,
+                                    mode=args.mode, paired=True)
+                ratio = paired_ratio(calls[0], calls[1])
+                c_median = [statistics.median(c) for c in calls]
+                entry["confirm"] = {"iters": c_iters, "best": pair[0].label,
+                                    "best_s": c_median[0], "auto_s": c_median[1],
+                                    "auto_vs_best": ratio}
+                if rank == 0:
+                    print(f"#   third round, {c_iters} paired calls each: {pair[0].label} "
+                          f"{c_median[0] * 1e3:.2f} ms; auto {c_median[1] * 1e3:.2f} ms; auto "
+                          f"at {ratio:.3f} of its speed (median of the pairs' ratios)",
+                          flush=True)
         worst = min(worst, ratio)
         doc["sizes"].append(entry)
     if rank == 0:
-        print(f"\n# worst auto / best static over the sizes"
-              f"{' (second rounds)' if args.finalists > 0 else ''}: {worst:.3f}", flush=True)
+        which = (" (third rounds)" if args.finalists > 0 and args.confirm else
+                 " (second rounds)" if args.finalists > 0 else "")
+        print(f"\n# worst auto / best static over the sizes{which}: {worst:.3f}", flush=True)
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(doc, f, indent=1)

@@ -54,3 +54,62 @@ def test_modelled_since_is_per_call_between_two_views(perf: ModuleType) -> None:
         {"what": "allreduce/hierarchical/int8", "calls": 1, "predicted_s": 0.5,
          "measured_s": 0.25}]
     assert perf.modelled_since(after, after) == []
+
+
+@pytest.fixture
+def one_rank(tmp_path):
+    """A one-rank Gloo default group for the test, destroyed after it."""
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _one_rank_groups(grid: ModuleType, monkeypatch) -> tuple[list, list[str]]:
+    """Two settings on the one-rank group, with dist's barrier and allreduce recorded."""
+    import torch.distributed as dist
+
+    calls: list[str] = []
+    real_barrier, real_allreduce = dist.barrier, dist.all_reduce
+    monkeypatch.setattr(dist, "barrier",
+                        lambda group=None: (calls.append("barrier"), real_barrier(group=group)))
+    monkeypatch.setattr(dist, "all_reduce",
+                        lambda t, group=None: (calls.append("allreduce"),
+                                               real_allreduce(t, group=group)))
+    settings = [grid.Setting("a", "gloo", group=dist.group.WORLD),
+                grid.Setting("b", "gloo", group=dist.group.WORLD)]
+    return settings, calls
+
+
+@pytest.mark.parametrize("mode,per_call", [("barrier", ["barrier", "allreduce"]),
+                                           ("back-to-back", ["allreduce"])])
+def test_time_groups_times_each_call_after_a_barrier_in_barrier_mode(
+        grid: ModuleType, one_rank, monkeypatch, mode: str, per_call: list[str]) -> None:
+    import torch
+
+    settings, calls = _one_rank_groups(grid, monkeypatch)
+    buf = torch.zeros(8)
+    medians = grid.time_groups(settings, buf, 32, 3, 1, seed=1, mode=mode)
+    assert calls == per_call * 6
+    assert len(medians) == 2 and all(m > 0 for m in medians)
+    assert [len(s.times[32]) for s in settings] == [3, 3]
+    assert torch.equal(buf, torch.ones(8))  # refilled with ones before every call
+
+
+def test_time_groups_refuses_an_unknown_mode(grid: ModuleType) -> None:
+    with pytest.raises(ValueError, match="barrier, back-to-back"):
+        grid.time_groups([], None, 4, 1, 1, seed=0, mode="alternate")
+
+
+def test_paired_timing_returns_every_call_and_the_median_ratio(grid: ModuleType, one_rank,
+                                                               monkeypatch) -> None:
+    import torch
+
+    settings, _ = _one_rank_groups(grid, monkeypatch)
+    calls = grid.time_groups(settings, torch.zeros(4), 16, 5, 1, seed=3, paired=True)
+    assert [len(c) for c in calls] == [5, 5]
+    # A slow round slows both calls of the pair alike: the ratio stays.
+    assert grid.paired_ratio([1.0, 10.0, 1.1, 0.9], [2.0, 20.0, 2.0, 2.0]) == 0.5
+    assert grid.paired_ratio([3.0], [2.0]) == 1.5
