@@ -354,6 +354,83 @@ TEST(TunedWorld, CachedUsesAFittingFileAndReplacesAnother) {
   EXPECT_EQ(readFile(file), p.toText());
 }
 
+// A saved profile whose predictions the calls do not meet (here a link a million times faster
+// than any: every call takes far over 3x its prediction) is moved aside by rank 0 after the
+// drift check's calls, and the next group created with `cached` measures the links again.
+// `measure` and a file that holds another profile by then are left alone.
+TEST(TunedWorld, DriftMovesTheCachedProfileAsideSoTheNextGroupMeasures) {
+  TempDir dir;
+  const std::string file = dir.path() + "/p.txt";
+  LinkProfile fast = sampleProfile();
+  fast.shape = "2x1";
+  fast.nsocks = Config().nsocks;
+  fast.measured = "2020-01-01T00:00:00Z";
+  fast.inter = {true, 0.01, 1e9, 1e9, 1e9};
+  fast.reduceMBps = 1e9;
+  ASSERT_TRUE(saveProfile(fast, file).isOk());
+
+  const auto run = [](std::vector<std::shared_ptr<Communicator>>& comms, int calls) {
+    std::vector<std::vector<float>> bufs(comms.size(), std::vector<float>(1024, 1.0f));
+    for (int i = 0; i < calls; ++i) {
+      std::vector<std::shared_ptr<Task>> tasks;
+      for (size_t r = 0; r < comms.size(); ++r) {
+        tasks.push_back(comms[r]->allreduce(bufs[r].data(), bufs[r].size(),
+                                            DataType::kFloat32, ReduceOp::kSum));
+      }
+      colltest::expectAllOk(tasks);
+    }
+  };
+  std::vector<std::shared_ptr<Communicator>> comms;
+  NANOCCL_MAKE_WORLD_OR_SKIP(tunedWorld({"a", "b"}, "cached", file), comms);
+  ASSERT_EQ(comms[1]->linkProfile()->toText(), fast.toText());
+  run(comms, 31);
+  EXPECT_EQ(readFile(file), fast.toText());  // not yet: the check looks at 32 calls
+  run(comms, 1);
+  EXPECT_NE(::access(file.c_str(), F_OK), 0);
+  EXPECT_EQ(readFile(file + ".drifted"), fast.toText());
+  comms.clear();
+
+  NANOCCL_MAKE_WORLD_OR_SKIP(tunedWorld({"a", "b"}, "cached", file), comms);
+  const LinkProfile& measured = *comms[0]->linkProfile();
+  EXPECT_NE(measured.measured, fast.measured);
+  EXPECT_EQ(readFile(file), measured.toText());
+  comms.clear();
+
+  // `measure` saves its profile but leaves it in place, drift or not.
+  ASSERT_TRUE(saveProfile(fast, file).isOk());
+  NANOCCL_MAKE_WORLD_OR_SKIP(tunedWorld({"a", "b"}, "measure", file), comms);
+  const std::string saved = readFile(file);
+  run(comms, 32);
+  EXPECT_EQ(readFile(file), saved);
+}
+
+TEST(RetireProfile, MovesOnlyTheProfileItWasGiven) {
+  TempDir dir;
+  const std::string file = dir.path() + "/p.txt";
+  Result<bool> none = retireProfile(sampleProfile(), file);
+  ASSERT_TRUE(none.isOk()) << none.status().toString();
+  EXPECT_FALSE(none.value());  // no file
+
+  LinkProfile other = sampleProfile();
+  other.measured = "2030-01-01T00:00:00Z";
+  ASSERT_TRUE(saveProfile(other, file).isOk());
+  Result<bool> kept = retireProfile(sampleProfile(), file);
+  ASSERT_TRUE(kept.isOk());
+  EXPECT_FALSE(kept.value());
+  EXPECT_EQ(readFile(file), other.toText());
+
+  Result<bool> moved = retireProfile(other, file);
+  ASSERT_TRUE(moved.isOk());
+  EXPECT_TRUE(moved.value());
+  EXPECT_NE(::access(file.c_str(), F_OK), 0);
+  EXPECT_EQ(readFile(file + ".drifted"), other.toText());
+
+  writeFile(file, "garbage\n");
+  Result<bool> broken = retireProfile(other, file);
+  ASSERT_FALSE(broken.isOk());
+  EXPECT_NE(broken.status().message().find(file), std::string::npos);
+}
+
 // Settings and files that cannot be honoured fail every rank, saying why.
 TEST(TunedWorld, ABrokenFileFailsEveryRankNamingIt) {
   TempDir dir;
