@@ -77,6 +77,9 @@ struct CallArgs {
   // The chunk of the compressed exchange, in float32 bytes: the planner's choice (0:
   // config.chunkBytes). Context::codecChunkBytes() hands it to compressed.cc.
   size_t codecChunkBytes = 0;
+  // The chunk of a lossless call's ring and chain passes, in bytes: the planner's choice (0:
+  // config.chunkBytes). Context::chunkBytes() hands it to chunkElements().
+  size_t chunkBytes = 0;
   // Connections a peer the call's large messages are striped over (OpFingerprint::lanes; the
   // planner's choice, 0: all of them).
   int lanes = 0;
@@ -186,6 +189,7 @@ class Context {
         timeout_(parent.timeout_),
         config_(parent.config_),
         codecChunkBytes_(parent.codecChunkBytes_),
+        chunkBytes_(parent.chunkBytes_),
         parent_(&parent) {}
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -206,6 +210,10 @@ class Context {
     return codecChunkBytes_ != 0 ? codecChunkBytes_ : config_.chunkBytes;
   }
   void setCodecChunkBytes(size_t bytes) { codecChunkBytes_ = bytes; }
+  // The chunk of this call's ring and chain passes (CallArgs::chunkBytes, else
+  // config.chunkBytes); stages on sub-communicators inherit it.
+  size_t chunkBytes() const { return chunkBytes_ != 0 ? chunkBytes_ : config_.chunkBytes; }
+  void setChunkBytes(size_t bytes) { chunkBytes_ = bytes; }
   const OpFingerprint& fingerprint() const { return fingerprint_; }
   const Deadline& deadline() const { return deadline_; }
   // The sub-communicators, where the communicator's topology is hierarchical; else null.
@@ -246,6 +254,7 @@ class Context {
   std::chrono::milliseconds timeout_;
   const Config& config_;
   size_t codecChunkBytes_ = 0;
+  size_t chunkBytes_ = 0;
   const Hierarchy* hierarchy_ = nullptr;
   Context* parent_ = nullptr;
   ScratchPool* pool_ = nullptr;
@@ -292,7 +301,7 @@ std::vector<size_t> evenSplit(size_t count, int parts);
 std::vector<size_t> prefixOffsets(const std::vector<size_t>& counts);
 
 // Elements per pipelined chunk for segments of up to `maxSegment` elements, from
-// config.chunkBytes, raised where needed so that `phases` ring passes fit in the tag space.
+// ctx.chunkBytes(), raised where needed so that `phases` ring passes fit in the tag space.
 size_t chunkElements(const Context& ctx, size_t elemSize, size_t maxSegment, int phases);
 // Tags one ring pass over these segments uses: (size - 1) x the most chunks of a segment.
 uint32_t ringTags(const Context& ctx, const std::vector<size_t>& counts, size_t chunkElems);

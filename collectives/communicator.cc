@@ -180,6 +180,7 @@ std::shared_ptr<Task> Communicator::Impl::submit(OpFingerprint fingerprint, Call
   args.codec = plan.value().codec;
   args.codecParams = plan.value().codecParams;
   args.codecChunkBytes = plan.value().codecChunkBytes;
+  args.chunkBytes = plan.value().chunkBytes;
   args.lanes = plan.value().lanes;
   if (!plan.value().row->lossy || args.codec == nullptr) {
     // e.g. NANOCCL_ALGO=ring: lossless, the residual untouched
@@ -315,6 +316,7 @@ void Communicator::Impl::runCall(QueuedCall& call) {
     detail::Context ctx(transport.get(), rank, size, call.fingerprint, call.deadline, timeout,
                         config, hierarchy.get(), &scratchPool);
     ctx.setCodecChunkBytes(call.args.codecChunkBytes);
+    ctx.setChunkBytes(call.args.chunkBytes);
     NANOCCL_TRACE(what << "running " << (size == 1 ? "local" : call.algorithm->name));
     const Clock::time_point started = Clock::now();
     s = size == 1 ? detail::runLocal(call.args) : call.algorithm->run(ctx, call.args);

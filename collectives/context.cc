@@ -166,7 +166,7 @@ std::vector<size_t> prefixOffsets(const std::vector<size_t>& counts) {
 }
 
 size_t chunkElements(const Context& ctx, size_t elemSize, size_t maxSegment, int phases) {
-  size_t ce = std::max<size_t>(1, ctx.config().chunkBytes / std::max<size_t>(elemSize, 1));
+  size_t ce = std::max<size_t>(1, ctx.chunkBytes() / std::max<size_t>(elemSize, 1));
   // Tags are 32-bit and unique per message within a call; keep well inside that.
   constexpr uint64_t kMaxTags = uint64_t{1} << 30;
   for (;;) {

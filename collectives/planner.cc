@@ -228,10 +228,10 @@ Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& 
                       std::string(ruled->name) == config.algo;
   // A fixed codec keeps the row the rules gave it (the one lossy row that can run it).
   const bool fixedCodec = !args.codecAuto && args.codec != nullptr;
-  std::vector<size_t> codecChunks = {config.chunkBytes};
+  std::vector<size_t> chunks = {config.chunkBytes};
   if (!config.chunkBytesSet) {
-    for (size_t c : kCodecChunkCandidates) {
-      if (c != config.chunkBytes) codecChunks.push_back(c);
+    for (size_t c : kChunkCandidates) {
+      if (c != config.chunkBytes) chunks.push_back(c);
     }
   }
   CallArgs trial = args;
@@ -244,15 +244,19 @@ Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& 
       if ((forced || fixedCodec) && &row != ruled) continue;
       if (codec != nullptr && !row.lossy) continue;
       if (!row.supports(trial, topology).isOk()) continue;
+      // A lossy plan's chunk is its compressed exchange's (its node stages keep the
+      // config's); a lossless plan's is that of all its passes.
       const bool lossy = codec != nullptr && row.lossy;
-      for (size_t i = 0; i < (lossy ? codecChunks.size() : 1); ++i) {
-        trial.codecChunkBytes = lossy ? codecChunks[i] : 0;
-        const double t = predictSeconds(row, trial, topology, *profile, config.chunkBytes);
+      for (size_t chunk : chunks) {
+        trial.codecChunkBytes = lossy ? chunk : 0;
+        const size_t passes = lossy ? config.chunkBytes : chunk;
+        const double t = predictSeconds(row, trial, topology, *profile, passes);
         if (t < out.predictedSeconds) {
           out.row = &row;
           out.codec = codec;
           out.codecParams = params;
           out.codecChunkBytes = trial.codecChunkBytes;
+          out.chunkBytes = lossy || passes == config.chunkBytes ? 0 : passes;
           out.lanes = trial.lanes;
           out.predictedSeconds = t;
         }

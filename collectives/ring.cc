@@ -1,5 +1,5 @@
 // Ring reduce-scatter and allgather: the bandwidth-optimal building blocks of the large-message
-// algorithms. Each segment is cut into chunks of config.chunkBytes; a chunk is forwarded to the
+// algorithms. Each segment is cut into chunks of ctx.chunkBytes(); a chunk is forwarded to the
 // right neighbour as soon as it has been reduced (or received), so consecutive ring steps
 // overlap instead of waiting for whole segments.
 #include <algorithm>

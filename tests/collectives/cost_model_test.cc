@@ -330,7 +330,7 @@ TEST(CostModel, TheCompressedChunkIsPlannedUnlessSet) {
     a.codecAuto = true;
     const Plan plan = planned(a, &p);
     ASSERT_EQ(codecName(plan), "int8") << bytes;
-    const auto& c = detail::kCodecChunkCandidates;
+    const auto& c = detail::kChunkCandidates;
     EXPECT_NE(std::find(std::begin(c), std::end(c), plan.codecChunkBytes), std::end(c)) << bytes;
     // No candidate is predicted faster than the one chosen.
     for (size_t chunk : c) {
@@ -356,6 +356,33 @@ TEST(CostModel, TheCompressedChunkIsPlannedUnlessSet) {
   EXPECT_EQ(planned(big, &p, c).codecChunkBytes, 65536u);
   EXPECT_EQ(planned(allreduce(256 << 20), &p).codecChunkBytes, 0u);
   EXPECT_FALSE(Config().chunkBytesSet);
+}
+
+// The chunk of a lossless call's passes is weighed the same way; a lossy plan leaves its node
+// stages at the config's chunk, and the user's setting wins.
+TEST(CostModel, TheLosslessChunkIsPlannedUnlessSet) {
+  const LinkProfile p = slowLinks();
+  const Plan big = planned(allreduce(256 << 20), &p);
+  ASSERT_EQ(big.codec, nullptr);
+  EXPECT_EQ(big.codecChunkBytes, 0u);
+  // Each chunk a message on every link of a pass: where the segments span several chunks of
+  // every candidate, the model takes the largest (fewest messages).
+  EXPECT_EQ(big.chunkBytes, size_t{4} << 20);
+  for (size_t chunk : detail::kChunkCandidates) {
+    EXPECT_GE(detail::predictSeconds(*big.row, allreduce(256 << 20), k2x2, p, chunk),
+              big.predictedSeconds) << chunk;
+  }
+  // 64 KiB: one chunk of any candidate, so the config's wins the tie (0: config.chunkBytes).
+  EXPECT_EQ(planned(allreduce(64 << 10), &p).chunkBytes, 0u);
+  // A compressed plan keeps the config's chunk for its node stages.
+  CallArgs lossy = allreduce(256 << 20);
+  lossy.codecAuto = true;
+  const Plan compressed = planned(lossy, &p);
+  ASSERT_NE(compressed.codec, nullptr);
+  EXPECT_EQ(compressed.chunkBytes, 0u);
+  Config c;
+  ASSERT_TRUE(c.set("chunk_bytes", "65536").isOk());
+  EXPECT_EQ(planned(allreduce(256 << 20), &p, c).chunkBytes, 0u);
 }
 
 // The socket count: under a profile that measured one connection, one a peer unless all of
