@@ -194,7 +194,8 @@ std::vector<std::pair<const codec::Codec*, codec::CodecParams>> codecChoices(
 int plannedLanes(const Config& config, const LinkProfile* profile, bool compressed) {
   if (config.nsocks < 2 || config.nsocksSet) return 0;
   if (profile == nullptr || profile->inter.oneSocketMBps <= 0) return compressed ? 1 : 0;
-  return profile->inter.nodeMBps > kMoreSocketsGain * profile->inter.oneSocketMBps ? 0 : 1;
+  const double gain = compressed ? kMoreSocketsGainCompressed : kMoreSocketsGain;
+  return profile->inter.nodeMBps > gain * profile->inter.oneSocketMBps ? 0 : 1;
 }
 
 Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& config,

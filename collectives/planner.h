@@ -59,7 +59,8 @@ struct Plan {
 // with intra_transport=tcp, intra-node too), 0 meaning all of them:
 // - where the user set nsocks (or there is one): 0;
 // - under a profile that measured one connection a peer a rail (inter_one_socket_MBps): 1
-//   unless all of them were kMoreSocketsGain faster, for every call alike;
+//   unless all of them were kMoreSocketsGain faster (kMoreSocketsGainCompressed for a
+//   compressed call);
 // - else 1 for a compressed call (`compressed`), 0 for a lossless one.
 // More connections cost CPU and queueing that the probe does not see, and a compressed call's
 // codec competes for that CPU while its wire bytes are a quarter or less: on the emulated
@@ -68,6 +69,12 @@ struct Plan {
 // lossless call keeps them all: one connection a rail did not fill a 100 Mbit/s rail beside a
 // 1 Gbit/s one (2-6% slower there, results/rails).
 inline constexpr double kMoreSocketsGain = 1.10;
+// A compressed call sends a quarter of the bytes or less, so more connections gain it a part
+// of a part while costing the CPU its codec needs; and the probe's noise here reached 15%: at
+// 1.10 a profile of a 1 Gbit/s link that one connection fills (2026-11-26: 97 MB/s over two a
+// peer against 85 over one) gave int8 calls two a peer, 5-10% slower at 256 MB
+// (results/tuning/grid_2x2_1gbit_barrier.txt).
+inline constexpr double kMoreSocketsGainCompressed = 1.25;
 int plannedLanes(const Config& config, const LinkProfile* profile, bool compressed);
 
 // The chunks the planner weighs for a compressed exchange, and for a lossless call's ring and

@@ -386,8 +386,8 @@ TEST(CostModel, TheLosslessChunkIsPlannedUnlessSet) {
 }
 
 // The socket count: under a profile that measured one connection, one a peer unless all of
-// them measured 10% faster; without one, one for compressed calls and all for lossless ones;
-// all where the user set nsocks (or there is one).
+// them measured 10% faster (25% for a compressed call); without one, one for compressed calls
+// and all for lossless ones; all where the user set nsocks (or there is one).
 TEST(CostModel, OneSocketUnlessAllAreClearlyFaster) {
   LinkProfile p = slowLinks();
   const Config defaults;
@@ -416,6 +416,12 @@ TEST(CostModel, OneSocketUnlessAllAreClearlyFaster) {
   Config one;
   one.nsocks = 1;
   EXPECT_EQ(detail::plannedLanes(one, &p, true), 0);
+  // 15% faster over all of them: enough for a lossless call, not for a compressed one.
+  p.inter.oneSocketMBps = p.inter.nodeMBps / 1.15;
+  EXPECT_EQ(detail::plannedLanes(defaults, &p, false), 0);
+  EXPECT_EQ(detail::plannedLanes(defaults, &p, true), 1);
+  EXPECT_EQ(planned(a, &p).lanes, 1);                   // auto: int8 on one connection
+  EXPECT_EQ(planned(allreduce(64 << 20), &p).lanes, 0);  // lossless on all
   p.inter.oneSocketMBps = p.inter.nodeMBps / 1.5;  // one connection cannot fill the link
   EXPECT_EQ(detail::plannedLanes(defaults, &p, false), 0);
   EXPECT_EQ(detail::plannedLanes(defaults, &p, true), 0);
