@@ -1,5 +1,7 @@
 #include <algorithm>
 #include <cstring>
+#include <list>
+#include <mutex>
 #include <numeric>
 
 #include "collectives/algorithm.h"
@@ -99,20 +101,66 @@ std::atomic<size_t>& ScratchPool::processPooled() {
   return bytes;
 }
 
-ScratchPool::~ScratchPool() { processPooled().fetch_sub(pooled_); }
+namespace {
+
+// The live pools of the process, the one given to least recently first. Lock order: this
+// mutex, then a pool's.
+struct PoolOrder {
+  std::mutex mu;
+  std::list<ScratchPool*> pools;
+};
+
+PoolOrder& poolOrder() {
+  static PoolOrder* order = new PoolOrder;  // never destroyed: pools may outlive statics
+  return *order;
+}
+
+}  // namespace
+
+ScratchPool::ScratchPool() {
+  PoolOrder& o = poolOrder();
+  std::lock_guard<std::mutex> lock(o.mu);
+  o.pools.push_back(this);
+}
+
+ScratchPool::~ScratchPool() {
+  PoolOrder& o = poolOrder();
+  std::lock_guard<std::mutex> lock(o.mu);  // no other pool's give() is dropping our blocks
+  o.pools.remove(this);
+  processPooled().fetch_sub(pooled_);
+}
 
 void ScratchPool::give(std::vector<Block> blocks) {
-  std::lock_guard<std::mutex> lock(mu_);
-  for (Block& b : blocks) {
-    pooled_ += b.bytes;
-    processPooled().fetch_add(b.bytes);
-    free_.push_back(std::move(b));
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    for (Block& b : blocks) {
+      pooled_ += b.bytes;
+      processPooled().fetch_add(b.bytes);
+      free_.push_back(std::move(b));
+    }
+    std::sort(free_.begin(), free_.end(),
+              [](const Block& a, const Block& b) { return a.bytes > b.bytes; });
+    // Over this pool's cap: drop the largest first (one huge call's memory is not kept for
+    // good).
+    while (!free_.empty() && pooled_ > kMaxBytes) {
+      pooled_ -= free_.front().bytes;
+      processPooled().fetch_sub(free_.front().bytes);
+      free_.erase(free_.begin());
+    }
   }
-  std::sort(free_.begin(), free_.end(),
-            [](const Block& a, const Block& b) { return a.bytes > b.bytes; });
-  // Over a cap: drop the largest first (one huge call's memory is not kept for good).
-  while (!free_.empty() &&
-         (pooled_ > kMaxBytes || processPooled().load() > kMaxProcessBytes)) {
+  PoolOrder& o = poolOrder();
+  std::lock_guard<std::mutex> lock(o.mu);
+  o.pools.remove(this);
+  o.pools.push_back(this);  // given to last
+  for (ScratchPool* p : o.pools) {
+    if (processPooled().load() <= kMaxProcessBytes) break;
+    p->dropOverProcessCap();
+  }
+}
+
+void ScratchPool::dropOverProcessCap() {
+  std::lock_guard<std::mutex> lock(mu_);
+  while (!free_.empty() && processPooled().load() > kMaxProcessBytes) {
     pooled_ -= free_.front().bytes;
     processPooled().fetch_sub(free_.front().bytes);
     free_.erase(free_.begin());

@@ -47,7 +47,8 @@ TEST(ScratchPool, KeepsAtMostItsCapDroppingTheLargestFirst) {
 }
 
 // Many communicators (a process group per setting, per pipeline stage) keep at most
-// kMaxProcessBytes together: the pool that gives last drops its own blocks first.
+// kMaxProcessBytes together: over it, the pool given to least recently drops its blocks first,
+// so that the groups in use keep theirs.
 TEST(ScratchPool, ThePoolsOfAProcessShareOneCap) {
   ASSERT_EQ(ScratchPool::processPooledBytes(), 0u) << "a pool of another test is still alive";
   constexpr size_t kHalf = ScratchPool::kMaxProcessBytes / 2;
@@ -64,12 +65,19 @@ TEST(ScratchPool, ThePoolsOfAProcessShareOneCap) {
   giveOne(b, kHalf);
   EXPECT_EQ(ScratchPool::processPooledBytes(), ScratchPool::kMaxProcessBytes);  // at the cap
   giveOne(c, 4096);
-  EXPECT_EQ(c.pooledBytes(), 0u);  // over it: c keeps nothing, the others keep theirs
-  EXPECT_EQ(b.pooledBytes(), kHalf);
-  a.reset();  // a pool's blocks leave the process total with it
-  EXPECT_EQ(ScratchPool::processPooledBytes(), kHalf);
-  giveOne(c, 4096);
+  // Over it: a, given to least recently, drops its block; c and b keep theirs.
   EXPECT_EQ(c.pooledBytes(), 4096u);
+  EXPECT_EQ(a->pooledBytes(), 0u);
+  EXPECT_EQ(b.pooledBytes(), kHalf);
+  EXPECT_EQ(ScratchPool::processPooledBytes(), kHalf + 4096);
+  giveOne(*a, kHalf);  // a in use again: now b is the least recent, and drops
+  EXPECT_EQ(a->pooledBytes(), kHalf);
+  EXPECT_EQ(b.pooledBytes(), 0u);
+  EXPECT_EQ(c.pooledBytes(), 4096u);
+  a.reset();  // a pool's blocks leave the process total with it
+  EXPECT_EQ(ScratchPool::processPooledBytes(), 4096u);
+  giveOne(b, kHalf);
+  EXPECT_EQ(b.pooledBytes(), kHalf);
   ScratchPool::Block back = b.take(kHalf);  // taken out: no longer pooled
   EXPECT_EQ(ScratchPool::processPooledBytes(), 4096u);
 }
