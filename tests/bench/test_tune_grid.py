@@ -103,13 +103,33 @@ def test_time_groups_refuses_an_unknown_mode(grid: ModuleType) -> None:
         grid.time_groups([], None, 4, 1, 1, seed=0, mode="alternate")
 
 
-def test_paired_timing_returns_every_call_and_the_median_ratio(grid: ModuleType, one_rank,
-                                                               monkeypatch) -> None:
+def test_paired_timing_returns_every_call_and_the_ratio(grid: ModuleType, one_rank) -> None:
     import torch
+    import torch.distributed as dist
 
-    settings, _ = _one_rank_groups(grid, monkeypatch)
-    calls = grid.time_groups(settings, torch.zeros(4), 16, 5, 1, seed=3, paired=True)
-    assert [len(c) for c in calls] == [5, 5]
-    # A slow round slows both calls of the pair alike: the ratio stays.
-    assert grid.paired_ratio([1.0, 10.0, 1.1, 0.9], [2.0, 20.0, 2.0, 2.0]) == 0.5
+    settings = [grid.Setting("a", "gloo", group=dist.new_group(backend="gloo")),
+                grid.Setting("b", "gloo", group=dist.new_group(backend="gloo"))]
+    calls = grid.time_groups(settings, torch.zeros(4), 16, 4, 1, seed=3, paired=True)
+    assert [len(c) for c in calls] == [4, 4]
+    # A slow pair slows both its calls alike: the ratio stays.
+    assert grid.paired_ratio([1.0, 10.0, 1.0, 0.9], [2.0, 20.0, 2.0, 1.8]) == 0.5
     assert grid.paired_ratio([3.0], [2.0]) == 1.5
+    # The second call of a pair 20% slower whichever group it is: the two orders cancel.
+    first = [1.0, 1.2, 1.0, 1.2]  # first in the even pairs, second in the odd ones
+    second = [1.2, 1.0, 1.2, 1.0]
+    assert grid.paired_ratio(first, second) == pytest.approx(1.0)
+
+
+def test_paired_timing_takes_each_group_first_in_every_other_round(grid: ModuleType, one_rank,
+                                                                   monkeypatch) -> None:
+    import torch
+    import torch.distributed as dist
+
+    settings = [grid.Setting("a", "gloo", group=dist.new_group(backend="gloo")),
+                grid.Setting("b", "gloo", group=dist.new_group(backend="gloo"))]
+    ran: list[str] = []
+    real = dist.all_reduce
+    monkeypatch.setattr(dist, "all_reduce", lambda t, group=None: (
+        ran.append("a" if group is settings[0].group else "b"), real(t, group=group)))
+    grid.time_groups(settings, torch.zeros(2), 8, 4, 1, seed=0, paired=True)
+    assert ran == ["a", "b", "b", "a", "a", "b", "b", "a"]
