@@ -329,15 +329,21 @@ TEST(TunedWorld, OffMeansNoProfileAndNoFile) {
   EXPECT_NE(::access(file.c_str(), F_OK), 0);
 }
 
+// A profile saved long ago that fits a job of two ranks on two nodes with default settings.
+LinkProfile savedFor2x1() {
+  LinkProfile p = sampleProfile();
+  p.shape = "2x1";
+  p.nsocks = Config().nsocks;
+  p.measured = "2020-01-01T00:00:00Z";
+  return p;
+}
+
 // A file that fits the job is used as it is (nothing measured); one measured for another shape
 // is measured again and replaced.
 TEST(TunedWorld, CachedUsesAFittingFileAndReplacesAnother) {
   TempDir dir;
   const std::string file = dir.path() + "/p.txt";
-  LinkProfile fitting = sampleProfile();
-  fitting.shape = "2x1";
-  fitting.nsocks = Config().nsocks;
-  fitting.measured = "2020-01-01T00:00:00Z";
+  const LinkProfile fitting = savedFor2x1();
   ASSERT_TRUE(saveProfile(fitting, file).isOk());
   std::vector<std::shared_ptr<Communicator>> comms;
   NANOCCL_MAKE_WORLD_OR_SKIP(tunedWorld({"a", "b"}, "cached", file), comms);
@@ -361,10 +367,7 @@ TEST(TunedWorld, CachedUsesAFittingFileAndReplacesAnother) {
 TEST(TunedWorld, DriftMovesTheCachedProfileAsideSoTheNextGroupMeasures) {
   TempDir dir;
   const std::string file = dir.path() + "/p.txt";
-  LinkProfile fast = sampleProfile();
-  fast.shape = "2x1";
-  fast.nsocks = Config().nsocks;
-  fast.measured = "2020-01-01T00:00:00Z";
+  LinkProfile fast = savedFor2x1();
   fast.inter = {true, 0.01, 1e9, 1e9, 1e9};
   fast.reduceMBps = 1e9;
   ASSERT_TRUE(saveProfile(fast, file).isOk());
