@@ -18,9 +18,8 @@ That finalist's median is again the lowest of several, so a third round times it
 tuner alone on fresh calls, in pairs (one call each, one right after the other, each first
 in every other pair), and the paired ratio is the figure (paired_ratio; the selection and the
 comparison on separate samples, a slow spell of the machine on both calls of a pair;
---no-confirm leaves it out). Each timed call follows a barrier
-of its group (--mode barrier), so that no rank's refill or late finish runs into the others'
-timers.
+--no-confirm leaves it out). Each timed call follows a barrier of its group (--mode barrier),
+so that no rank's refill or late finish runs into the others' timers.
 
     python bench/emucluster.py --nodes 2 --procs-per-node 2 --rate 1gbit -- \\
         bench/tune_grid.py -b 1M -e 256M -f 4 -n 3 --json results/tuning/grid_2x2_1gbit.json

@@ -87,9 +87,9 @@ inline constexpr size_t kChunkCandidates[] = {size_t{256} << 10, size_t{1} << 20
 // row with the smallest predicted time among those that support the call, and under
 // args.codecAuto the codec (of config.compressionAllow) with it; ops and rows the model does
 // not cover keep the rules above; a lossy row also gets the chunk of its compressed exchange
-// predicted fastest, a lossless one the chunk of its passes (unless chunk_bytes was set). A forced algorithm still wins; with
-// args.codecAuto it gets the codec predicted fastest on it. Without a profile, args.codecAuto
-// runs lossless.
+// predicted fastest, a lossless one the chunk of its passes (unless chunk_bytes was set). A
+// forced algorithm still wins; with args.codecAuto it gets the codec predicted fastest on it.
+// Without a profile, args.codecAuto runs lossless.
 Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& config,
                   const LinkProfile* profile);
 
