@@ -197,24 +197,10 @@ struct Communicator::Impl {
         driftWarned = true;
         NANOCCL_WARN(who() << t.what << " took " << ratio << "x the cost model's prediction over "
                            << t.calls << " calls: the link profile (measured "
-                           << profile->measured << ") may not be of these links; "
-                           << retireDriftedProfile());
+                           << profile->measured << ") may not be of these links; run "
+                           << "nanoccl-tune again or set NANOCCL_TUNING=measure");
       }
     }
-  }
-  // What a drift warning goes on to say, after rank 0 of a group that took its profile from
-  // the saved file (NANOCCL_TUNING=cached) has moved that file aside, so that the next group
-  // created measures the links again. This group keeps its profile: its ranks plan every call
-  // alike from it, and a new one would have to be measured by all of them at once.
-  std::string retireDriftedProfile() const {
-    const char* by_hand = "run nanoccl-tune again or set NANOCCL_TUNING=measure";
-    if (rank != 0 || config.tuning != "cached") return by_hand;
-    const std::string path = profilePath(config);
-    Result<bool> moved = retireProfile(*profile, path);
-    if (!moved.isOk()) return moved.status().message() + "; " + by_hand;
-    if (!moved.value()) return std::string(by_hand) + " (" + path + " holds another profile now)";
-    return "moved " + path + " to " + path + ".drifted: the next group created with "
-           "NANOCCL_TUNING=cached measures the links again";
   }
   static constexpr uint64_t kDriftCalls = 32;
   static constexpr double kDriftRatio = 3;

@@ -611,16 +611,6 @@ Result<std::optional<LinkProfile>> loadProfile(const std::string& path) {
   return std::optional<LinkProfile>(std::move(p));
 }
 
-Result<bool> retireProfile(const LinkProfile& profile, const std::string& path) {
-  NANOCCL_ASSIGN_OR_RETURN(std::optional<LinkProfile> saved, loadProfile(path));
-  if (!saved || saved->toText() != profile.toText()) return false;
-  const std::string aside = path + ".drifted";
-  if (::rename(path.c_str(), aside.c_str()) != 0) {
-    return systemError(("moving " + path + " to " + aside).c_str(), errno);
-  }
-  return true;
-}
-
 Status saveProfile(const LinkProfile& profile, const std::string& path) {
   // The directories, as `mkdir -p` (0700: ~/.cache/nanoccl is the user's own).
   for (size_t slash = path.find('/', 1); slash != std::string::npos;

@@ -101,11 +101,6 @@ std::string profilePath(const Config& config);
 Result<std::optional<LinkProfile>> loadProfile(const std::string& path);
 // Writes through a temporary file and a rename, creating the directory (0700) if needed.
 Status saveProfile(const LinkProfile& profile, const std::string& path);
-// Moves the file at `path` aside, to `path` + ".drifted", if it still holds `profile` (another
-// job may have saved a new one since), so that the next group created with
-// NANOCCL_TUNING=cached measures the links again. Returns whether it moved it. The
-// communicator calls it where a call's measured times drift from the profile's predictions.
-Result<bool> retireProfile(const LinkProfile& profile, const std::string& path);
 
 // Measures reduceMBps and every lossy codec's rates on this thread (~50 ms).
 void measureCpuRates(LinkProfile& profile);

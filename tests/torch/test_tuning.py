@@ -81,12 +81,6 @@ def test_show_says_what_is_wrong_with_the_file(tmp_path: Path) -> None:
                              capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1
     assert "no link profile at" in missing.stderr and "torchrun" in missing.stderr
-    assert "drift" not in missing.stderr
-    (tmp_path / "none.txt.drifted").write_text("anything\n")  # moved aside by a drift warning
-    aside = subprocess.run([*TUNE, "--show", "--file", str(tmp_path / "none.txt")],
-                           capture_output=True, text=True, timeout=60)
-    assert aside.returncode == 1
-    assert f"{tmp_path / 'none.txt.drifted'} is one that calls ran far off" in aside.stderr
 
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"version 1\nshape 2x2\n\x00\xffgarbage 3\n")

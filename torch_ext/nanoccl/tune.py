@@ -230,11 +230,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"nanoccl-tune: {exc}", file=sys.stderr)
             return 1
         if profile is None:
-            aside = path + ".drifted"
-            why = (f"; {aside} is one that calls ran far off (moved aside by a drift warning)"
-                   if os.path.exists(aside) else "")
-            print(f"nanoccl-tune: no link profile at {path}{why} (run nanoccl-tune under "
-                  "torchrun on every node first)", file=sys.stderr)
+            print(f"nanoccl-tune: no link profile at {path} (run nanoccl-tune under torchrun "
+                  "on every node first)", file=sys.stderr)
             return 1
         print(format_profile(profile))
         print(f"# from {path}")
