@@ -18,7 +18,12 @@ That finalist's median is again the lowest of several, so a third round times it
 tuner alone on fresh calls, in pairs (one call each, one right after the other, each first
 in every other pair), and the paired ratio is the figure (paired_ratio; the selection and the
 comparison on separate samples, a slow spell of the machine on both calls of a pair;
---no-confirm leaves it out). Each timed call follows a barrier of its group (--mode barrier),
+--no-confirm leaves it out). Fresh calls are not enough where the machine, not the link, sets
+the pace: there a group keeps its own speed for the whole run (at 10 Gbit/s on 2 cores, two
+groups running the same plan differed by 9%), so the best of 28 groups is also the luckiest
+group. The third round therefore runs on --fresh new pairs of groups, one with the finalist's
+setting and one with the tuner's (on the profile the tuner measured), and the figure is the
+geometric mean of their paired ratios (--fresh 0: the round-two groups themselves). Each timed call follows a barrier of its group (--mode barrier),
 so that no rank's refill or late finish runs into the others' timers.
 
     python bench/emucluster.py --nodes 2 --procs-per-node 2 --rate 1gbit -- \\
@@ -91,6 +96,28 @@ def static_grid(nodes: int, per_node: int, allow: list[str], chunks: list[int],
 
 
 MODES = ("barrier", "back-to-back")
+
+
+def make_group(s: Setting, timeout: datetime.timedelta) -> Any:
+    """A new process group of every rank with `s`'s backend and options."""
+    opts = None
+    if s.backend == "nanoccl":
+        import nanoccl
+        opts = nanoccl.Options(**s.options)
+    return dist.new_group(backend=s.backend, pg_options=opts, timeout=timeout)
+
+
+def fresh_twins(best: Setting, tuned: Setting, timeout: datetime.timedelta) -> list[Setting]:
+    """New groups with `best`'s setting and `tuned`'s, the tuner's on the link profile it
+    measured at its creation (read back from its file: the same choices, a fresh group)."""
+    auto = dict(tuned.options)
+    if auto.get("tuning") == "measure":
+        auto["tuning"] = "cached"
+    pair = [Setting(best.label, best.backend, dict(best.options)),
+            Setting(tuned.label, tuned.backend, auto)]
+    for s in pair:
+        s.group = make_group(s, timeout)
+    return pair
 
 
 def time_groups(groups: list[Setting], buf: torch.Tensor, size: int, iters: int, world: int,
@@ -170,6 +197,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="no third round (the best finalist and the tuner timed again on fresh "
                         "calls: the finalist's second-round median is the lowest of several, "
                         "biased low)")
+    p.add_argument("--fresh", type=int, default=3,
+                   help="pairs of new groups (the best finalist's setting, the tuner's) the "
+                        "third round compares, each pair's calls paired (0: the second "
+                        "round's groups)")
     p.add_argument("--mode", default="barrier", choices=MODES,
                    help="barrier: each timed call after a barrier of its group (default); "
                         "back-to-back: calls follow each other (how the 2026-11-24 tables were "
@@ -204,8 +235,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     gloo = Setting("gloo", "gloo")
     everyone = settings + [tuned, gloo]
     for s in everyone:
-        opts = nanoccl.Options(**s.options) if s.backend == "nanoccl" else None
-        s.group = dist.new_group(backend=s.backend, pg_options=opts, timeout=timeout)
+        s.group = make_group(s, timeout)
     profile = nanoccl.link_profile(tuned.group)
     if rank == 0:
         print(f"# tune_grid: {world} ranks ({nodes} nodes x {per_node}), {len(settings)} static "
@@ -271,25 +301,44 @@ def main(argv: Sequence[str] | None = None) -> int:
                 for st, t in zip(final[:-1], f_median):
                     print(f"#     {st.label:<38} {t * 1e3:10.2f} ms", flush=True)
             if args.confirm:
-                # The best finalist was picked as the lowest of several noisy medians, so its
-                # own median is biased low: time it and the tuner again, on fresh calls.
-                # Paired, round by round (the two in turn first), twice the calls.
-                pair = [final[f_best], tuned]
+                # The best finalist was picked as the lowest of several noisy medians, of
+                # groups that each keep their own speed: time its setting and the tuner's again
+                # on fresh calls of fresh groups (or of these, --fresh 0). Paired, round by
+                # round (the two in turn first), twice the calls.
                 c_iters = 2 * f_iters
-                calls = time_groups(pair, buf, size, c_iters, world, seed=size * 1000 + 13,
-                                    mode=args.mode, paired=True)
-                ratio = paired_ratio(calls[0], calls[1])
-                c_median = [statistics.median(c) for c in calls]
-                entry["confirm"] = {"iters": c_iters, "best": pair[0].label,
-                                    "best_s": c_median[0], "auto_s": c_median[1],
-                                    "auto_vs_best": ratio,
-                                    "auto_vs_best_medians": c_median[0] / c_median[1],
-                                    "calls_s": calls}
+                pairs = []
+                for j in range(max(1, args.fresh)):
+                    pair = ([final[f_best], tuned] if args.fresh == 0 else
+                            fresh_twins(final[f_best], tuned, timeout))
+                    if args.fresh > 0:
+                        for s in pair:  # connections, scratch memory
+                            for _ in range(max(2, args.warmup)):
+                                dist.all_reduce(buf, group=s.group)
+                    calls = time_groups(pair, buf, size, c_iters, world,
+                                        seed=size * 1000 + 13 + j, mode=args.mode, paired=True)
+                    ran = [c for c in modelled_since({}, nanoccl.stats(pair[1].group)["modelled"])
+                           if c["what"].startswith("allreduce")]
+                    if args.fresh > 0:
+                        for s in pair:
+                            dist.destroy_process_group(s.group)
+                    pairs.append({"best_s": statistics.median(calls[0]),
+                                  "auto_s": statistics.median(calls[1]),
+                                  "auto_vs_best": paired_ratio(calls[0], calls[1]),
+                                  "auto_ran": ran, "calls_s": calls})
+                ratio = math.prod(q["auto_vs_best"] for q in pairs) ** (1 / len(pairs))
+                best_s = statistics.median(q["best_s"] for q in pairs)
+                auto_s = statistics.median(q["auto_s"] for q in pairs)
+                entry["confirm"] = {"iters": c_iters, "fresh": args.fresh,
+                                    "best": final[f_best].label, "best_s": best_s,
+                                    "auto_s": auto_s, "auto_vs_best": ratio, "pairs": pairs}
                 if rank == 0:
-                    print(f"#   third round, {c_iters} paired calls each: {pair[0].label} "
-                          f"{c_median[0] * 1e3:.2f} ms; auto {c_median[1] * 1e3:.2f} ms; auto "
-                          f"at {ratio:.3f} of its speed (paired ratios; "
-                          f"{c_median[0] / c_median[1]:.3f} by the medians)", flush=True)
+                    where = (f"{args.fresh} fresh pairs of groups" if args.fresh > 0 else
+                             "the same groups")
+                    each = ", ".join(f"{q['auto_vs_best']:.3f}" for q in pairs)
+                    print(f"#   third round, {c_iters} paired calls each, {where}: "
+                          f"{final[f_best].label} {best_s * 1e3:.2f} ms; auto "
+                          f"{auto_s * 1e3:.2f} ms; auto at {ratio:.3f} of its speed (paired "
+                          f"ratios: {each})", flush=True)
         worst = min(worst, ratio)
         doc["sizes"].append(entry)
     if rank == 0:

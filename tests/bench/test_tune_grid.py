@@ -133,3 +133,28 @@ def test_paired_timing_takes_each_group_first_in_every_other_round(grid: ModuleT
         ran.append("a" if group is settings[0].group else "b"), real(t, group=group)))
     grid.time_groups(settings, torch.zeros(2), 8, 4, 1, seed=0, paired=True)
     assert ran == ["a", "b", "b", "a", "a", "b", "b", "a"]
+
+
+def test_fresh_twins_are_new_groups_with_the_finalists_and_the_tuners_settings(
+        grid: ModuleType, one_rank) -> None:
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    best = grid.Setting("x", "gloo", {"algo": "ring"}, group=dist.group.WORLD)
+    tuned = grid.Setting("auto", "gloo", {"tuning": "measure", "tuning_file": "/tmp/p0.txt"},
+                         group=dist.group.WORLD)
+    pair = grid.fresh_twins(best, tuned, datetime.timedelta(seconds=30))
+    assert [s.label for s in pair] == ["x", "auto"]
+    assert pair[0].options == {"algo": "ring"} and pair[0].options is not best.options
+    # The tuner's twin reads the profile the tuner measured instead of measuring again.
+    assert pair[1].options == {"tuning": "cached", "tuning_file": "/tmp/p0.txt"}
+    assert tuned.options["tuning"] == "measure"
+    groups = [s.group for s in pair]
+    assert groups[0] is not groups[1] and dist.group.WORLD not in groups
+    buf = torch.ones(4)
+    for g in groups:
+        dist.all_reduce(buf, group=g)
+        dist.destroy_process_group(g)
+    assert torch.equal(buf, torch.ones(4))
