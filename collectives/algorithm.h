@@ -77,8 +77,8 @@ struct CallArgs {
   // The chunk of the compressed exchange, in float32 bytes: the planner's choice (0:
   // config.chunkBytes). Context::codecChunkBytes() hands it to compressed.cc.
   size_t codecChunkBytes = 0;
-  // The chunk of a lossless call's ring and chain passes, in bytes: the planner's choice (0:
-  // config.chunkBytes). Context::chunkBytes() hands it to chunkElements().
+  // The chunk of the call's ring and chain passes (a lossy plan's node stages), in bytes: the
+  // planner's choice (0: config.chunkBytes). Context::chunkBytes() hands it to chunkElements().
   size_t chunkBytes = 0;
   // Connections a peer the call's large messages are striped over (OpFingerprint::lanes; the
   // planner's choice, 0: all of them).

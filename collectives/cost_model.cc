@@ -90,7 +90,15 @@ const CodecRates* ratesOf(const LinkProfile& p, const codec::Codec& c) {
 //   wire and codec   overlap over the chunks of all rounds (hierarchical.cc sends round r + 1
 //                    before it waits for round r's sums)
 //   messages         each chunk to each peer pays the link's alpha, once per pass (as a ring
-//                    pass's chunks do: a fixed cost per message, not only a latency)
+//                    pass's chunks do: a fixed cost per message, not only a latency), on the
+//                    wire and on the CPU: a message's system calls and hand-offs between
+//                    threads are work that shares the codec's cores. The profile has no rate
+//                    for that; alpha (half a ping-pong's round trip, on a busy machine mostly
+//                    that work) stands for it. Without it the model had no cost for more chunks
+//                    where the CPU sets the pace: on the emulated 2x2 cluster at 10 Gbit/s
+//                    (4 ranks on 2 cores) it priced 256 KiB chunks 0.3% faster than 1 MiB for
+//                    a 256 MB int8 allreduce, and they ran 10-13% slower
+//                    (results/tuning/grid_2x2_10gbit_fresh.txt).
 //   the turn         an owner sends the sums of a round's last chunk only once that chunk has
 //                    arrived and been accumulated and encoded, and round r + 1 starts after
 //                    that: the latency and the work that the round's other chunks do not cover
@@ -112,6 +120,7 @@ double compressedExchange(const LinkProfile& p, const CallArgs& args, double x, 
   const double wire = passes * share * x * ratio / link.bw + messages;
   double codecTime = cpu(p, x, r->encodeMBps) + cpu(p, share * x, r->accumulateMBps);
   if (allgather) codecTime += cpu(p, x / nodes, r->encodeMBps) + cpu(p, x, r->decodeMBps);
+  codecTime += messages / std::max(p.cpuShare, 0.01);
   double turn = 0;
   if (allgather) {
     // Per round: the last chunk's latency and the owner's work on it, less what the round's

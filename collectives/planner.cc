@@ -245,21 +245,22 @@ Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& 
       if ((forced || fixedCodec) && &row != ruled) continue;
       if (codec != nullptr && !row.lossy) continue;
       if (!row.supports(trial, topology).isOk()) continue;
-      // A lossy plan's chunk is its compressed exchange's (its node stages keep the
-      // config's); a lossless plan's is that of all its passes.
+      // A lossless plan has one chunk, that of all its passes; a lossy one two: its
+      // compressed exchange's and its node stages' passes'.
       const bool lossy = codec != nullptr && row.lossy;
       for (size_t chunk : chunks) {
         trial.codecChunkBytes = lossy ? chunk : 0;
-        const size_t passes = lossy ? config.chunkBytes : chunk;
-        const double t = predictSeconds(row, trial, topology, *profile, passes);
-        if (t < out.predictedSeconds) {
-          out.row = &row;
-          out.codec = codec;
-          out.codecParams = params;
-          out.codecChunkBytes = trial.codecChunkBytes;
-          out.chunkBytes = lossy || passes == config.chunkBytes ? 0 : passes;
-          out.lanes = trial.lanes;
-          out.predictedSeconds = t;
+        for (size_t passes : lossy ? chunks : std::vector<size_t>{chunk}) {
+          const double t = predictSeconds(row, trial, topology, *profile, passes);
+          if (t < out.predictedSeconds) {
+            out.row = &row;
+            out.codec = codec;
+            out.codecParams = params;
+            out.codecChunkBytes = trial.codecChunkBytes;
+            out.chunkBytes = passes == config.chunkBytes ? 0 : passes;
+            out.lanes = trial.lanes;
+            out.predictedSeconds = t;
+          }
         }
       }
     }

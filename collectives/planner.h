@@ -44,8 +44,8 @@ struct Plan {
   // The chunk of the compressed exchange in float32 bytes (CallArgs::codecChunkBytes); 0:
   // config.chunkBytes.
   size_t codecChunkBytes = 0;
-  // The chunk of a lossless call's pipelined passes (ring, chain; CallArgs::chunkBytes); 0:
-  // config.chunkBytes (always on a lossy plan: its node stages keep that).
+  // The chunk of the call's pipelined passes (ring, chain; on a lossy plan its node stages';
+  // CallArgs::chunkBytes); 0: config.chunkBytes.
   size_t chunkBytes = 0;
   // Connections a peer on each rail for the call's large messages (OpFingerprint::lanes):
   // plannedLanes().
@@ -77,17 +77,17 @@ inline constexpr double kMoreSocketsGain = 1.10;
 inline constexpr double kMoreSocketsGainCompressed = 1.25;
 int plannedLanes(const Config& config, const LinkProfile* profile, bool compressed);
 
-// The chunks the planner weighs for a compressed exchange, and for a lossless call's ring and
-// chain passes: config.chunkBytes first (it wins ties), then kChunkCandidates; only
-// config.chunkBytes where the user set it.
+// The chunks the planner weighs for a compressed exchange, and for a call's ring and chain
+// passes (a lossy plan's node stages: every pair of the two): config.chunkBytes first (it
+// wins ties), then kChunkCandidates; only config.chunkBytes where the user set it.
 inline constexpr size_t kChunkCandidates[] = {size_t{256} << 10, size_t{1} << 20,
                                               size_t{4} << 20};
 
 // planAlgorithm(), and with a link profile (null: none) the cost model: under algo "auto" the
 // row with the smallest predicted time among those that support the call, and under
 // args.codecAuto the codec (of config.compressionAllow) with it; ops and rows the model does
-// not cover keep the rules above; a lossy row also gets the chunk of its compressed exchange
-// predicted fastest, a lossless one the chunk of its passes (unless chunk_bytes was set). A
+// not cover keep the rules above; a row also gets the chunk of its passes predicted fastest,
+// and a lossy one that of its compressed exchange with it (unless chunk_bytes was set). A
 // forced algorithm still wins; with args.codecAuto it gets the codec predicted fastest on it.
 // Without a profile, args.codecAuto runs lossless.
 Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& config,

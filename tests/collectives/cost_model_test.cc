@@ -358,8 +358,8 @@ TEST(CostModel, TheCompressedChunkIsPlannedUnlessSet) {
   EXPECT_FALSE(Config().chunkBytesSet);
 }
 
-// The chunk of a lossless call's passes is weighed the same way; a lossy plan leaves its node
-// stages at the config's chunk, and the user's setting wins.
+// The chunk of a lossless call's passes is weighed the same way, and so is a lossy plan's node
+// stages'; the user's setting wins.
 TEST(CostModel, TheLosslessChunkIsPlannedUnlessSet) {
   const LinkProfile p = slowLinks();
   const Plan big = planned(allreduce(256 << 20), &p);
@@ -374,12 +374,23 @@ TEST(CostModel, TheLosslessChunkIsPlannedUnlessSet) {
   }
   // 64 KiB: one chunk of any candidate, so the config's wins the tie (0: config.chunkBytes).
   EXPECT_EQ(planned(allreduce(64 << 10), &p).chunkBytes, 0u);
-  // A compressed plan keeps the config's chunk for its node stages.
+  // A compressed plan weighs its node stages' chunk too, beside its exchange's: here the
+  // largest as well, and no pair of candidates is predicted faster.
   CallArgs lossy = allreduce(256 << 20);
   lossy.codecAuto = true;
   const Plan compressed = planned(lossy, &p);
   ASSERT_NE(compressed.codec, nullptr);
-  EXPECT_EQ(compressed.chunkBytes, 0u);
+  EXPECT_EQ(compressed.chunkBytes, size_t{4} << 20);
+  for (size_t chunk : detail::kChunkCandidates) {
+    for (size_t passes : detail::kChunkCandidates) {
+      CallArgs t = lossy;
+      t.codec = compressed.codec;
+      t.codecParams = compressed.codecParams;
+      t.codecChunkBytes = chunk;
+      EXPECT_GE(detail::predictSeconds(*compressed.row, t, k2x2, p, passes),
+                compressed.predictedSeconds) << chunk << " " << passes;
+    }
+  }
   Config c;
   ASSERT_TRUE(c.set("chunk_bytes", "65536").isOk());
   EXPECT_EQ(planned(allreduce(256 << 20), &p, c).chunkBytes, 0u);
@@ -457,6 +468,29 @@ TEST(CostModel, TinyChunksPayForTheirMessages) {
   const double one = detail::predictSeconds(*row, big, k2x2, p, 1 << 20);
   big.codecChunkBytes = 256 << 10;
   EXPECT_LT(detail::predictSeconds(*row, big, k2x2, p, 1 << 20), one);
+}
+
+// The profile the tuner measured on the emulated 2x2 cluster at 10 Gbit/s, where 4 ranks on 2
+// cores set the pace, not the link (results/tuning/grid_2x2_10gbit_fresh.txt). There a 256 MB
+// int8 allreduce ran 10-13% slower in 256 KiB chunks than in 1 MiB ones, and fastest with
+// 4 MiB chunks on its node stages as well: each message costs CPU time, not only wire time.
+TEST(CostModel, WhereTheCpuSetsThePaceMessagesCostItsTime) {
+  LinkProfile p = slowLinks();
+  p.inter = {true, 30.49, 784.8, 720.6, 1009};
+  p.intra = {true, 16.32, 5621, 5621};
+  p.reduceMBps = 13876;
+  p.cpuShare = 0.5;
+  p.codecs = {{"fp16", 17634, 13820, 18178},
+              {"bf16", 14927, 16769, 19090},
+              {"int8", 11338, 21253, 12212},
+              {"int4", 11693, 16243, 13002}};
+  CallArgs a = allreduce(256 << 20);
+  a.codecAuto = true;
+  const Plan plan = planned(a, &p);
+  ASSERT_EQ(codecName(plan), "int8");
+  EXPECT_EQ(plan.lanes, 1);
+  EXPECT_NE(plan.codecChunkBytes, size_t{256} << 10);  // 0: the config's 1 MiB
+  EXPECT_EQ(plan.chunkBytes, size_t{4} << 20);
 }
 
 TEST(CostModelSettings, CompressionAllowIsChecked) {
