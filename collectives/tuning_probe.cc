@@ -35,6 +35,10 @@ constexpr size_t kIntraBulkBytes = size_t{16} << 20;
 constexpr size_t kMaxNodeBulkBytes = size_t{32} << 20;
 constexpr double kNodeProbeSeconds = 0.03;
 
+// Empty barriers timed before each node probe; the fastest is what the probe's own closing
+// barrier costs.
+constexpr int kEmptyBarriers = 3;
+
 struct Probe {
   double alphaUs = 0;   // half the median round trip of 8 bytes (0 when not pinged)
   double seconds = 0;   // the last bulk transfer, less one round trip
@@ -213,16 +217,22 @@ Result<LinkProfile> probeLinks(Store& store, const TuningTarget& t, ProbeContext
       if (inter != nullptr) {
         NANOCCL_CHECK(probePair(*inter, 0, 1, 0, nodeBytes, kNodeBulkTag, 1).status());
       }
-      // Every shard at once on `ctx`, timed by rank 0 from one barrier to the next.
+      // Every shard at once on `ctx`, timed by rank 0 from one barrier to the next, less the
+      // fastest of kEmptyBarriers empty barriers (transferSeconds). With one, a slow empty
+      // barrier made the transfer look faster than the link: at 10 Gbit/s (1250 MB/s) node
+      // rates of 1402-8442 MB/s were measured on the busy 2-core machine (results/tuning).
       const auto allShards = [&](detail::Context* ctx, uint32_t tag) -> Result<double> {
         NANOCCL_CHECK(sync());
-        Clock::time_point t0 = Clock::now();
-        NANOCCL_CHECK(sync());
-        const double empty = secondsSince(t0);
-        t0 = Clock::now();
+        std::vector<double> empty;
+        for (int i = 0; i < kEmptyBarriers; ++i) {
+          const Clock::time_point t0 = Clock::now();
+          NANOCCL_CHECK(sync());
+          empty.push_back(secondsSince(t0));
+        }
+        const Clock::time_point t0 = Clock::now();
         if (ctx != nullptr) NANOCCL_CHECK(probePair(*ctx, 0, 1, 0, nodeBytes, tag, 1).status());
         NANOCCL_CHECK(sync());
-        return std::max(secondsSince(t0) - empty, 1e-6);
+        return transferSeconds(secondsSince(t0), empty);
       };
       NANOCCL_ASSIGN_OR_RETURN(nodeSeconds, allShards(inter, kNodeBulkTag + 1));
       if (sockets) {
@@ -273,6 +283,13 @@ Result<LinkProfile> probeLinks(Store& store, const TuningTarget& t, ProbeContext
 }
 
 }  // namespace
+
+double transferSeconds(double timed, const std::vector<double>& emptyBarriers) {
+  double barrier = timed;
+  for (double e : emptyBarriers) barrier = std::min(barrier, e);
+  if (emptyBarriers.empty()) barrier = 0;
+  return std::max(timed - barrier, 1e-6);
+}
 
 Result<LinkProfile> probeLinks(Store& store, const TuningTarget& t, const Deadline& deadline) {
   OpFingerprint fp;

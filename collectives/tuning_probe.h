@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <string>
+#include <vector>
 
 #include "collectives/store.h"
 #include "collectives/tuning.h"
@@ -21,6 +22,11 @@ inline double secondsSince(std::chrono::steady_clock::time_point t0) {
 // at once; rank 0 returns them, the others empty classes. On failure the group's transports
 // are aborted: what the probe left in flight ends before its scratch memory goes.
 Result<LinkProfile> probeLinks(Store& store, const TuningTarget& t, const Deadline& deadline);
+
+// A node probe's transfer: `timed` from one barrier to the next, less the fastest of the empty
+// barriers timed just before (what the closing barrier itself costs; a slow one is the
+// machine's hiccup, not the barrier's cost). At least 1 us.
+double transferSeconds(double timed, const std::vector<double>& emptyBarriers);
 
 // This host's name, "?" where the system does not say.
 std::string hostName();
