@@ -475,15 +475,17 @@ TEST(CostModel, TinyChunksPayForTheirMessages) {
 // int8 allreduce ran 10-13% slower in 256 KiB chunks than in 1 MiB ones, and fastest with
 // 4 MiB chunks on its node stages as well: each message costs CPU time, not only wire time.
 TEST(CostModel, WhereTheCpuSetsThePaceMessagesCostItsTime) {
-  LinkProfile p = slowLinks();
-  p.inter = {true, 30.49, 784.8, 720.6, 1009};
-  p.intra = {true, 16.32, 5621, 5621};
-  p.reduceMBps = 13876;
-  p.cpuShare = 0.5;
-  p.codecs = {{"fp16", 17634, 13820, 18178},
-              {"bf16", 14927, 16769, 19090},
-              {"int8", 11338, 21253, 12212},
-              {"int4", 11693, 16243, 13002}};
+  const Result<LinkProfile> measured = LinkProfile::parse(
+      "version 1\nshape 2x2\ntransport tcp\nnsocks 2\nmeasured 2026-11-26T19:21:38Z\n"
+      "inter alpha_us 30.49 pair_MBps 784.8 node_MBps 720.6\ninter_one_socket_MBps 1009\n"
+      "intra alpha_us 16.32 pair_MBps 5621 node_MBps 5621\nreduce_MBps 13876\ncpu_share 0.5\n"
+      "codec fp16 encode_MBps 17634 decode_MBps 13820 accumulate_MBps 18178\n"
+      "codec bf16 encode_MBps 14927 decode_MBps 16769 accumulate_MBps 19090\n"
+      "codec int8 encode_MBps 11338 decode_MBps 21253 accumulate_MBps 12212\n"
+      "codec int4 encode_MBps 11693 decode_MBps 16243 accumulate_MBps 13002\n",
+      "grid_2x2_10gbit_fresh");
+  ASSERT_TRUE(measured.isOk()) << measured.status().message();
+  const LinkProfile& p = measured.value();
   CallArgs a = allreduce(256 << 20);
   a.codecAuto = true;
   const Plan plan = planned(a, &p);
