@@ -23,8 +23,9 @@ the pace: there a group keeps its own speed for the whole run (at 10 Gbit/s on 2
 groups running the same plan differed by 9%), so the best of 28 groups is also the luckiest
 group. The third round therefore runs on --fresh new pairs of groups, one with the finalist's
 setting and one with the tuner's (on the profile the tuner measured), and the figure is the
-geometric mean of their paired ratios (--fresh 0: the round-two groups themselves). Each timed call follows a barrier of its group (--mode barrier),
-so that no rank's refill or late finish runs into the others' timers.
+geometric mean of their paired ratios (--fresh 0: the round-two groups themselves). Each timed
+call follows a barrier of its group (--mode barrier), so that no rank's refill or late finish
+runs into the others' timers.
 
     python bench/emucluster.py --nodes 2 --procs-per-node 2 --rate 1gbit -- \\
         bench/tune_grid.py -b 1M -e 256M -f 4 -n 3 --json results/tuning/grid_2x2_1gbit.json

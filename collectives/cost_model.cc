@@ -97,8 +97,8 @@ const CodecRates* ratesOf(const LinkProfile& p, const codec::Codec& c) {
 //                    that work) stands for it. Without it the model had no cost for more chunks
 //                    where the CPU sets the pace: on the emulated 2x2 cluster at 10 Gbit/s
 //                    (4 ranks on 2 cores) it priced 256 KiB chunks 0.3% faster than 1 MiB for
-//                    a 256 MB int8 allreduce, and they ran 10-13% slower
-//                    (results/tuning/grid_2x2_10gbit_fresh.txt).
+//                    a 256 MB int8 allreduce, and they ran 4-13% slower
+//                    (results/tuning/grid_2x2_10gbit_{fresh,final}.txt).
 //   the turn         an owner sends the sums of a round's last chunk only once that chunk has
 //                    arrived and been accumulated and encoded, and round r + 1 starts after
 //                    that: the latency and the work that the round's other chunks do not cover
