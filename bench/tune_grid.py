@@ -315,9 +315,11 @@ def main(argv: Sequence[str] | None = None) -> int:
                         for s in pair:  # connections, scratch memory
                             for _ in range(max(2, args.warmup)):
                                 dist.all_reduce(buf, group=s.group)
+                    before = dict(nanoccl.stats(pair[1].group)["modelled"])
                     calls = time_groups(pair, buf, size, c_iters, world,
                                         seed=size * 1000 + 13 + j, mode=args.mode, paired=True)
-                    ran = [c for c in modelled_since({}, nanoccl.stats(pair[1].group)["modelled"])
+                    ran = [c for c in modelled_since(before,
+                                                     nanoccl.stats(pair[1].group)["modelled"])
                            if c["what"].startswith("allreduce")]
                     if args.fresh > 0:
                         for s in pair:

@@ -30,9 +30,14 @@ Link interLink(const LinkProfile& p, int lanes, int crossing) {
 
 Link intraLink(const LinkProfile& p) { return {p.intra.alphaUs * 1e-6, p.intra.pairMBps * 1e6}; }
 
+// What `seconds` of one core's work take on a rank's share of a core.
+double onShare(const LinkProfile& p, double seconds) {
+  return seconds / std::max(p.cpuShare, 0.01);
+}
+
 // One CPU's seconds for `bytes` at `mbps` (MB/s of one core), given the share of a core.
 double cpu(const LinkProfile& p, double bytes, double mbps) {
-  return bytes / (std::max(mbps, 1.0) * 1e6 * std::max(p.cpuShare, 0.01));
+  return onShare(p, bytes / (std::max(mbps, 1.0) * 1e6));
 }
 
 // One ring pass over `ranks` ranks (a reduce-scatter or an allgather), each rank sending
@@ -120,7 +125,7 @@ double compressedExchange(const LinkProfile& p, const CallArgs& args, double x, 
   const double wire = passes * share * x * ratio / link.bw + messages;
   double codecTime = cpu(p, x, r->encodeMBps) + cpu(p, share * x, r->accumulateMBps);
   if (allgather) codecTime += cpu(p, x / nodes, r->encodeMBps) + cpu(p, x, r->decodeMBps);
-  codecTime += messages / std::max(p.cpuShare, 0.01);
+  codecTime += onShare(p, messages);
   double turn = 0;
   if (allgather) {
     // Per round: the last chunk's latency and the owner's work on it, less what the round's

@@ -1,6 +1,7 @@
 #include "collectives/planner.h"
 
 #include <algorithm>
+#include <span>
 #include <string>
 
 #include "collectives/cost_model.h"
@@ -250,7 +251,9 @@ Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& 
       const bool lossy = codec != nullptr && row.lossy;
       for (size_t chunk : chunks) {
         trial.codecChunkBytes = lossy ? chunk : 0;
-        for (size_t passes : lossy ? chunks : std::vector<size_t>{chunk}) {
+        const std::span<const size_t> passChunks =
+            lossy ? std::span<const size_t>(chunks) : std::span<const size_t>(&chunk, 1);
+        for (size_t passes : passChunks) {
           const double t = predictSeconds(row, trial, topology, *profile, passes);
           if (t < out.predictedSeconds) {
             out.row = &row;

@@ -15,7 +15,6 @@
 #include <iterator>
 #include <sstream>
 
-#include "collectives/algorithm.h"
 #include "collectives/codec/codec.h"
 #include "collectives/tuning_probe.h"
 #include "common/logging.h"

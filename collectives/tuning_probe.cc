@@ -14,7 +14,6 @@
 #include <vector>
 
 #include "collectives/algorithm.h"
-#include "common/logging.h"
 
 namespace nanoccl::tuning_probe {
 namespace {
