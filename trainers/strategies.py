@@ -78,6 +78,10 @@ class TrainConfig:
     # GPU's streams overlap them (nanoccl.hooks.overlap_fsdp), whatever the backend; False
     # (train.py's default: no faster on the emulated cluster, README): in place.
     fsdp_overlap: bool = False
+    # hsdp with a codec (not overlapping): "forward" gathers each unit's averaged gradient and
+    # steps the unit in its next forward (half the cross-node bytes move then); "backward":
+    # the whole cross-node allreduce in the backward, one optimizer step after it.
+    hsdp_step: str = "forward"
     # tp on one rank (train.py --probe-one-rank): nothing split, DTensor's dispatch and the
     # (one-rank) collectives kept, so that nanoccl-advise's probe can time the framework's own
     # work a step; no effect on more ranks.
@@ -120,6 +124,10 @@ class Strategy:
 
     def train_step(self, step: int) -> float | None:
         raise NotImplementedError
+
+    def finish(self) -> None:
+        """After the last step: what the strategy left pending (hsdp steps each unit in its
+        next forward: the last step's updates)."""
 
     def comm_groups(self) -> list[Any]:
         """The process groups the strategy's collectives run on (None: the default group);
@@ -369,16 +377,37 @@ class HybridSharded(_WholeModel):
             fully_shard(unit, mesh=shard_mesh, reshard_after_forward=False)
         fully_shard(self.model, mesh=shard_mesh, reshard_after_forward=False)
         self.how = ""
+        self.comms: Any = None
+        # With a codec (not overlapping): the cross-node average split, its all-gather and
+        # each unit's optimizer step moved to the unit's next forward (hooks._ReplicaStepInForward).
+        in_forward = compress and not overlap and cfg.hsdp_step == "forward"
         if compress or overlap:
-            _hooks().compress_fsdp(self.model, cfg.codec if compress else None, overlap=overlap,
-                                   replicate_group=mesh.get_group("replicate"))
+            self.comms = _hooks().compress_fsdp(
+                self.model, cfg.codec if compress else None, overlap=overlap,
+                replicate_group=mesh.get_group("replicate"),
+                step_in_forward=(lambda ps: make_optimizer(ps, cfg.lr)) if in_forward else None)
             self.how = ((f", cross-node {cfg.codec} + error feedback" if compress else "")
-                        + (", collectives overlapped" if overlap else ""))
-        self.optim = make_optimizer(self.model.parameters(), cfg.lr)
+                        + (", collectives overlapped" if overlap else "")
+                        + (", gradients gathered and units stepped in the next forward"
+                           if in_forward else ""))
+        self.in_forward = in_forward
+        self.optim = None if in_forward else make_optimizer(self.model.parameters(), cfg.lr)
         self.groups = [mesh.get_group("replicate"), mesh.get_group("shard")]
 
     def comm_groups(self) -> list[Any]:
         return [None, *self.groups]
+
+    def train_step(self, step: int) -> float | None:
+        if not self.in_forward:
+            return super().train_step(step)
+        x, y = self._batch(step, self.split_batch)
+        loss = self.loss_fn(self.module(x), y)  # each unit first steps on its last gradient
+        loss.backward()  # each unit's shard reduce-scattered across nodes
+        return float(loss.detach())
+
+    def finish(self) -> None:
+        if self.in_forward:
+            self.comms.flush()
 
     def describe(self) -> str:
         return (f"hsdp (FSDP2 fully_shard on mesh replicate {self.nodes} x shard {self.local}, "

@@ -77,6 +77,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "cross-node allreduces) and all-gathers with compute, as a GPU's "
                         "streams do (nanoccl.hooks.overlap_fsdp, any backend); default off, "
                         "FSDP2's own calls in place")
+    p.add_argument("--hsdp-step", default="forward", choices=("forward", "backward"),
+                   help="hsdp with a codec: 'forward' (default) gathers each unit's averaged "
+                        "gradient across nodes and steps the unit in its next forward; "
+                        "'backward' all-reduces it in the backward, one optimizer step after")
     p.add_argument("--probe-one-rank", action="store_true",
                    help="let tp run on one rank (nothing split, DTensor's dispatch kept): how "
                         "nanoccl-advise --probe-framework times the framework's own work")
@@ -204,7 +208,7 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
                       schedule=args.schedule, device=device, local_world=local_world,
                       codec=spec.codec, gather_codec=spec.gather_codec,
                       timeout_s=args.timeout, nanoccl=spec.is_nanoccl,
-                      fsdp_overlap=args.fsdp_overlap == "on",
+                      fsdp_overlap=args.fsdp_overlap == "on", hsdp_step=args.hsdp_step,
                       probe_one_rank=args.probe_one_rank)
     strategy = make_strategy(cfg, source, rank, world)
     unit = "tokens" if gpt else "images"
@@ -257,6 +261,10 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
     t_end = time.perf_counter()
     counters_end = _read_counters(ifname) if count_link else None
     stats_end = backends.nanoccl_stats(spec, strategy.comm_groups())
+    # What the strategy left pending (hsdp: the last step's gathers and updates, run in the
+    # next forward) is not timed: the window's first forward ran the warm-up's, so the window
+    # holds the work of exactly its steps.
+    strategy.finish()
 
     link: tuple[int, int] | None = None
     if counters_start is not None and counters_end is not None:

@@ -213,9 +213,10 @@ HSDP = ["--model", "gpt2-nano", "--batch", "8", "--steps", "3", "--warmup-steps"
         "--print-every", "0", "--strategy", "hsdp"]
 
 
-def _hsdp_2x2(backend: str, tmp_root: Path, **env: str) -> Launch:
-    name = f"hsdp-2x2-{backend}" + "".join(f"-{k}={v}" for k, v in env.items())
-    res = _run(name, 4, HSDP + ["--backend", backend], tmp_root, node_env(2, 2, **env))
+def _hsdp_2x2(backend: str, tmp_root: Path, step: str = "forward", **env: str) -> Launch:
+    name = (f"hsdp-2x2-{backend}-{step}" + "".join(f"-{k}={v}" for k, v in env.items()))
+    res = _run(name, 4, HSDP + ["--backend", backend, "--hsdp-step", step], tmp_root,
+               node_env(2, 2, **env))
     assert res.ok, res.output[-3000:]
     assert res.result is not None
     assert (res.result["nodes"], res.result["procs_per_node"]) == (2, 2)
@@ -265,6 +266,24 @@ def test_hsdp_2x2_with_int8_on_the_replicate_group(tmp_root: Path) -> None:
     plain, packed = lossless["nanoccl_bytes"], int8["nanoccl_bytes"]
     assert packed["inter_sent"] < 0.3 * plain["inter_sent"]
     assert packed["intra_sent"] == plain["intra_sent"]  # the codec is for the inter-node leg
+
+
+@pytest.mark.timeout(150)
+def test_hsdp_2x2_steps_units_in_the_next_forward(tmp_root: Path) -> None:
+    """hsdp with a codec (--hsdp-step forward, the default): each unit's shard reduce-scattered
+    across nodes in the backward, all-gathered and stepped in its next forward; the same
+    losses as the whole compressed allreduce in the backward (--hsdp-step backward), and the
+    same bytes across nodes, now split between reduce-scatters and all-gathers."""
+    forward = _hsdp_2x2("nanoccl+int8", tmp_root).result
+    backward = _hsdp_2x2("nanoccl+int8", tmp_root, "backward").result
+    assert forward is not None and backward is not None
+    assert "stepped in the next forward" in forward["description"]
+    assert "stepped in the next forward" not in backward["description"]
+    assert forward["losses"] == pytest.approx(backward["losses"], rel=1e-6)
+    split, whole = forward["nanoccl_bytes"], backward["nanoccl_bytes"]
+    assert whole["inter_sent"] == whole["sent_allreduce"] > 0
+    assert split.get("sent_allreduce", 0) == 0
+    assert split["inter_sent"] == pytest.approx(whole["inter_sent"], rel=0.05)
 
 
 # ----------------------------------------------- FSDP2 (zero2) on 2 nodes x 2 ranks, codecs
@@ -347,7 +366,7 @@ def test_hsdp_2x2_overlapped_trains_the_same_losses(tmp_root: Path) -> None:
     and end in the same bits: Gloo and nanoccl+int8 (its error feedback) give exactly the
     losses they give in place."""
     for backend in ("gloo", "nanoccl+int8"):
-        in_place = _hsdp_2x2(backend, tmp_root).result
+        in_place = _hsdp_2x2(backend, tmp_root, "backward").result
         res = _run(f"hsdp-2x2-{backend}-overlap", 4,
                    HSDP + ["--backend", backend, "--fsdp-overlap", "on"], tmp_root,
                    node_env(2, 2))

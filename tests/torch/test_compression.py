@@ -53,6 +53,18 @@ def test_fsdp_overlap_gives_the_same_bits(layout: str) -> None:
 
 
 @pytest.mark.timeout(200)
+def test_hsdp_steps_each_unit_in_its_next_forward() -> None:
+    """compress_fsdp(step_in_forward=...) on 2x2: lossless the same bits as FSDP2's own HSDP,
+    int8 the same bits on every rank and within 2% of it, its state through a checkpoint,
+    misuse refused on every rank."""
+    job = run_job("hsdp_step_in_forward", 4, rank_env=node_env("aabb"), timeout=190,
+                  pg_timeout=20, script=JOBS)
+    results = job.assert_ok()
+    assert all(r["checks"] == 16 for r in results), [r["checks"] for r in results]
+    print("hsdp final losses:", results[0]["losses"])
+
+
+@pytest.mark.timeout(200)
 def test_ddp_error_feedback_converges() -> None:
     """DDP on 2x2: int8 + error feedback within 2% of the lossless final loss, int4 within 5%;
     int8 with every bucket of a step fused into one call within 2% too."""

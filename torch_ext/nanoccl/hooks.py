@@ -29,6 +29,7 @@ N bytes (or at the step's last bucket), with one residual for the fused group;
 below which the predicted fixed cost of a call is more than a tenth of its time.
 """
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -476,6 +477,123 @@ class _ReplicaAllReduce(_UnitResidual):
             self.launch(grad, False)
 
 
+class _ReplicaStepInForward:
+    """One unit's HSDP average across the replicas split in two, with the unit's optimizer step
+    moved to just before its next forward (``compress_fsdp(step_in_forward=...)``).
+
+    A replica all-reduce is a reduce-scatter and an all-gather, and HSDP runs both in the
+    backward: the link idles through the forward and every cross-node byte sits between the
+    first gradient and the optimizer step. Here FSDP2's all-reduce hook only reduce-scatters the
+    unit's shard across the replicas (this rank keeps 1/r of it, averaged; `codec` with error
+    feedback), and the all-gather of the averaged parts waits for the unit's next forward: a
+    forward pre-hook, run before FSDP2 gathers the unit's parameters inside the node, gathers
+    them (compressed, the owner's encoding error fed back), writes the averaged gradient where
+    FSDP2 left the unit's ``.grad`` and steps the unit's own optimizer. Half the bytes cross in
+    the backward and half in the forward, as ZeRO-2's gradients and qwZ's parameters do.
+
+    The same update as stepping after the backward: AdamW and the like are elementwise, so one
+    optimizer per unit, stepped when the unit next runs, computes what one optimizer over all
+    of them would have (not so for a step that reads every gradient at once, e.g. clipping by
+    the global norm). Every replica ends with the same bits: each part is encoded once by its
+    owner and everyone, the owner too, decodes those bytes."""
+
+    def __init__(self, unit: torch.nn.Module, group: dist.ProcessGroup, codec: str | None,
+                 block_size: int, error_feedback: bool,
+                 make_optimizer: Any) -> None:
+        self.unit, self.group = unit, group
+        self.codec, self.block_size, self.error_feedback = codec, block_size, error_feedback
+        self.replicas, self.me = dist.get_world_size(group), dist.get_rank(group)
+        params = _unit_params(unit)
+        self.optimizer = make_optimizer(params) if params else None
+        self.grad: torch.Tensor | None = None  # FSDP2's reduce output awaiting its gather
+        self.part: torch.Tensor | None = None  # this rank's averaged 1/replicas of it
+        self.residual: torch.Tensor | None = None  # the reduce-scatter's (its input's size)
+        self.gather_residual: torch.Tensor | None = None  # the all-gather's (the part's size)
+        self.calls = 0  # compressed reduce-scatters sent (each gathered once)
+        unit.register_forward_pre_hook(self._before_forward, prepend=True)
+
+    def _compressed(self, t: torch.Tensor) -> bool:
+        return bool(self.codec) and t.dtype in _COMPRESSIBLE and t.device.type == "cpu"
+
+    def __call__(self, grad: torch.Tensor) -> None:
+        """FSDP2's all-reduce hook (the backward): the cross-node reduce-scatter, in place."""
+        if self.grad is not None:
+            raise RuntimeError("compress_fsdp(step_in_forward=...): a second backward reached a "
+                               "unit before its forward stepped the first one's gradient; "
+                               "accumulate with set_requires_all_reduce(False) instead")
+        if grad.dtype == torch.float16:  # FSDP2 would divide it after this hook, not after ours
+            raise RuntimeError("compress_fsdp(step_in_forward=...) takes float32 or bfloat16 "
+                               "gradients (FSDP2 post-divides float16 ones): reduce_dtype "
+                               "float16 needs step_in_forward=None")
+        n = grad.numel()
+        per = -(-n // self.replicas)
+        padded = grad.reshape(-1)
+        if per * self.replicas != n:
+            padded = torch.zeros(per * self.replicas, dtype=grad.dtype)
+            padded[:n].copy_(grad.reshape(-1))
+        part = torch.empty(per, dtype=grad.dtype)
+        if self._compressed(grad):
+            residual = None
+            if self.error_feedback:
+                if self.residual is None or self.residual.numel() != padded.numel():
+                    self.residual = torch.zeros(padded.numel(), dtype=torch.float32)
+                residual = self.residual
+            self.calls += 1
+            nanoccl.reduce_scatter_compressed(part, padded, residual, codec=self.codec or "",
+                                              block_size=self.block_size,
+                                              op=dist.ReduceOp.AVG, group=self.group)
+        else:
+            _reduce_scatter(part, padded, group=self.group)  # SUM: Gloo has no AVG
+            part.div_(self.replicas)
+        self.grad, self.part = grad, part
+
+    def _before_forward(self, *_: Any) -> None:
+        self.step()
+
+    def step(self) -> None:
+        """Gathers the averaged gradient and steps the unit's parameters, if a backward left
+        one (a collective on the replicate group: every rank calls it in the same order)."""
+        if self.grad is None or self.part is None:
+            return
+        grad, part = self.grad, self.part
+        self.grad = self.part = None
+        out = torch.empty(part.numel() * self.replicas, dtype=part.dtype)
+        if self._compressed(part):
+            sent, exact = part, None
+            if self.error_feedback:
+                if self.gather_residual is None or self.gather_residual.numel() != part.numel():
+                    self.gather_residual = torch.zeros(part.numel(), dtype=torch.float32)
+                exact = part.float() + self.gather_residual
+                sent = exact.to(part.dtype)
+            nanoccl.all_gather_compressed(out, sent, codec=self.codec or "",
+                                          block_size=self.block_size, group=self.group)
+            if exact is not None and self.gather_residual is not None:
+                mine = out[self.me * part.numel():(self.me + 1) * part.numel()]
+                torch.sub(exact, mine.float(), out=self.gather_residual)
+        else:
+            _all_gather(out, part, group=self.group)
+        grad.reshape(-1).copy_(out[:grad.numel()])
+        if self.optimizer is not None:
+            self.optimizer.step()
+            self.optimizer.zero_grad(set_to_none=True)
+
+
+class _GatherResidual:
+    """A step_in_forward unit's all-gather residual, seen as ``residual`` (FSDPCompression's
+    checkpoint code reads and writes that name)."""
+
+    def __init__(self, unit: _ReplicaStepInForward) -> None:
+        self.unit = unit
+
+    @property
+    def residual(self) -> torch.Tensor | None:
+        return self.unit.gather_residual
+
+    @residual.setter
+    def residual(self, value: torch.Tensor | None) -> None:
+        self.unit.gather_residual = value
+
+
 class FSDPCompression:
     """What ``compress_fsdp`` (or ``overlap_fsdp``) installed: one compressed reduce-scatter
     per FSDP2 unit (in module order, each with its residual; none without a codec), the shared
@@ -487,12 +605,31 @@ class FSDPCompression:
                  reduce_scatters: list[CompressedReduceScatter],
                  all_gather: CompressedAllGather | None,
                  in_flight: _InFlight | None = None,
-                 all_reduces: list[_ReplicaAllReduce] | None = None) -> None:
+                 all_reduces: list[_ReplicaAllReduce] | None = None,
+                 stepped: list[_ReplicaStepInForward] | None = None) -> None:
         self.codec, self.gather_codec, self.block_size = codec, gather_codec, block_size
         self.reduce_scatters, self.all_gather = reduce_scatters, all_gather
         self.in_flight = in_flight
         self.all_reduces = all_reduces or []
+        self.stepped = stepped or []  # step_in_forward: each unit's split average and optimizer
         self.prefetch: _ForwardPrefetch | None = None
+
+    @property
+    def optimizers(self) -> list[torch.optim.Optimizer]:
+        """step_in_forward: the units' own optimizers (one per unit with parameters)."""
+        return [u.optimizer for u in self.stepped if u.optimizer is not None]
+
+    @property
+    def pending(self) -> int:
+        """step_in_forward: units whose gradient a backward left and no forward has stepped."""
+        return sum(u.grad is not None for u in self.stepped)
+
+    def flush(self) -> None:
+        """step_in_forward: steps every unit a backward left a gradient for, now (before
+        evaluating without a forward, saving, or at the end of training); a collective on the
+        replicate group, as the forward's would be."""
+        for unit in self.stepped:
+            unit.step()
 
     @property
     def forward_order(self) -> list[torch.nn.Module]:
@@ -514,18 +651,27 @@ class FSDPCompression:
 
     @property
     def all_reduce_calls(self) -> int:
-        return sum(ar.calls for ar in self.all_reduces)
+        return (sum(ar.calls for ar in self.all_reduces)
+                + sum(u.calls for u in self.stepped))
 
     def _carriers(self) -> dict[str, list[Any]]:
         """The calls that keep residuals, by the state_dict key that holds theirs."""
         return {"residuals": list(self.reduce_scatters),
-                "replica_residuals": list(self.all_reduces)}
+                "replica_residuals": list(self.all_reduces) + list(self.stepped),
+                "gather_residuals": [_GatherResidual(u) for u in self.stepped]}
 
     def state_dict(self) -> dict[str, Any]:
+        """The residuals (and, with step_in_forward, each unit's optimizer state, under
+        "optimizers"); with step_in_forward, flush() first."""
+        if self.pending:
+            raise RuntimeError(f"FSDPCompression.state_dict: {self.pending} unit(s) hold a "
+                               f"gradient not yet stepped: call flush() first")
         state: dict[str, Any] = {"codec": self.codec, "block_size": self.block_size}
         for key, calls in self._carriers().items():
             state[key] = {i: c.residual.detach().clone() for i, c in enumerate(calls)
                           if c.residual is not None}
+        if self.stepped:
+            state["optimizers"] = [o.state_dict() for o in self.optimizers]
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -542,12 +688,21 @@ class FSDPCompression:
                 r = residuals.get(i)
                 c.residual = (None if r is None
                               else r.detach().clone().to(torch.float32).contiguous())
+        if self.stepped:
+            saved = state.get("optimizers", [])
+            if len(saved) != len(self.optimizers):
+                raise ValueError(f"checkpoint has {len(saved)} unit optimizers, this model "
+                                 f"steps {len(self.optimizers)}")
+            for optimizer, s in zip(self.optimizers, saved):
+                optimizer.load_state_dict(s)
 
 
 def compress_fsdp(module: torch.nn.Module, codec: str | None = "int8", *,
                   gather_codec: str | None = None, block_size: int = 0,
                   error_feedback: bool = True, overlap: bool = False,
-                  replicate_group: dist.ProcessGroup | None = None) -> FSDPCompression:
+                  replicate_group: dist.ProcessGroup | None = None,
+                  step_in_forward: Callable[[list[torch.nn.Parameter]], torch.optim.Optimizer]
+                  | None = None) -> FSDPCompression:
     """Compresses the collectives of every FSDP2 unit in `module` (fully_shard applied to it
     and its submodules): gradients reduce-scattered with `codec` across nodes, with error
     feedback (a residual per unit) unless ``error_feedback=False``, and, with `gather_codec`,
@@ -562,6 +717,16 @@ def compress_fsdp(module: torch.nn.Module, codec: str | None = "int8", *,
     residual per unit (``state_dict()["replica_residuals"]``), overlapped when ``overlap``.
     FSDP2's own HSDP (fully_shard on the 2-D mesh) all-reduces in place with no hook that could
     carry a residual: there the replicate group's own ``compression`` setting applies.
+
+    HSDP with ``step_in_forward=make_optimizer`` (a function from a list of parameters to an
+    optimizer, e.g. ``lambda ps: torch.optim.AdamW(ps, lr=1e-3)``): each unit gets its own
+    optimizer, the backward only reduce-scatters each shard across the replicas, and the unit's
+    next forward first all-gathers the averaged gradient and steps the unit
+    (``_ReplicaStepInForward``): half the cross-node bytes move during the forward. Do not call
+    an optimizer step or zero_grad yourself; ``comms.flush()`` steps what the last backward
+    left (before saving or evaluating without a forward), and ``state_dict()`` holds the units'
+    optimizer states with the residuals. Elementwise optimizers only (no clipping by the global
+    gradient norm); not with ``overlap``.
     """
     from torch.distributed.fsdp import FSDPModule
 
@@ -576,11 +741,15 @@ def compress_fsdp(module: torch.nn.Module, codec: str | None = "int8", *,
         if any(m is None or m.ndim != 1 for m in meshes):
             raise ValueError("compress_fsdp(replicate_group=...) needs fully_shard on a 1-D "
                              "mesh of each node's ranks (mesh['shard']), not FSDP2's 2-D HSDP")
+    if step_in_forward is not None and (replicate_group is None or overlap):
+        raise ValueError("compress_fsdp(step_in_forward=...) needs a replicate_group (HSDP) "
+                         "and overlap=False")
     on_cpu = all(p.device.type == "cpu" for p in module.parameters())
     in_flight = _InFlight() if overlap and on_cpu else None
     ag = CompressedAllGather(gather_codec, block_size=block_size) if gather_codec else None
     scatters: list[CompressedReduceScatter] = []
     all_reduces: list[_ReplicaAllReduce] = []
+    stepped: list[_ReplicaStepInForward] = []
     for unit in units:
         rs: _UnitReduceScatter | None = None
         if codec and replicate_group is None:
@@ -592,7 +761,12 @@ def compress_fsdp(module: torch.nn.Module, codec: str | None = "int8", *,
         if rs is not None:
             rs.bind(unit, in_flight)
             unit.set_custom_reduce_scatter(rs)
-        if replicate_group is not None and rs is not None:
+        if replicate_group is not None and step_in_forward is not None:
+            split = _ReplicaStepInForward(unit, replicate_group, codec, block_size,
+                                          error_feedback, step_in_forward)
+            unit.set_all_reduce_hook(split)
+            stepped.append(split)
+        elif replicate_group is not None and rs is not None:
             rs.then_all_reduce = True
             ar = _ReplicaAllReduce(replicate_group, rs, codec, block_size, error_feedback,
                                    in_flight)
@@ -601,7 +775,7 @@ def compress_fsdp(module: torch.nn.Module, codec: str | None = "int8", *,
         if ag is not None:
             unit.set_custom_all_gather(ag)
     comms = FSDPCompression(codec, gather_codec, block_size, scatters, ag, in_flight,
-                            all_reduces)
+                            all_reduces, stepped)
     if in_flight is not None:
         comms.prefetch = _ForwardPrefetch(module, units)
     return comms
