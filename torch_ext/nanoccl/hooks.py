@@ -485,30 +485,36 @@ class _ReplicaStepInForward:
     backward: the link idles through the forward and every cross-node byte sits between the
     first gradient and the optimizer step. Here FSDP2's all-reduce hook only reduce-scatters the
     unit's shard across the replicas (this rank keeps 1/r of it, averaged; `codec` with error
-    feedback), and the all-gather of the averaged parts waits for the unit's next forward: a
-    forward pre-hook, run before FSDP2 gathers the unit's parameters inside the node, gathers
-    them (compressed, the owner's encoding error fed back), writes the averaged gradient where
-    FSDP2 left the unit's ``.grad`` and steps the unit's own optimizer. Half the bytes cross in
-    the backward and half in the forward, as ZeRO-2's gradients and qwZ's parameters do.
+    feedback). The all-gathers of the averaged parts start together when the next forward
+    starts (the first unit's forward pre-hook launches every pending one, in module order), and
+    each unit's pre-hook, run before FSDP2 gathers the unit's parameters inside the node, waits
+    for its own, writes the averaged gradient where FSDP2 left the unit's ``.grad`` and steps
+    the unit's own optimizer: the link carries the next units' gradients while this one
+    computes. Half the bytes cross in the backward and half in the forward, as ZeRO-2's
+    gradients and qwZ's parameters do.
 
     The same update as stepping after the backward: AdamW and the like are elementwise, so one
     optimizer per unit, stepped when the unit next runs, computes what one optimizer over all
     of them would have (not so for a step that reads every gradient at once, e.g. clipping by
     the global norm). Every replica ends with the same bits: each part is encoded once by its
-    owner and everyone, the owner too, decodes those bytes."""
+    owner (its encoding error fed back next time) and everyone, the owner too, decodes those
+    bytes."""
 
     def __init__(self, unit: torch.nn.Module, group: dist.ProcessGroup, codec: str | None,
-                 block_size: int, error_feedback: bool,
-                 make_optimizer: Any) -> None:
+                 block_size: int, error_feedback: bool, make_optimizer: Any,
+                 siblings: list["_ReplicaStepInForward"]) -> None:
         self.unit, self.group = unit, group
         self.codec, self.block_size, self.error_feedback = codec, block_size, error_feedback
         self.replicas, self.me = dist.get_world_size(group), dist.get_rank(group)
+        self.siblings = siblings  # every unit of the module, in module order (this one too)
         params = _unit_params(unit)
         self.optimizer = make_optimizer(params) if params else None
         self.grad: torch.Tensor | None = None  # FSDP2's reduce output awaiting its gather
         self.part: torch.Tensor | None = None  # this rank's averaged 1/replicas of it
         self.residual: torch.Tensor | None = None  # the reduce-scatter's (its input's size)
         self.gather_residual: torch.Tensor | None = None  # the all-gather's (the part's size)
+        # The all-gather in flight: its work, output, and the exact values it encoded.
+        self.gathering: tuple[Any, torch.Tensor, torch.Tensor | None] | None = None
         self.calls = 0  # compressed reduce-scatters sent (each gathered once)
         unit.register_forward_pre_hook(self._before_forward, prepend=True)
 
@@ -548,15 +554,17 @@ class _ReplicaStepInForward:
         self.grad, self.part = grad, part
 
     def _before_forward(self, *_: Any) -> None:
+        for unit in self.siblings:
+            unit.launch()
         self.step()
 
-    def step(self) -> None:
-        """Gathers the averaged gradient and steps the unit's parameters, if a backward left
-        one (a collective on the replicate group: every rank calls it in the same order)."""
-        if self.grad is None or self.part is None:
+    def launch(self) -> None:
+        """Starts the all-gather of the averaged gradient, if a backward left one and it has
+        not started (a collective on the replicate group: every rank launches in the same
+        order)."""
+        if self.part is None or self.gathering is not None:
             return
-        grad, part = self.grad, self.part
-        self.grad = self.part = None
+        part = self.part
         out = torch.empty(part.numel() * self.replicas, dtype=part.dtype)
         if self._compressed(part):
             sent, exact = part, None
@@ -565,13 +573,26 @@ class _ReplicaStepInForward:
                     self.gather_residual = torch.zeros(part.numel(), dtype=torch.float32)
                 exact = part.float() + self.gather_residual
                 sent = exact.to(part.dtype)
-            nanoccl.all_gather_compressed(out, sent, codec=self.codec or "",
-                                          block_size=self.block_size, group=self.group)
-            if exact is not None and self.gather_residual is not None:
-                mine = out[self.me * part.numel():(self.me + 1) * part.numel()]
-                torch.sub(exact, mine.float(), out=self.gather_residual)
+            work = nanoccl.all_gather_compressed(out, sent, codec=self.codec or "",
+                                                 block_size=self.block_size, group=self.group,
+                                                 async_op=True)
         else:
-            _all_gather(out, part, group=self.group)
+            work, exact = _all_gather(out, part, group=self.group, async_op=True), None
+        self.gathering = (work, out, exact)
+
+    def step(self) -> None:
+        """Waits for the gathered average (launching it if need be), writes it into the
+        unit's gradients and steps the unit's parameters; nothing if no backward left one."""
+        if self.part is None:
+            return
+        self.launch()
+        assert self.gathering is not None and self.grad is not None
+        (work, out, exact), grad, n = self.gathering, self.grad, self.part.numel()
+        self.gathering = self.grad = self.part = None
+        work.wait()
+        if exact is not None and self.gather_residual is not None:
+            torch.sub(exact, out[self.me * n:(self.me + 1) * n].float(),
+                      out=self.gather_residual)
         grad.reshape(-1).copy_(out[:grad.numel()])
         if self.optimizer is not None:
             self.optimizer.step()
@@ -628,6 +649,8 @@ class FSDPCompression:
         """step_in_forward: steps every unit a backward left a gradient for, now (before
         evaluating without a forward, saving, or at the end of training); a collective on the
         replicate group, as the forward's would be."""
+        for unit in self.stepped:
+            unit.launch()
         for unit in self.stepped:
             unit.step()
 
@@ -763,7 +786,7 @@ def compress_fsdp(module: torch.nn.Module, codec: str | None = "int8", *,
             unit.set_custom_reduce_scatter(rs)
         if replicate_group is not None and step_in_forward is not None:
             split = _ReplicaStepInForward(unit, replicate_group, codec, block_size,
-                                          error_feedback, step_in_forward)
+                                          error_feedback, step_in_forward, stepped)
             unit.set_all_reduce_hook(split)
             stepped.append(split)
         elif replicate_group is not None and rs is not None:
