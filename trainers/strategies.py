@@ -379,7 +379,8 @@ class HybridSharded(_WholeModel):
         self.how = ""
         self.comms: Any = None
         # With a codec (not overlapping): the cross-node average split, its all-gather and
-        # each unit's optimizer step moved to the unit's next forward (hooks._ReplicaStepInForward).
+        # each unit's optimizer step moved to the unit's next forward
+        # (hooks._ReplicaStepInForward).
         in_forward = compress and not overlap and cfg.hsdp_step == "forward"
         if compress or overlap:
             self.comms = _hooks().compress_fsdp(

@@ -601,8 +601,9 @@ def scenario_hsdp_step_in_forward(a: argparse.Namespace, ck: Checks) -> None:
     """HSDP through compress_fsdp(replicate_group=..., step_in_forward=...) on 2 nodes of 2:
     each unit's shard reduce-scattered across the nodes in the backward, gathered and stepped
     in the unit's next forward. Lossless: the same bits as FSDP2's own 2-D HSDP with one
-    optimizer stepped after the backward; int8: the same bits on every rank, the loss within 2%
-    of it, its state (residuals, the units' optimizers) through a checkpoint; misuse refused."""
+    optimizer stepped after the backward, accumulating micro-batches too
+    (set_requires_gradient_sync); int8: the same bits on every rank, the loss within 2% of it,
+    its state (residuals, the units' optimizers) through a checkpoint; misuse refused."""
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -651,6 +652,31 @@ def scenario_hsdp_step_in_forward(a: argparse.Namespace, ck: Checks) -> None:
             opt.step()
         return flat(net), task.eval_loss(net)
 
+    def native_accumulating() -> torch.Tensor:
+        net = student(mesh)
+        opt = sgd(net.parameters())
+        data = list(batches())
+        for (x1, y1), (x2, y2) in zip(data[0::2], data[1::2]):
+            opt.zero_grad()
+            net.set_requires_gradient_sync(False)
+            nn.functional.mse_loss(net(x1), y1).backward()
+            net.set_requires_gradient_sync(True)
+            nn.functional.mse_loss(net(x2), y2).backward()
+            opt.step()
+        return flat(net)
+
+    def accumulating_in_forward() -> torch.Tensor:
+        net = student(mesh["shard"])
+        comms = hooks.compress_fsdp(net, None, replicate_group=replicas, step_in_forward=sgd)
+        data = list(batches())
+        for (x1, y1), (x2, y2) in zip(data[0::2], data[1::2]):
+            net.set_requires_gradient_sync(False)  # the forward steps nothing: none pending
+            nn.functional.mse_loss(net(x1), y1).backward()
+            net.set_requires_gradient_sync(True)
+            nn.functional.mse_loss(net(x2), y2).backward()
+        comms.flush()
+        return flat(net)
+
     def in_forward(codec: str | None) -> tuple[torch.Tensor, Any, float, Any]:
         net = student(mesh["shard"])
         comms = hooks.compress_fsdp(net, codec, replicate_group=replicas, step_in_forward=sgd)
@@ -671,6 +697,21 @@ def scenario_hsdp_step_in_forward(a: argparse.Namespace, ck: Checks) -> None:
     lossless, _, _, _ = in_forward(None)
     ck.expect("lossless same bits as FSDP2's HSDP", torch.equal(base, lossless),
               f"max diff {(base - lossless).abs().max()}")
+    acc, acc_native = accumulating_in_forward(), native_accumulating()
+    ck.expect("accumulating micro-batches same bits as FSDP2's HSDP", torch.equal(acc, acc_native),
+              f"max diff {(acc - acc_native).abs().max()}")
+    # Two backwards through one forward's graph reach a unit still holding a gradient: refused.
+    net = student(mesh["shard"])
+    hooks.compress_fsdp(net, None, replicate_group=replicas, step_in_forward=sgd)
+    xb, yb = next(batches())
+    loss = nn.functional.mse_loss(net(xb), yb)
+    loss.backward(retain_graph=True)
+    try:
+        loss.backward()
+        ck.fail("a second backward without a forward refused", "accepted")
+    except RuntimeError as exc:
+        ck.expect("a second backward without a forward refused",
+                  "set_requires_gradient_sync" in str(exc), str(exc)[:300])
     int8, comms, int8_loss, _ = in_forward("int8")
     everyone = gathered(int8, gloo)
     ck.expect("int8 same bits everywhere", all(torch.equal(everyone[0], t) for t in everyone))

@@ -525,8 +525,9 @@ class _ReplicaStepInForward:
         """FSDP2's all-reduce hook (the backward): the cross-node reduce-scatter, in place."""
         if self.grad is not None:
             raise RuntimeError("compress_fsdp(step_in_forward=...): a second backward reached a "
-                               "unit before its forward stepped the first one's gradient; "
-                               "accumulate with set_requires_all_reduce(False) instead")
+                               "unit before its forward stepped the first one's gradient; to "
+                               "accumulate micro-batches, set_requires_gradient_sync(False) "
+                               "on the model for all but the last one")
         if grad.dtype == torch.float16:  # FSDP2 would divide it after this hook, not after ours
             raise RuntimeError("compress_fsdp(step_in_forward=...) takes float32 or bfloat16 "
                                "gradients (FSDP2 post-divides float16 ones): reduce_dtype "
@@ -749,7 +750,9 @@ def compress_fsdp(module: torch.nn.Module, codec: str | None = "int8", *,
     an optimizer step or zero_grad yourself; ``comms.flush()`` steps what the last backward
     left (before saving or evaluating without a forward), and ``state_dict()`` holds the units'
     optimizer states with the residuals. Elementwise optimizers only (no clipping by the global
-    gradient norm); not with ``overlap``.
+    gradient norm); not with ``overlap``. Every forward steps what the backward before it left:
+    to accumulate micro-batches, call ``module.set_requires_gradient_sync(False)`` for all but
+    the last one (FSDP2 then reduces nothing until the last backward).
     """
     from torch.distributed.fsdp import FSDPModule
 
