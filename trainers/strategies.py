@@ -378,10 +378,11 @@ class HybridSharded(_WholeModel):
         fully_shard(self.model, mesh=shard_mesh, reshard_after_forward=False)
         self.how = ""
         self.comms: Any = None
-        # With a codec (not overlapping): the cross-node average split, its all-gather and
+        # With a codec (on CPU, not overlapping): the cross-node average split, its gather and
         # each unit's optimizer step moved to the unit's next forward
         # (hooks._ReplicaStepInForward).
-        in_forward = compress and not overlap and cfg.hsdp_step == "forward"
+        in_forward = (compress and not overlap and cfg.hsdp_step == "forward"
+                      and self.device.type == "cpu")
         if compress or overlap:
             self.comms = _hooks().compress_fsdp(
                 self.model, cfg.codec if compress else None, overlap=overlap,

@@ -257,14 +257,17 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
             print(f"step {step + 1}/{args.steps} loss {shown} time {elapsed * 1000:.1f} ms"
                   + (" (warm-up)" if step < warmup else ""), flush=True)
         step += 1
+    # What the strategy leaves pending (hsdp: the last step's gathers and updates, run in the
+    # next forward): after a warm-up the window's first forward ran the warm-up's, so the last
+    # step's are not timed; without one they are. Either way the window holds its steps' work.
+    if warmup == 0:
+        strategy.finish()
     dist.barrier(group=ctrl)
     t_end = time.perf_counter()
     counters_end = _read_counters(ifname) if count_link else None
     stats_end = backends.nanoccl_stats(spec, strategy.comm_groups())
-    # What the strategy left pending (hsdp: the last step's gathers and updates, run in the
-    # next forward) is not timed: the window's first forward ran the warm-up's, so the window
-    # holds the work of exactly its steps.
-    strategy.finish()
+    if warmup > 0:
+        strategy.finish()
 
     link: tuple[int, int] | None = None
     if counters_start is not None and counters_end is not None:

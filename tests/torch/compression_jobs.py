@@ -752,14 +752,45 @@ def scenario_hsdp_step_in_forward(a: argparse.Namespace, ck: Checks) -> None:
             ck.fail(f"step_in_forward {name} refused", "accepted")
         except ValueError as exc:
             ck.expect(f"step_in_forward {name} refused", "step_in_forward" in str(exc), str(exc))
-    half = student(mesh["shard"], MixedPrecisionPolicy(reduce_dtype=torch.float16))
-    hooks.compress_fsdp(half, "int8", replicate_group=replicas, step_in_forward=sgd)
-    xb, yb = next(batches())
+    grouped = nn.Sequential(nn.Linear(32, 16), nn.Tanh(), nn.Linear(16, 8))
+    fully_shard([grouped[0], grouped[2]], mesh=mesh["shard"])
+    fully_shard(grouped, mesh=mesh["shard"])
     try:
-        nn.functional.mse_loss(half(xb), yb).backward()
-        ck.fail("float16 gradients refused", "accepted")
-    except RuntimeError as exc:
-        ck.expect("float16 gradients refused", "float16" in str(exc), str(exc)[:300])
+        hooks.compress_fsdp(grouped, "int8", replicate_group=replicas, step_in_forward=sgd)
+        ck.fail("step_in_forward on modules sharded together refused", "accepted")
+    except ValueError as exc:
+        ck.expect("step_in_forward on modules sharded together refused",
+                  "fully_shard([a, b])" in str(exc), str(exc))
+    # FSDP2 settings under which a unit's gradient would be divided, or its parameters
+    # gathered, after the hook and before the step: refused in the backward on every rank.
+    for name, configure in (
+            ("force-sum reduction", lambda net: [m.set_force_sum_reduction_for_comms(True)
+                                                 for m in net if isinstance(m, nn.Linear)]),
+            ("explicit forward prefetch",
+             lambda net: net[0].set_modules_to_forward_prefetch([net[2]]))):
+        net = student(mesh["shard"])
+        configure(net)
+        hooks.compress_fsdp(net, "int8", replicate_group=replicas, step_in_forward=sgd)
+        xb, yb = next(batches())
+        try:
+            nn.functional.mse_loss(net(xb), yb).backward()
+            ck.fail(f"{name} refused", "accepted")
+        except RuntimeError as exc:
+            ck.expect(f"{name} refused", "before its step" in str(exc), str(exc)[:300])
+    # bfloat16 compute reduces bfloat16 gradients that FSDP2 casts into new float32 .grad
+    # tensors after the hook, where the gather could not write: refused as well.
+    for name, policy, words in (
+            ("float16 gradients", MixedPrecisionPolicy(reduce_dtype=torch.float16), "float16"),
+            ("a reduce_dtype other than the parameters'",
+             MixedPrecisionPolicy(param_dtype=torch.bfloat16), "reduce_dtype")):
+        half = student(mesh["shard"], policy)
+        hooks.compress_fsdp(half, "int8", replicate_group=replicas, step_in_forward=sgd)
+        xb, yb = next(batches())
+        try:
+            nn.functional.mse_loss(half(xb).float(), yb).backward()
+            ck.fail(f"{name} refused", "accepted")
+        except RuntimeError as exc:
+            ck.expect(f"{name} refused", words in str(exc), str(exc)[:300])
     quiesce(gloo)
 
 SCENARIOS = {

@@ -60,7 +60,7 @@ def test_hsdp_steps_each_unit_in_its_next_forward() -> None:
     job = run_job("hsdp_step_in_forward", 4, rank_env=node_env("aabb"), timeout=190,
                   pg_timeout=20, script=JOBS)
     results = job.assert_ok()
-    assert all(r["checks"] == 18 for r in results), [r["checks"] for r in results]
+    assert all(r["checks"] == 22 for r in results), [r["checks"] for r in results]
     print("hsdp final losses:", results[0]["losses"])
 
 

@@ -507,8 +507,8 @@ class _ReplicaStepInForward:
         self.codec, self.block_size, self.error_feedback = codec, block_size, error_feedback
         self.replicas, self.me = dist.get_world_size(group), dist.get_rank(group)
         self.siblings = siblings  # every unit of the module, in module order (this one too)
-        params = _unit_params(unit)
-        self.optimizer = make_optimizer(params) if params else None
+        self.params = _unit_params(unit)
+        self.optimizer = make_optimizer(self.params) if self.params else None
         self.grad: torch.Tensor | None = None  # FSDP2's reduce output awaiting its gather
         self.part: torch.Tensor | None = None  # this rank's averaged 1/replicas of it
         self.residual: torch.Tensor | None = None  # the reduce-scatter's (its input's size)
@@ -532,6 +532,28 @@ class _ReplicaStepInForward:
             raise RuntimeError("compress_fsdp(step_in_forward=...) takes float32 or bfloat16 "
                                "gradients (FSDP2 post-divides float16 ones): reduce_dtype "
                                "float16 needs step_in_forward=None")
+        # The gather writes the average into `grad`, which FSDP2 makes the parameters' .grad
+        # only where it neither casts it (a reduce_dtype other than the parameters') nor adds
+        # it to a .grad already there.
+        for p in self.params:
+            if p.requires_grad and (p.dtype != grad.dtype or p.grad is not None):
+                raise RuntimeError(
+                    "compress_fsdp(step_in_forward=...) needs gradients reduced in the "
+                    f"parameters' dtype and no .grad left from before (here {grad.dtype} "
+                    f"gradients for {p.dtype} parameters, .grad "
+                    f"{'set' if p.grad is not None else 'None'}): use a MixedPrecisionPolicy "
+                    "whose reduce_dtype is the parameters' dtype, and let the forward step")
+        # FSDP2 divides the output after this hook when it sums in the reduce-scatter, and an
+        # explicit forward prefetch gathers a unit's parameters before its pre-hook steps them.
+        state = self.unit._get_fsdp_state()  # type: ignore[operator]
+        groups = (getattr(state, "_fsdp_param_groups", None)
+                  or [getattr(state, "_fsdp_param_group", None)])
+        if (any(getattr(g, "force_sum_reduction_for_comms", False) for g in groups)
+                or getattr(state, "_states_to_forward_prefetch", None)):
+            raise RuntimeError("compress_fsdp(step_in_forward=...) cannot take "
+                               "set_force_sum_reduction_for_comms(True) or "
+                               "set_modules_to_forward_prefetch(...): the unit would be divided "
+                               "or gathered before its step")
         n = grad.numel()
         per = -(-n // self.replicas)
         padded = grad.reshape(-1)
@@ -767,10 +789,16 @@ def compress_fsdp(module: torch.nn.Module, codec: str | None = "int8", *,
         if any(m is None or m.ndim != 1 for m in meshes):
             raise ValueError("compress_fsdp(replicate_group=...) needs fully_shard on a 1-D "
                              "mesh of each node's ranks (mesh['shard']), not FSDP2's 2-D HSDP")
-    if step_in_forward is not None and (replicate_group is None or overlap):
-        raise ValueError("compress_fsdp(step_in_forward=...) needs a replicate_group (HSDP) "
-                         "and overlap=False")
     on_cpu = all(p.device.type == "cpu" for p in module.parameters())
+    if step_in_forward is not None:
+        states = [u._get_fsdp_state() for u in units]
+        if replicate_group is None or overlap or not on_cpu:
+            raise ValueError("compress_fsdp(step_in_forward=...) needs a replicate_group (HSDP), "
+                             "overlap=False and the module on CPU")
+        if len({id(s) for s in states}) != len(states):
+            raise ValueError("compress_fsdp(step_in_forward=...) needs one fully_shard call per "
+                             "module: modules sharded together (fully_shard([a, b])) share "
+                             "one all-reduce hook")
     in_flight = _InFlight() if overlap and on_cpu else None
     ag = CompressedAllGather(gather_codec, block_size=block_size) if gather_codec else None
     scatters: list[CompressedReduceScatter] = []
