@@ -736,7 +736,7 @@ def scenario_hsdp_step_in_forward(a: argparse.Namespace, ck: Checks) -> None:
         return (x is None) == (y is None) and (x is None or torch.equal(x, y))
 
     ck.expect("int8 residuals round trip",
-              all(same(x.residual, y.residual) and same(x.gather_residual, y.gather_residual)
+              all(same(x.residual, y.residual) and same(x.gather.residual, y.gather.residual)
                   for x, y in zip(comms.stepped, restored.stepped)))
     ck.expect("int8 optimizer state round trip",
               all(torch.equal(x.state[p]["momentum_buffer"], y.state[q]["momentum_buffer"])

@@ -477,7 +477,7 @@ class _ReplicaAllReduce(_UnitResidual):
             self.launch(grad, False)
 
 
-class _ReplicaStepInForward:
+class _ReplicaStepInForward(_UnitResidual):
     """One unit's HSDP average across the replicas split in two, with the unit's optimizer step
     moved to just before its next forward (``compress_fsdp(step_in_forward=...)``).
 
@@ -503,16 +503,16 @@ class _ReplicaStepInForward:
     def __init__(self, unit: torch.nn.Module, group: dist.ProcessGroup, codec: str | None,
                  block_size: int, error_feedback: bool, make_optimizer: Any,
                  siblings: list["_ReplicaStepInForward"]) -> None:
+        super().__init__(error_feedback)  # the reduce-scatter's residual (its input's size)
+        self.gather = _UnitResidual(error_feedback)  # the all-gather's (the part's size)
         self.unit, self.group = unit, group
-        self.codec, self.block_size, self.error_feedback = codec, block_size, error_feedback
+        self.codec, self.block_size = codec, block_size
         self.replicas, self.me = dist.get_world_size(group), dist.get_rank(group)
         self.siblings = siblings  # every unit of the module, in module order (this one too)
         self.params = _unit_params(unit)
         self.optimizer = make_optimizer(self.params) if self.params else None
         self.grad: torch.Tensor | None = None  # FSDP2's reduce output awaiting its gather
         self.part: torch.Tensor | None = None  # this rank's averaged 1/replicas of it
-        self.residual: torch.Tensor | None = None  # the reduce-scatter's (its input's size)
-        self.gather_residual: torch.Tensor | None = None  # the all-gather's (the part's size)
         # The all-gather in flight: its work, output, and the exact values it encoded.
         self.gathering: tuple[Any, torch.Tensor, torch.Tensor | None] | None = None
         self.calls = 0  # compressed reduce-scatters sent (each gathered once)
@@ -562,11 +562,7 @@ class _ReplicaStepInForward:
             padded[:n].copy_(grad.reshape(-1))
         part = torch.empty(per, dtype=grad.dtype)
         if self._compressed(grad):
-            residual = None
-            if self.error_feedback:
-                if self.residual is None or self.residual.numel() != padded.numel():
-                    self.residual = torch.zeros(padded.numel(), dtype=torch.float32)
-                residual = self.residual
+            residual = self.residual_for((padded.numel(),))
             self.calls += 1
             nanoccl.reduce_scatter_compressed(part, padded, residual, codec=self.codec or "",
                                               block_size=self.block_size,
@@ -591,10 +587,9 @@ class _ReplicaStepInForward:
         out = torch.empty(part.numel() * self.replicas, dtype=part.dtype)
         if self._compressed(part):
             sent, exact = part, None
-            if self.error_feedback:
-                if self.gather_residual is None or self.gather_residual.numel() != part.numel():
-                    self.gather_residual = torch.zeros(part.numel(), dtype=torch.float32)
-                exact = part.float() + self.gather_residual
+            residual = self.gather.residual_for((part.numel(),))
+            if residual is not None:
+                exact = part.float() + residual
                 sent = exact.to(part.dtype)
             work = nanoccl.all_gather_compressed(out, sent, codec=self.codec or "",
                                                  block_size=self.block_size, group=self.group,
@@ -613,29 +608,13 @@ class _ReplicaStepInForward:
         (work, out, exact), grad, n = self.gathering, self.grad, self.part.numel()
         self.gathering = self.grad = self.part = None
         work.wait()
-        if exact is not None and self.gather_residual is not None:
+        if exact is not None and self.gather.residual is not None:
             torch.sub(exact, out[self.me * n:(self.me + 1) * n].float(),
-                      out=self.gather_residual)
+                      out=self.gather.residual)
         grad.reshape(-1).copy_(out[:grad.numel()])
         if self.optimizer is not None:
             self.optimizer.step()
             self.optimizer.zero_grad(set_to_none=True)
-
-
-class _GatherResidual:
-    """A step_in_forward unit's all-gather residual, seen as ``residual`` (FSDPCompression's
-    checkpoint code reads and writes that name)."""
-
-    def __init__(self, unit: _ReplicaStepInForward) -> None:
-        self.unit = unit
-
-    @property
-    def residual(self) -> torch.Tensor | None:
-        return self.unit.gather_residual
-
-    @residual.setter
-    def residual(self, value: torch.Tensor | None) -> None:
-        self.unit.gather_residual = value
 
 
 class FSDPCompression:
@@ -704,7 +683,7 @@ class FSDPCompression:
         """The calls that keep residuals, by the state_dict key that holds theirs."""
         return {"residuals": list(self.reduce_scatters),
                 "replica_residuals": list(self.all_reduces) + list(self.stepped),
-                "gather_residuals": [_GatherResidual(u) for u in self.stepped]}
+                "gather_residuals": [u.gather for u in self.stepped]}
 
     def state_dict(self) -> dict[str, Any]:
         """The residuals (and, with step_in_forward, each unit's optimizer state, under
