@@ -380,7 +380,7 @@ class HybridSharded(_WholeModel):
         self.comms: Any = None
         # With a codec (on CPU, not overlapping): the cross-node average split, its gather and
         # each unit's optimizer step moved to the unit's next forward
-        # (hooks._ReplicaStepInForward).
+        # (fsdp_hooks._ReplicaStepInForward).
         in_forward = (compress and not overlap and cfg.hsdp_step == "forward"
                       and self.device.type == "cpu")
         if compress or overlap:

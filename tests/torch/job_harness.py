@@ -1,5 +1,5 @@
 """The harness of every rank program (dist_jobs.py, topology_jobs.py, compression_jobs.py,
-security_jobs.py): its command line, its result file and the helpers its scenarios share.
+fsdp_jobs.py, security_jobs.py): its command line, its result file and the helpers its scenarios share.
 
     python <program>.py SCENARIO --rank R --world-size N --init-method URL --result FILE
 

@@ -7,6 +7,7 @@ import pytest
 from job_runner import HERE, run_job
 
 JOBS = HERE / "compression_jobs.py"
+FSDP_JOBS = HERE / "fsdp_jobs.py"  # overlap with compute, HSDP stepped in the next forward
 
 
 def node_env(layout: str) -> dict[int, dict[str, str]]:
@@ -46,7 +47,7 @@ def test_fsdp_overlap_gives_the_same_bits(layout: str) -> None:
     with compress_fsdp's cross-node all-reduce hook as FSDP2's own HSDP, and int8 with error
     feedback there close to it."""
     job = run_job("fsdp_overlap", len(layout), rank_env=node_env(layout), timeout=190,
-                  pg_timeout=20, script=JOBS)
+                  pg_timeout=20, script=FSDP_JOBS)
     results = job.assert_ok()
     want = 24 if layout == "aabb" else 15  # 2 nodes of 2: HSDP too
     assert all(r["checks"] == want for r in results), [r["checks"] for r in results]
@@ -58,7 +59,7 @@ def test_hsdp_steps_each_unit_in_its_next_forward() -> None:
     int8 the same bits on every rank and within 2% of it, its state through a checkpoint,
     misuse refused on every rank."""
     job = run_job("hsdp_step_in_forward", 4, rank_env=node_env("aabb"), timeout=190,
-                  pg_timeout=20, script=JOBS)
+                  pg_timeout=20, script=FSDP_JOBS)
     results = job.assert_ok()
     assert all(r["checks"] == 22 for r in results), [r["checks"] for r in results]
     print("hsdp final losses:", results[0]["losses"])

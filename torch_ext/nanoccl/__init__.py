@@ -52,6 +52,9 @@ ProcessGroupNanoccl = _C.ProcessGroupNanoccl
 
 SettingValue = Union[str, int, float, bool]
 
+# The types the *_compressed calls below encode (anything else goes lossless in the hooks).
+_COMPRESSIBLE = (torch.float32, torch.bfloat16, torch.float16)
+
 
 def _normalize(name: str) -> str:
     name = name.strip()
