@@ -237,6 +237,14 @@ class Context {
   // the transport, which completes the rest).
   Status waitAll(const std::vector<Pending>& ps);
 
+  // The transport's shared-memory board (transport.h: Board), or null where it has none.
+  Board* board() const { return transport_ != nullptr ? transport_->board() : nullptr; }
+  // One round on board(): publishes `bytes` of `data` under this call's fingerprint and
+  // waits, until the call's deadline, for every rank's message (views/sizes as
+  // Board::exchange). Counts the bytes as sent to and received from every peer.
+  Status boardExchange(const void* data, size_t bytes, std::vector<const char*>& views,
+                       std::vector<size_t>& sizes);
+
   // Uninitialised memory that lives until the call has ended (see the ownership note above).
   char* scratch(size_t bytes);
 
@@ -356,6 +364,13 @@ Status alltoallPairwise(Context& ctx, const CallArgs& args);
 Status gatherDirect(Context& ctx, const CallArgs& args);
 Status scatterDirect(Context& ctx, const CallArgs& args);
 Status barrierDissemination(Context& ctx, const CallArgs& args);
+
+// The shared-memory board (board.cc): one round each, for calls of up to kBoardMessageBytes a
+// rank on a transport whose ranks share memory; where the transport has no board (tcp
+// within the node, a node without shm) they run the next row's algorithm instead.
+Status allreduceBoard(Context& ctx, const CallArgs& args);
+Status broadcastBoard(Context& ctx, const CallArgs& args);
+Status barrierBoard(Context& ctx, const CallArgs& args);
 
 // Hierarchical (hierarchical.cc): an intra-node stage, an inter-node stage run by every local
 // rank < Hierarchy::shards at once, and an intra-node stage again. Need ctx.hierarchy().

@@ -34,6 +34,25 @@ Pending Context::isend(int peer, uint32_t tag, const void* buf, size_t bytes) {
   return p;
 }
 
+Status Context::boardExchange(const void* data, size_t bytes, std::vector<const char*>& views,
+                              std::vector<size_t>& sizes) {
+  Board* b = board();
+  if (b == nullptr) return internalError("the transport has no board");
+  const uint64_t out = bytes * static_cast<uint64_t>(size_ - 1);
+  for (Context* c = this; c != nullptr; c = c->parent_) {
+    c->bytesSent_.fetch_add(out, std::memory_order_relaxed);
+  }
+  NANOCCL_CHECK(b->exchange(fingerprint_, data, bytes, deadline_, views, sizes));
+  uint64_t in = 0;
+  for (int r = 0; r < size_; ++r) {
+    if (r != rank_) in += sizes[static_cast<size_t>(r)];
+  }
+  for (Context* c = this; c != nullptr; c = c->parent_) {
+    c->bytesReceived_.fetch_add(in, std::memory_order_relaxed);
+  }
+  return Status::ok();
+}
+
 Pending Context::irecv(int peer, uint32_t tag, void* buf, size_t bytes) {
   Context* root = this;
   for (Context* c = this; c != nullptr; c = c->parent_) {

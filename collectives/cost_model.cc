@@ -309,6 +309,15 @@ bool covers(const LinkProfile& p, const Topology& t) {
   return (t.numNodes() < 2 || p.inter.present) && (t.maxLocalSize() < 2 || p.intra.present);
 }
 
+// One round on one node's board: a message's latency, every peer's buffer read, and reduced.
+double boardAllreduce(const CallArgs& args, const Topology& t, const LinkProfile& p) {
+  if (t.numNodes() > 1) return kNoPrediction;
+  const int n = t.size();
+  const double s = static_cast<double>(args.count) * args.elemSize();
+  const Link l = intraLink(p);
+  return l.alpha + (n - 1) * (s / l.bw + cpu(p, s, p.reduceMBps));
+}
+
 }  // namespace
 
 double predictMovementSeconds(const AlgorithmRow& row, const CallArgs& args, const Topology& t,
@@ -347,6 +356,7 @@ double predictSeconds(const AlgorithmRow& row, const CallArgs& args, const Topol
   if (row.op == OpType::kAllreduce) {
     if (name == "ring") return ringAllreduce(args, t, p, chunk);
     if (name == "recursive_doubling") return recursiveDoubling(args, t, p);
+    if (name == "board") return boardAllreduce(args, t, p);
     if (name == "tree") return treeAllreduce(args, t, p);
     if (name == "hierarchical") return hierarchicalAllreduce(args, t, p, chunk, codecChunk);
     if (name == "compressed" && args.codec != nullptr) {

@@ -17,6 +17,24 @@ bool autoSmall(const CallArgs& args, const Topology&, const Config& config) {
   return args.planBytes() <= config.smallMessageBytes;
 }
 
+// The board is one node's shared memory, and holds kBoardMessageBytes a rank.
+Status boardCall(const CallArgs& args, const Topology& topology) {
+  if (topology.numNodes() > 1) {
+    return invalidArgument("the ranks are on " + std::to_string(topology.numNodes()) +
+                           " nodes (" + topology.describe() +
+                           "): the board is one node's shared memory");
+  }
+  if (args.planBytes() > kBoardMessageBytes) {
+    return invalidArgument(std::to_string(args.planBytes()) + " bytes a rank: the board holds " +
+                           std::to_string(kBoardMessageBytes));
+  }
+  return Status::ok();
+}
+bool autoBoard(const CallArgs& args, const Topology& topology, const Config& config) {
+  return topology.numNodes() == 1 &&
+         args.planBytes() <= std::min(kBoardMessageBytes, config.smallMessageBytes);
+}
+
 // A hierarchical algorithm needs an intra-node stage and an inter-node stage to split into.
 Status hierarchicalTopology(const CallArgs&, const Topology& topology) {
   if (topology.hierarchical()) return Status::ok();
@@ -54,6 +72,10 @@ const std::vector<AlgorithmRow>& algorithmTable() {
   // One row per (op, algorithm), in order of preference under "auto". Adding an algorithm is
   // adding a row here; nothing else lists them.
   static const std::vector<AlgorithmRow> table = {
+      {"board", OpType::kAllreduce,
+       "one round on the node's shared memory: every rank publishes its buffer and reduces "
+       "everyone's in rank order (one node, up to 64 KiB; recursive doubling without shm)",
+       boardCall, autoBoard, allreduceBoard, kLossless},
       {"compressed", OpType::kAllreduce,
        "direct reduce-scatter of encoded segments, each owner encodes its sum once for all "
        "(NANOCCL_COMPRESSION; one rank per node)",
@@ -75,6 +97,10 @@ const std::vector<AlgorithmRow>& algorithmTable() {
       {"ring", OpType::kReduce, "ring reduce-scatter, then each segment to the root", anyCall,
        autoAlways, reduceRing, kLossless},
 
+      {"board", OpType::kBroadcast,
+       "one round on the node's shared memory: the root publishes, every rank copies (one "
+       "node, up to 64 KiB; the tree without shm)",
+       boardCall, autoBoard, broadcastBoard, kLossless},
       {"tree", OpType::kBroadcast, "binomial tree from the root", anyCall, autoSmall,
        broadcastTree, kLossless},
       {"hierarchical", OpType::kBroadcast,
@@ -105,6 +131,9 @@ const std::vector<AlgorithmRow>& algorithmTable() {
        gatherDirect, kLossless},
       {"direct", OpType::kScatter, "the root sends to every rank", anyCall, autoAlways,
        scatterDirect, kLossless},
+      {"board", OpType::kBarrier,
+       "one round on the node's shared memory (one node; dissemination without shm)", boardCall,
+       autoBoard, barrierBoard, kLossless},
       {"dissemination", OpType::kBarrier, "ceil(log2(size)) rounds of 1-byte signals", anyCall,
        autoAlways, barrierDissemination, kLossless},
   };

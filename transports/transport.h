@@ -68,6 +68,40 @@ class Request {
   virtual void setCallback(std::function<void(const Status&, int source)> cb) = 0;
 };
 
+// Board: an optional capability of a transport whose ranks all share memory (shm): one
+// round is an allgather of small messages in place. Every rank publishes one message (at most
+// capacity() bytes, possibly empty) and gets a view of every rank's message of the same round.
+// Small collectives run on it in one round, driven by the calling thread alone: no progress
+// thread, no matching tables, no per-peer messages (transports/shm/board.h has the layout).
+//
+// Contract
+// - Every rank of the transport takes part in every round, in the same order (rounds are
+//   numbered by the board itself); a round's fingerprint must be the same on every rank.
+//   A different one is kMismatch naming both ranks and both calls.
+// - One thread at a time per transport (the thread running the communicator's current call).
+// - Views stay valid and unchanged until this rank's next exchange(): a peer cannot publish
+//   two rounds ahead of any rank.
+// - A peer that died, closed or aborted its transport is kPeerError; abort() of this
+//   transport is its reason; the deadline is kTimeout naming the ranks not yet published.
+//   After an error the transport must be aborted (the communicator does): its rounds are
+//   out of step.
+// What one rank may publish in a round of the shm transport's board: calls up to this size
+// run on it (collectives/board.cc).
+constexpr size_t kBoardMessageBytes = size_t{64} << 10;
+
+class Board {
+ public:
+  virtual ~Board() = default;
+  // Bytes one rank may publish in a round.
+  virtual size_t capacity() const = 0;
+  // Publishes `bytes` of `data` as this rank's message of the next round, under `fp`, and
+  // waits until every rank has published that round. On success views[r] / sizes[r] hold
+  // rank r's message (this rank's own included).
+  virtual Status exchange(const OpFingerprint& fp, const void* data, size_t bytes,
+                          const Deadline& deadline, std::vector<const char*>& views,
+                          std::vector<size_t>& sizes) = 0;
+};
+
 struct PeerCounters {
   uint64_t bytesSent = 0;  // payload bytes, frame headers not included
   uint64_t bytesReceived = 0;
@@ -150,6 +184,11 @@ class Transport {
   // there ("connection 1 to rank 0 on eth1: 2.1 MB not acknowledged for 14.8 s", or "...: eth1
   // is down here"), or "" where it sees nothing (or cannot tell). Thread-safe.
   virtual std::string stallReport(int peer) const { return ""; }
+
+  // The transport's Board where every rank of it shares this host's memory and it is
+  // connected (shm; routed where all ranks are on this node); null otherwise. Owned by the
+  // transport. Wrappers that do not forward it leave their calls on messages.
+  virtual Board* board() { return nullptr; }
 };
 
 // Creates a transport by name from the transport table ("tcp"). Unknown names and

@@ -164,7 +164,11 @@ TEST(Planner, AutoPicksBySizeAndForcedNamesApply) {
   large.count = 1 << 20;
   Config c;
   const Topology flat = Topology::singleNode(4);
-  EXPECT_STREQ(detail::planAlgorithm(small, flat, c).value()->name, "recursive_doubling");
+  // One node: small calls on its shared-memory board; on several, recursive doubling.
+  EXPECT_STREQ(detail::planAlgorithm(small, flat, c).value()->name, "board");
+  EXPECT_STREQ(detail::planAlgorithm(small, Topology::fromNodeIds({"a", "a", "b", "b"}), c)
+                   .value()->name,
+               "recursive_doubling");
   EXPECT_STREQ(detail::planAlgorithm(large, flat, c).value()->name, "ring");
   c.algo = "tree";
   EXPECT_STREQ(detail::planAlgorithm(large, flat, c).value()->name, "tree");

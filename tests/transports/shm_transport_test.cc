@@ -352,6 +352,67 @@ TEST(ShmTransportProcesses, APeerKilledWithSigkillFailsThePendingReceive) {
             StatusCode::kPeerError);
 }
 
+// The board (transport.h: Board) between two processes: rounds back to back, each rank's
+// message seen by the other; then a peer killed before it publishes fails the round as dead.
+OpFingerprint boardCall(uint64_t round) {
+  OpFingerprint fp;
+  fp.op = OpType::kAllreduce;
+  fp.dtype = DataType::kInt64;
+  fp.count = 2;
+  fp.seq = round;
+  return fp;
+}
+
+TEST(ShmTransportProcesses, TheBoardBetweenProcessesAndAPeerKilledBeforeItPublishes) {
+  constexpr int kRounds = 200;
+  Child child = Child::start([](int toParent, int fromParent) {
+    auto t = childRank(toParent, fromParent);
+    if (!t.isOk() || t.value()->board() == nullptr) return 2;
+    std::vector<const char*> views;
+    std::vector<size_t> sizes;
+    for (int64_t k = 1; k <= kRounds; ++k) {
+      const int64_t mine[2] = {k, -k};
+      if (!t.value()->board()->exchange(boardCall(k), mine, sizeof(mine), soon(), views, sizes)
+               .isOk()) {
+        return 3;
+      }
+      int64_t theirs[2];
+      std::memcpy(theirs, views[0], sizeof(theirs));
+      if (sizes[0] != sizeof(theirs) || theirs[0] != 1000 + k || theirs[1] != k) return 4;
+    }
+    writeString(toParent, "rounds done");
+    (void)readString(fromParent, 25000);  // until killed
+    return 0;
+  });
+  ASSERT_GT(child.pid, 0);
+  auto t = parentRank(child);
+  ASSERT_TRUE(t != nullptr);
+  Board* board = t->board();
+  ASSERT_NE(board, nullptr);
+  std::vector<const char*> views;
+  std::vector<size_t> sizes;
+  for (int64_t k = 1; k <= kRounds; ++k) {
+    const int64_t mine[2] = {1000 + k, k};
+    ASSERT_TRUE(board->exchange(boardCall(k), mine, sizeof(mine), soon(), views, sizes).isOk());
+    int64_t theirs[2];
+    std::memcpy(theirs, views[1], sizeof(theirs));
+    ASSERT_EQ(theirs[0], k);
+    ASSERT_EQ(theirs[1], -k);
+  }
+  ASSERT_EQ(readString(child.fromChild).value_or(""), "rounds done");
+  ASSERT_EQ(kill(child.pid, SIGKILL), 0);
+  const int64_t last[2] = {0, 0};
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status st = board->exchange(boardCall(kRounds + 1), last, sizeof(last), soon(), views,
+                                    sizes);
+  ASSERT_EQ(st.code(), StatusCode::kPeerError) << st.toString();
+  EXPECT_NE(st.message().find("rank 1"), std::string::npos) << st.message();
+  EXPECT_NE(st.message().find("died"), std::string::npos) << st.message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+  const int status = child.reap();
+  EXPECT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+}
+
 TEST(ShmTransportProcesses, ASetupCrashLeavesASegmentTheNextListenRemoves) {
   // A rank that dies between listen() and the end of connect() leaves its name behind.
   Child child = Child::start([](int toParent, int) {

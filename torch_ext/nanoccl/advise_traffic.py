@@ -278,6 +278,8 @@ def link_bytes(op: str, algorithm: str, nbytes: float, nodes: int, per_node: int
         inter = sum(1 for a, b in pairs if node[a] != node[b])
         return (len(pairs) - inter) * nbytes, inter * nbytes
 
+    if algorithm == "board":  # one node's shared memory: each rank's message read by the rest
+        return (n - 1) * nbytes if op == "broadcast" else n * (n - 1) * nbytes, 0.0
     if op == "broadcast":
         if algorithm == "tree":
             return hops(tree_edges(n, root))

@@ -201,6 +201,16 @@ class Routed : public RoutedTransport {
     return {{route_.remote, std::move(remote)}, {route_.local, std::move(local)}};
   }
 
+  // Where every rank is on this node (and numbered alike there), the local transport's board
+  // reaches them all.
+  Board* board() override {
+    if (!useLocal_ || !local_ || !identity_ ||
+        route_.localRanks.size() != static_cast<size_t>(size_)) {
+      return nullptr;
+    }
+    return local_->board();
+  }
+
   std::string describe() const override {
     if (!local_) return remote_->describe() + " (" + route_.local + " unavailable on this node)";
     return remote_->describe() + ", collectives within the node (ranks " +

@@ -18,6 +18,7 @@
 
 #include "common/crypto.h"
 #include "common/logging.h"
+#include "transports/transport.h"
 
 namespace nanoccl::shm {
 namespace {
@@ -31,6 +32,11 @@ constexpr uint64_t chunkHeadersBytes() { return roundUp(kRingChunks * sizeof(Fra
 constexpr uint64_t ringStride() { return chunkHeadersBytes() + kRingChunks * kChunkBytes; }
 uint64_t ringsOffset(int size) {
   return roundUp(controlsOffset() + static_cast<uint64_t>(size - 1) * sizeof(RingControl), kPage);
+}
+// The board follows the rings: two slots, each a BoardSlot and its message.
+constexpr uint64_t boardStride() { return roundUp(sizeof(BoardSlot) + kBoardMessageBytes, kPage); }
+uint64_t boardOffset(int size) {
+  return ringsOffset(size) + static_cast<uint64_t>(size - 1) * ringStride();
 }
 
 // splitmix64's finaliser: spreads every input bit over the output.
@@ -172,9 +178,7 @@ crypto::Mac segmentProof(const CommIdentity& member, const std::string& name,
                        bytesOf(h.startTime), bytesOf(h.pidNamespace), bytesOf(h.commIdHash)});
 }
 
-uint64_t Segment::bytesFor(int size) {
-  return ringsOffset(size) + static_cast<uint64_t>(size - 1) * ringStride();
-}
+uint64_t Segment::bytesFor(int size) { return boardOffset(size) + 2 * boardStride(); }
 
 Segment::Segment(std::string name, char* base, uint64_t bytes, int ownerRank, bool owner)
     : name_(std::move(name)), base_(base), bytes_(bytes), ownerRank_(ownerRank), linked_(owner) {}
@@ -207,6 +211,15 @@ FrameHeader* Segment::chunkHeader(int sender, uint64_t slot) {
 
 char* Segment::chunkData(int sender, uint64_t slot) {
   return ring(sender) + chunkHeadersBytes() + slot * kChunkBytes;
+}
+
+BoardSlot& Segment::boardSlot(uint64_t parity) {
+  return *reinterpret_cast<BoardSlot*>(base_ + boardOffset(header().size) +
+                                       (parity & 1) * boardStride());
+}
+
+char* Segment::boardData(uint64_t parity) {
+  return reinterpret_cast<char*>(&boardSlot(parity)) + sizeof(BoardSlot);
 }
 
 Result<std::unique_ptr<Segment>> Segment::create(const Identity& id) {
@@ -259,6 +272,9 @@ Result<std::unique_ptr<Segment>> Segment::create(const Identity& id) {
   SegmentHeader& h = seg->header();
   new (&h.bell.seq) std::atomic<uint32_t>(0);
   new (&h.bell.sleepers) std::atomic<uint32_t>(0);
+  new (&h.boardBell.seq) std::atomic<uint32_t>(0);
+  new (&h.boardBell.sleepers) std::atomic<uint32_t>(0);
+  new (&h.messageCall) std::atomic<uint64_t>(0);
   new (&h.state) std::atomic<uint32_t>(static_cast<uint32_t>(SegmentState::kOpen));
   for (int s = 0; s < id.size; ++s) {
     if (s == id.rank) continue;
@@ -279,6 +295,10 @@ Result<std::unique_ptr<Segment>> Segment::create(const Identity& id) {
   h.startTime = self.startTime;
   h.pidNamespace = self.pidNamespace;
   h.commIdHash = id.member.commHash();
+  // boardSlot() reads h.size.
+  for (uint64_t parity = 0; parity < 2; ++parity) {
+    new (&seg->boardSlot(parity).round) std::atomic<uint64_t>(0);
+  }
   const crypto::Mac proof = segmentProof(id.member, name, h);
   std::memcpy(h.proof, proof.data(), sizeof(h.proof));
   std::atomic_thread_fence(std::memory_order_release);

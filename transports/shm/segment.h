@@ -42,7 +42,7 @@ constexpr uint32_t kRingChunks = 8;
 constexpr uint64_t kChunkBytes = uint64_t{1} << 20;
 
 constexpr uint64_t kSegmentMagic = 0x4d48534c4343414eull;  // "NACCLSHM"
-constexpr uint32_t kSegmentVersion = 3;  // 3: proofs under the communicator key
+constexpr uint32_t kSegmentVersion = 4;  // 3: proofs under the communicator key; 4: the board
 constexpr const char* kNamePrefix = "nanoccl-";  // in /dev/shm, without the leading '/'
 
 enum class SegmentState : uint32_t {
@@ -82,6 +82,18 @@ struct RingControl {
   PaddedCounter attached;       // 1 once the sender has mapped this segment
 };
 
+// One of the two slots of a segment's board (transport.h: Board): rounds alternate between
+// them. The creator alone writes a slot: its message, then the frame header (the round's
+// fingerprint and length), then `round` (release); readers load `round` (acquire) and copy
+// the header before trusting it. A slot is rewritten two rounds later, which no rank reaches
+// before every rank has finished reading it (it needs everyone's next round first).
+struct alignas(64) BoardSlot {
+  std::atomic<uint64_t> round;  // the last round published here; 0: none yet
+  uint64_t reserved[7];
+  FrameHeader frame;
+};
+static_assert(sizeof(BoardSlot) == 128);
+
 struct SegmentHeader {
   uint64_t magic;
   uint32_t version;
@@ -97,6 +109,12 @@ struct SegmentHeader {
   uint64_t commIdHash;
   uint8_t proof[32];  // segmentProof(): a member's MAC of the fields above and the name
   alignas(64) Doorbell bell;
+  // Rung by every peer after it publishes on its board, and by aborts; only the creator's
+  // board waiter sleeps on it (after its spin).
+  alignas(64) Doorbell boardBell;
+  // 1 + the sequence number of the last collective call the creator posted a ring message
+  // of: a board waiter whose peer runs its call with messages knows the ranks disagree.
+  alignas(64) std::atomic<uint64_t> messageCall;
   alignas(64) std::atomic<uint32_t> state;  // SegmentState
   uint32_t abortLength;
   char abortText[kMaxAbortText];
@@ -149,6 +167,9 @@ class Segment {
   RingControl& control(int sender);
   FrameHeader* chunkHeader(int sender, uint64_t slot);
   char* chunkData(int sender, uint64_t slot);
+  // Board slot `parity` (0, 1) and its kBoardMessageBytes of message.
+  BoardSlot& boardSlot(uint64_t parity);
+  char* boardData(uint64_t parity);
 
   // Removes the name (the creator, once every peer has mapped it). Idempotent.
   void unlink();
