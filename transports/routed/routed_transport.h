@@ -26,6 +26,9 @@
 // on a transport their sender does not use. Ranks of other nodes may publish a plain address
 // (they do not route); they read ours through plainAddresses().
 //
+// board(): the local transport's Board where every rank of the communicator is on this node
+// (the numbering is then the same); null otherwise (the board's rounds need every rank).
+//
 // Requests name ranks as here: source() is this communicator's rank, and errors of the local
 // transport are prefixed with its numbering where it differs from this one.
 //
