@@ -363,6 +363,43 @@ OpFingerprint boardCall(uint64_t round) {
   return fp;
 }
 
+// Garbage in a peer's board slot (its header, or a round out of step) is a protocol error
+// naming the peer, never data taken as a message. The test maps rank 1's segment itself,
+// before connect() removes the name, and writes into the slot rank 0 reads in round 1.
+TEST(ShmBoard, GarbageInAPeersSlotIsAProtocolError) {
+  for (const bool badRound : {false, true}) {
+    SCOPED_TRACE(badRound ? "a round out of step" : "a garbage header");
+    auto a = createTransport("shm", shmOptions(0, 2));
+    auto b = createTransport("shm", shmOptions(1, 2));
+    ASSERT_TRUE(a.isOk() && b.isOk());
+    auto na = a.value()->listen();
+    auto nb = b.value()->listen();
+    ASSERT_TRUE(na.isOk() && nb.isOk());
+    auto theirs = shm::Segment::attach(
+        nb.value(), 1, shm::Segment::Identity{0, 2, CommIdentity("test-secret", "test-comm")});
+    ASSERT_TRUE(theirs.isOk()) << theirs.status().toString();
+    auto cb = std::async(std::launch::async, [&] {
+      return b.value()->connect({na.value(), nb.value()}, soon());
+    });
+    ASSERT_TRUE(a.value()->connect({na.value(), nb.value()}, soon()).isOk());
+    ASSERT_TRUE(cb.get().isOk());
+    shm::BoardSlot& slot = theirs.value()->boardSlot(1);
+    if (badRound) {
+      slot.round.store(7);
+    } else {
+      std::memset(&slot.frame, 0xab, sizeof(slot.frame));
+      slot.round.store(1);
+    }
+    std::vector<const char*> views;
+    std::vector<size_t> sizes;
+    const int64_t mine = 1;
+    const Status st = a.value()->board()->exchange(boardCall(1), &mine, sizeof(mine), soon(),
+                                                   views, sizes);
+    EXPECT_EQ(st.code(), StatusCode::kProtocolError) << st.toString();
+    EXPECT_NE(st.message().find("rank 1"), std::string::npos) << st.message();
+  }
+}
+
 TEST(ShmTransportProcesses, TheBoardBetweenProcessesAndAPeerKilledBeforeItPublishes) {
   constexpr int kRounds = 200;
   Child child = Child::start([](int toParent, int fromParent) {
