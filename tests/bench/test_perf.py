@@ -191,6 +191,15 @@ def test_perf_latency_modes(tmp_path: Path, mode: str) -> None:
     assert len(doc["speedup"]) == 4
 
 
+def test_block_lead(perf: ModuleType) -> None:
+    """Back-to-back blocks start after BLOCK_LEAD_S of their side's calls: 5 ms over the mean
+    warm-up call, at least one and at most 1000."""
+    assert perf.BLOCK_LEAD_S == 0.005
+    assert perf.block_lead([0.01, 1.0], 100, None) == [50, 1]  # 100 us a call; 10 ms a call
+    assert perf.block_lead([1e-9, 0.0], 100, None) == [1000, 1]
+    assert perf.block_lead([0.5, 0.5], 0, None) == [1, 1]  # no warm-up: one call, as before
+
+
 def test_percentile(perf: ModuleType) -> None:
     values = list(range(1, 101))
     assert perf.percentile(values, 99) == 99

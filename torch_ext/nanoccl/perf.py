@@ -16,8 +16,8 @@ that call; "time" is the mean over iterations.
 
 Latency (small messages: -b 4 -e 64K, and -c barrier): --mode back-to-back
 runs each side's calls in blocks of up to 50 one right after the other (after
-one untimed call of the same side), as a training step issues them; --mode
-barrier puts an untimed barrier of the same backend before every timed call,
+at least 5 ms of untimed calls of the same side, BLOCK_LEAD_S), as a training
+step issues them; --mode barrier puts an untimed barrier of the same backend before every timed call,
 so that every rank starts it together.
 
 ``--ab B`` measures a second backend in the same launch: the default group
@@ -51,6 +51,7 @@ if __name__ == "__main__" and not __package__:
 
 import argparse  # noqa: E402
 import datetime  # noqa: E402
+import math  # noqa: E402
 import socket  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
@@ -138,6 +139,13 @@ class Results:
 # side back to back; or one call each in turn with an untimed barrier (same backend) before it.
 MODES = ("alternate", "back-to-back", "barrier")
 BLOCK = 50
+# In back-to-back mode each block starts after at least this long of its own side's untimed
+# calls (one at least). The other side's block leaves the processes placed for its work: after
+# Gloo's 200 ms of 4-rank calls on the project's 2-core machine, nanoccl's next few hundred
+# calls of 20 us ran 1.5-3x slower than in a launch of nanoccl alone, and a block of 50 calls
+# (1 ms) never reached its own steady state (2026-11-27: 4 B on 4 ranks, 38-80 us mean after
+# one untimed call, 33-36 after 5 ms of them, 16 without Gloo in the launch).
+BLOCK_LEAD_S = 0.005
 
 
 def iterations_for(size: int, opts: Options) -> int:
@@ -145,6 +153,18 @@ def iterations_for(size: int, opts: Options) -> int:
     if opts.iter_budget <= 0:
         return opts.iters
     return max(min(opts.min_iters, opts.iters), min(opts.iters, opts.iter_budget // max(size, 1)))
+
+
+def block_lead(warm_s: list[float], warmup: int, ctrl: Any) -> list[int]:
+    """Untimed calls before each back-to-back block, per side: BLOCK_LEAD_S over the side's
+    mean warm-up call (the slowest rank's, so that every rank makes as many), 1 to 1000."""
+    lead = [1 if warmup <= 0 or s <= 0 else
+            min(1000, max(1, math.ceil(BLOCK_LEAD_S / (s / warmup)))) for s in warm_s]
+    if ctrl is not None and dist.is_initialized() and dist.get_world_size() > 1:
+        agreed = torch.tensor(lead, dtype=torch.int64)
+        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=ctrl)
+        lead = [int(v) for v in agreed.tolist()]
+    return lead
 
 
 def _sync(device: torch.device) -> None:
@@ -181,11 +201,16 @@ def measure(name: str, sides: list[Side], ctrl: Any, opts: Options, rank: int, w
             wrong_local.append(coll.check(bufs, rank, world, checked_dtype(opts.dtype, side,
                                                                            world), opts.redop)
                                if opts.check else 0)
+        warm_s = [0.0] * len(sides)
         for _ in range(opts.warmup):
-            for side in sides:
+            for k, side in enumerate(sides):
                 refill()
+                start = time.perf_counter()
                 coll.call(bufs, side.group, op)
+                _sync(opts.device)
+                warm_s[k] += time.perf_counter() - start
         _sync(opts.device)
+        lead = block_lead(warm_s, opts.warmup, ctrl) if opts.mode == "back-to-back" else []
         times: list[list[float]] = [[] for _ in sides]
 
         def timed(k: int) -> None:
@@ -204,9 +229,10 @@ def measure(name: str, sides: list[Side], ctrl: Any, opts: Options, rank: int, w
             while done < iters:
                 n = min(BLOCK, iters - done)
                 for k in range(len(sides)):
-                    refill()
-                    coll.call(bufs, sides[k].group, op)  # untimed: the block's first follows
-                    _sync(opts.device)                   # the other side's calls
+                    for _ in range(lead[k]):  # untimed: the block's first calls follow the
+                        refill()              # other side's (BLOCK_LEAD_S)
+                        coll.call(bufs, sides[k].group, op)
+                    _sync(opts.device)
                     for _ in range(n):
                         timed(k)
                 done += n
