@@ -147,6 +147,27 @@ ProcessIdentity selfIdentity() {
   return id;
 }
 
+Status peerSegmentState(int rank, int peer, const SegmentHeader& h) {
+  const auto state = static_cast<SegmentState>(h.state.load(std::memory_order_acquire));
+  if (state == SegmentState::kAborted) {
+    const size_t n = std::min<size_t>(h.abortLength, kMaxAbortText);
+    return peerError("rank " + std::to_string(rank) + ": rank " + std::to_string(peer) +
+                     " failed: " + std::string(h.abortText, n));
+  }
+  if (state == SegmentState::kClosed) {
+    return peerError("rank " + std::to_string(rank) + ": rank " + std::to_string(peer) +
+                     " closed its shared-memory transport (it exited, crashed or destroyed "
+                     "its communicator)");
+  }
+  return Status::ok();
+}
+
+Status deadPeerError(int rank, int peer, int32_t pid) {
+  return peerError("rank " + std::to_string(rank) + ": rank " + std::to_string(peer) + " (pid " +
+                   std::to_string(pid) +
+                   ") died without closing its shared-memory transport (killed or crashed)");
+}
+
 Liveness probe(const ProcessIdentity& who) {
   // Cached for the namespace and whether /proc works; not for the pid, which a fork()ed
   // child does not share.

@@ -132,6 +132,14 @@ enum class Liveness { kAlive, kDead, kUnknown };
 // kDead when the process is gone, a zombie, or its pid now belongs to a younger process;
 // kUnknown across pid namespaces (the creator's pid is not ours to look up).
 Liveness probe(const ProcessIdentity& who);
+// How often a waiter checks its peers' processes for life (also its longest futex sleep).
+constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
+
+// As rank `rank` sees it: kPeerError if rank `peer` marked its segment `h` aborted (quoting
+// its reason) or closed; else OK.
+Status peerSegmentState(int rank, int peer, const SegmentHeader& h);
+// kPeerError: rank `peer` (process `pid`) died without closing its transport.
+Status deadPeerError(int rank, int peer, int32_t pid);
 
 // The creator's proof that it is a member of the communicator (transports/identity.h): a MAC
 // of the segment's name and of who made it (rank, size, communicator, pid, start time, pid

@@ -15,14 +15,13 @@
 #include "transports/matcher.h"
 #include "transports/transport_common.h"
 #include "transports/request.h"
+#include "transports/shm/board.h"
 #include "transports/shm/segment.h"
 #include "transports/frame.h"
 
 namespace nanoccl::shm {
 namespace {
 
-// How often peers' processes are checked for life (also the longest futex sleep).
-constexpr auto kLivenessPeriod = std::chrono::milliseconds(100);
 // How long an idle progress thread polls its doorbell before it sleeps on it (with a call in
 // flight, or up to NANOCCL_SPIN_US after the last one moved: that long, yielding).
 constexpr auto kSpin = std::chrono::microseconds(5);
@@ -74,7 +73,7 @@ inline void cpuRelax() {
 #endif
 }
 
-class ShmTransport : public Transport, public Board {
+class ShmTransport : public Transport {
  public:
   explicit ShmTransport(const TransportOptions& o)
       : o_(o),
@@ -128,6 +127,11 @@ class ShmTransport : public Transport, public Board {
       }
       // Every peer holds a mapping: the name is no longer needed by anyone.
       own_->unlink();
+      std::vector<ShmBoard::Peer> boardPeers(peers_.size());
+      for (size_t p = 0; p < peers_.size(); ++p) {
+        boardPeers[p] = {peers_[p].seg.get(), peers_[p].identity};
+      }
+      board_.connect(own_.get(), std::move(boardPeers));
     }
     NANOCCL_INFO("rank " << o_.rank << ": " << describe() << " connected to " << o_.size - 1
                          << " peers");
@@ -175,14 +179,8 @@ class ShmTransport : public Transport, public Board {
   std::vector<PeerCounters> counters() const override { return counters_.snapshot(); }
 
   Board* board() override {
-    return o_.size > 1 && connected_.load(std::memory_order_acquire) ? this : nullptr;
+    return o_.size > 1 && connected_.load(std::memory_order_acquire) ? &board_ : nullptr;
   }
-
-  size_t capacity() const override { return kBoardMessageBytes; }
-
-  Status exchange(const OpFingerprint& fp, const void* data, size_t bytes,
-                  const Deadline& deadline, std::vector<const char*>& views,
-                  std::vector<size_t>& sizes) override;
 
   std::string describe() const override {
     return "shm " + std::to_string(kRingChunks) + "x" + std::to_string(kChunkBytes >> 10) + "KiB";
@@ -280,26 +278,10 @@ class ShmTransport : public Transport, public Board {
   }
 
   // kPeerError if peer `p` marked its segment aborted or closed, else OK.
-  Status peerState(int p) {
-    SegmentHeader& h = peers_[p].seg->header();
-    const auto state = static_cast<SegmentState>(h.state.load(std::memory_order_acquire));
-    if (state == SegmentState::kAborted) {
-      const size_t n = std::min<size_t>(h.abortLength, kMaxAbortText);
-      return peerError("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(p) +
-                       " failed: " + std::string(h.abortText, n));
-    }
-    if (state == SegmentState::kClosed) {
-      return peerError("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(p) +
-                       " closed its shared-memory transport (it exited, crashed or destroyed "
-                       "its communicator)");
-    }
-    return Status::ok();
-  }
+  Status peerState(int p) { return peerSegmentState(o_.rank, p, peers_[p].seg->header()); }
 
   Status deadPeer(int p) const {
-    return peerError("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(p) + " (pid " +
-                     std::to_string(peers_[p].identity.pid) +
-                     ") died without closing its shared-memory transport (killed or crashed)");
+    return deadPeerError(o_.rank, p, peers_[p].identity.pid);
   }
 
   // Maps every peer's segment, announces it in the peer's ring control, and waits until every
@@ -650,12 +632,7 @@ class ShmTransport : public Transport, public Board {
   void fail(const Status& why, bool notifyPeers) {
     if (!failed_.isOk()) return;
     failed_ = why;
-    {
-      std::lock_guard<std::mutex> lock(boardFailMu_);
-      boardFailure_ = why;
-    }
-    boardFailed_.store(true, std::memory_order_release);
-    if (own_) own_->header().boardBell.ring();
+    board_.fail(why);
     logTransportFailure(o_.rank, why, hasPending());
     if (notifyPeers) {
       publishAbort(why.message());
@@ -692,148 +669,13 @@ class ShmTransport : public Transport, public Board {
 
   TransportCounters counters_;
 
-  // The board (exchange()): its rounds so far, run by one thread at a time; and fail()'s
-  // reason, for a board waiter that holds no progress lock.
-  uint64_t boardRound_ = 0;
-  std::atomic<bool> boardFailed_{false};
-  std::mutex boardFailMu_;
-  Status boardFailure_;
+  ShmBoard board_{o_.rank, o_.size, spin_, counters_};  // board(), once connected
 
   // Progress state (progressMu_).
   bool stopping_ = false;  // the destructor's kStop was run
   Status failed_;
   Matcher matcher_;  // receives, held messages and their checks
 };
-
-// ---- the board (transport.h: Board; segment.h: BoardSlot) ----------------------------------
-
-Status ShmTransport::exchange(const OpFingerprint& fp, const void* data, size_t bytes,
-                              const Deadline& deadline, std::vector<const char*>& views,
-                              std::vector<size_t>& sizes) {
-  const int n = o_.size;
-  const std::string me = "rank " + std::to_string(o_.rank);
-  if (bytes > kBoardMessageBytes) {
-    return invalidArgument(me + ": " + std::to_string(bytes) + " bytes on the board (at most " +
-                           std::to_string(kBoardMessageBytes) + ")");
-  }
-  if (board() == nullptr) return invalidArgument(me + ": board used before connect()");
-  views.assign(static_cast<size_t>(n), nullptr);
-  sizes.assign(static_cast<size_t>(n), 0);
-  if (boardFailed_.load(std::memory_order_acquire)) {
-    std::lock_guard<std::mutex> lock(boardFailMu_);
-    return boardFailure_;
-  }
-
-  // Publish: the message, its header, then the round.
-  const uint64_t round = ++boardRound_;
-  const uint64_t parity = round & 1;
-  BoardSlot& mine = own_->boardSlot(parity);
-  char* myData = own_->boardData(parity);
-  if (bytes > 0) std::memcpy(myData, data, bytes);
-  mine.frame = dataFrameHeader(fp, 0, fp.seq, bytes, 0, bytes);
-  mine.round.store(round, std::memory_order_release);
-  for (int p = 0; p < n; ++p) {
-    if (p == o_.rank) continue;
-    peers_[p].seg->header().boardBell.ring();
-    counters_.sent(p, bytes);  // published, as a message counts once posted
-  }
-  views[o_.rank] = myData;
-  sizes[o_.rank] = bytes;
-
-  // Read every peer's message of the same round, as it comes. A slot holds this round or
-  // the one two before (0 at first); anything else is not a board in step with ours.
-  int missing = n - 1;
-  auto scan = [&]() -> Status {
-    for (int p = 0; p < n; ++p) {
-      if (p == o_.rank || views[p] != nullptr) continue;
-      Segment& seg = *peers_[p].seg;
-      BoardSlot& slot = seg.boardSlot(parity);
-      const uint64_t theirs = slot.round.load(std::memory_order_acquire);
-      if (theirs != round) {
-        if (theirs + 2 == round || (theirs == 0 && round <= 2)) continue;
-        return protocolError(me + ": rank " + std::to_string(p) + "'s board slot holds round " +
-                             std::to_string(theirs) + " where round " + std::to_string(round) +
-                             " or " + std::to_string(round - 2) + " belongs (corrupt)");
-      }
-      FrameHeader h;  // a private copy: the peer's memory is not trusted twice
-      std::memcpy(&h, &slot.frame, sizeof(h));
-      Status st = validateFrameHeader(h);
-      if (st.isOk() && (h.kind != FrameKind::kData || h.total > kBoardMessageBytes ||
-                        h.length != h.total || h.offset != 0)) {
-        st = protocolError("bad board header (" + std::to_string(h.total) + " bytes)");
-      }
-      if (!st.isOk()) {
-        return st.withContext(me + ": the board of rank " + std::to_string(p) + ": ");
-      }
-      const OpFingerprint other = fingerprintOf(h);
-      if (other != fp) {
-        return mismatchError(me + " called " + fp.describe() + " but rank " +
-                             std::to_string(p) + " called " + other.describe());
-      }
-      views[p] = seg.boardData(parity);
-      sizes[p] = h.total;
-      --missing;
-    }
-    return Status::ok();
-  };
-  // Why a peer that has not published may never: this transport failed, or the peer
-  // aborted, closed or died.
-  auto broken = [&](bool probeProcesses) -> Status {
-    if (boardFailed_.load(std::memory_order_acquire)) {
-      std::lock_guard<std::mutex> lock(boardFailMu_);
-      return boardFailure_;
-    }
-    for (int p = 0; p < n; ++p) {
-      if (p == o_.rank || views[p] != nullptr) continue;
-      const uint64_t theirCall =
-          peers_[p].seg->header().messageCall.load(std::memory_order_acquire);
-      if (theirCall > fp.seq) {
-        return mismatchError(me + " runs " + fp.describe() +
-                             " on the shared-memory board (its size fits there), but rank " +
-                             std::to_string(p) +
-                             " runs call #" + std::to_string(theirCall - 1) +
-                             " with messages (the ranks do not make the same calls, or not "
-                             "with the same sizes)");
-      }
-      NANOCCL_CHECK(peerState(p));
-      if (probeProcesses && probe(peers_[p].identity) == Liveness::kDead) return deadPeer(p);
-    }
-    return Status::ok();
-  };
-
-  NANOCCL_CHECK(scan());
-  if (missing > 0) {
-    spinFor(spin_, [&] { return !scan().isOk() || missing == 0; });
-  }
-  Doorbell& bell = own_->header().boardBell;
-  Clock::time_point nextProbe = Clock::now();
-  while (missing > 0) {
-    const uint32_t seen = bell.seq.load(std::memory_order_acquire);
-    NANOCCL_CHECK(scan());
-    if (missing == 0) break;
-    const bool probeNow = Clock::now() >= nextProbe;
-    if (probeNow) nextProbe = Clock::now() + kLivenessPeriod;
-    NANOCCL_CHECK(broken(probeNow));
-    if (deadline.expired()) {
-      std::string who;
-      for (int p = 0; p < n; ++p) {
-        if (p != o_.rank && views[p] == nullptr) {
-          who += (who.empty() ? "" : ", ") + std::to_string(p);
-        }
-      }
-      return timeoutError(me + " waited on the shared-memory board, but rank(s) " + who +
-                          " did not make the call #" + std::to_string(fp.seq) +
-                          " before the deadline");
-    }
-    const auto left = std::chrono::microseconds(deadline.remainingMs(100) * 1000);
-    bell.sleep(seen, std::clamp<std::chrono::microseconds>(
-                         left, std::chrono::microseconds(1), kLivenessPeriod));
-  }
-  for (int p = 0; p < n; ++p) {
-    if (p != o_.rank) counters_.received(p, sizes[p]);
-  }
-  return Status::ok();
-}
 
 Status ShmRequest::wait(const Deadline& deadline) {
   if (!test()) transport_->drive([this] { return test(); });

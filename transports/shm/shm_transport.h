@@ -28,13 +28,10 @@
 // receiver copies each chunk out at once: into the caller's buffer when the receive is posted,
 // else into a held buffer of the announced size, copied out when the receive comes.
 //
-// The board (board(), transport.h: Board): two slots at the end of every segment, written by
-// its creator only, read by every peer; a round needs no progress thread, ring or matching
-// table: the calling thread publishes into its own slot, rings its peers' board doorbells and
-// polls their slots (NANOCCL_SPIN_US, yielding), then sleeps on its own board doorbell,
-// waking at least every 100 ms to check its peers are alive. A rank that posts a collective
-// ring message records the call in its segment header (messageCall), so a peer waiting for
-// that call on the board knows the ranks disagree.
+// The board (board(), transport.h: Board): a ShmBoard (board.h) over two slots at the end of
+// every segment; its rounds need no progress thread, ring or matching table. isend/irecv of
+// a collective record the call in this rank's segment header (messageCall), so a peer
+// waiting for that call on the board knows the ranks disagree.
 //
 // Failure: a mismatch, protocol violation or abort() fails the whole transport and marks this
 // rank's segment aborted with the reason, which peers read on their next wake-up (they are
