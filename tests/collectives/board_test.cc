@@ -151,17 +151,23 @@ std::vector<Status> disagree(const std::vector<size_t>& counts, bool broadcastRo
   return waitAll(tasks, std::chrono::seconds(30));
 }
 
-// Ranks that disagree fail on every rank, each naming both calls, well before the timeout.
+// Ranks that disagree fail on every rank, each naming both calls, well before the timeout: a
+// mismatch where the rank saw the other call on the board, or the error of a peer that saw it
+// where that peer's failure reached the rank first (the ranks here are threads of one process).
 TEST(Board, DifferentCountsFailEveryRankNamingBothCalls) {
   if (!shmBuiltIn()) GTEST_SKIP() << "no shm in this build";
   const auto start = std::chrono::steady_clock::now();
   const std::vector<Status> st = disagree({4, 8, 8, 8});
   ASSERT_EQ(st.size(), 4u);
+  int mismatches = 0;
   for (int r = 0; r < 4; ++r) {
-    EXPECT_EQ(st[r].code(), StatusCode::kMismatch) << "rank " << r << ": " << st[r].toString();
+    EXPECT_TRUE(st[r].code() == StatusCode::kMismatch || st[r].code() == StatusCode::kPeerError)
+        << "rank " << r << ": " << st[r].toString();
+    mismatches += st[r].code() == StatusCode::kMismatch ? 1 : 0;
     EXPECT_TRUE(contains(st[r].message(), "x 4") && contains(st[r].message(), "x 8"))
         << st[r].toString();
   }
+  EXPECT_GE(mismatches, 1);  // someone saw both calls itself
   EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(4));
 }
 
@@ -203,10 +209,15 @@ TEST(Board, ARankThatNeverCallsTimesOutNamingIt) {
   NANOCCL_MAKE_WORLD_OR_SKIP(o, comms);
   std::vector<std::shared_ptr<Task>> tasks;
   for (int r = 0; r < 2; ++r) tasks.push_back(comms[r]->barrier());
+  int timeouts = 0;
   for (const Status& st : waitAll(tasks)) {
-    EXPECT_EQ(st.code(), StatusCode::kTimeout) << st.toString();
+    // Its own timeout, or the first rank's failure quoting it where that came first.
+    EXPECT_TRUE(st.code() == StatusCode::kTimeout || st.code() == StatusCode::kPeerError)
+        << st.toString();
+    timeouts += st.code() == StatusCode::kTimeout ? 1 : 0;
     EXPECT_TRUE(contains(st.message(), "rank(s) 2 did not make the call #1")) << st.toString();
   }
+  EXPECT_GE(timeouts, 1);
 }
 
 // A rank whose communicator is destroyed mid-round (it will never publish): its peers fail

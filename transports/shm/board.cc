@@ -64,7 +64,12 @@ Status ShmBoard::exchange(const OpFingerprint& fp, const void* data, size_t byte
     if (missing == 0) break;
     const bool probeNow = Clock::now() >= nextProbe;
     if (probeNow) nextProbe = Clock::now() + kLivenessPeriod;
-    NANOCCL_CHECK(broken(fp, views, probeNow));
+    if (Status b = broken(fp, views, probeNow); !b.isOk()) {
+      // A peer that failed on this very round (a mismatch it saw) published first: its slot,
+      // read again, names the calls, which says more than its failure does.
+      NANOCCL_CHECK(scan(fp, round, views, sizes, missing));
+      return b;
+    }
     if (deadline.expired()) {
       std::string who;
       for (int p = 0; p < size_; ++p) {
