@@ -134,16 +134,21 @@ const std::vector<Field>& fields() {
        [](const Config& c) { return c.tcpEngine; }},
       {"tcp_congestion",
        [](Config& c, const std::string& v) {
-         // A kernel algorithm's name (TCP_CA_NAME_MAX is 16 with the terminator); whether the
-         // kernel has and allows it is checked where the sockets are made.
+         // "auto", "host" (empty too: the host's default) or a kernel algorithm's name
+         // (TCP_CA_NAME_MAX is 16 with the terminator); whether the kernel has and allows it
+         // is checked where the sockets are made.
+         if (v.empty()) {
+           c.tcpCongestion = "host";
+           return Status::ok();
+         }
          const bool ok = v.size() < 16 && std::all_of(v.begin(), v.end(), [](char ch) {
            return std::islower(static_cast<unsigned char>(ch)) ||
                   std::isdigit(static_cast<unsigned char>(ch)) || ch == '_';
          });
          if (!ok) {
            return invalidArgument("tcp_congestion=" + v +
-                                  ": expected an algorithm's name (cubic, reno, bbr, ...) or "
-                                  "empty for the host's default");
+                                  ": expected auto, host (the host's default) or an "
+                                  "algorithm's name (cubic, reno, bbr, ...)");
          }
          c.tcpCongestion = v;
          return Status::ok();

@@ -31,10 +31,12 @@ struct Config {
   bool railPerLocalRank = false;
   // "auto" (io_uring when the kernel allows it, else epoll), "uring" or "epoll".
   std::string tcpEngine = "auto";
-  // The TCP congestion control of nanoccl's connections (TCP_CONGESTION: "cubic", "reno",
-  // "bbr", ...); empty: the host's default. The kernel must allow it
+  // The TCP congestion control of nanoccl's connections (TCP_CONGESTION): "auto" (the host's
+  // default, except BBR: then cubic, or reno where this process may not set cubic; see
+  // chooseCongestionControl in transports/tcp/handshake.h), "host" (the host's default, BBR
+  // too) or an algorithm's name ("cubic", "reno", "bbr", ...), which the kernel must allow
   // (/proc/sys/net/ipv4/tcp_allowed_congestion_control).
-  std::string tcpCongestion;
+  std::string tcpCongestion = "auto";
   // TCP connections per peer on each rail; messages of at least stripeMinBytes are striped
   // across them (over every rail). With a link profile that measured one connection a peer as
   // fast, every call the planner plans travels on one a rail (OpFingerprint::lanes) unless

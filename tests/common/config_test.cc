@@ -83,7 +83,7 @@ TEST(ConfigTest, DefaultsAndTableOrder) {
   EXPECT_EQ(m.at("socket_ifname"), "");
   EXPECT_EQ(m.at("rail_mbps"), "");
   EXPECT_EQ(m.at("tcp_engine"), "auto");
-  EXPECT_EQ(m.at("tcp_congestion"), "");
+  EXPECT_EQ(m.at("tcp_congestion"), "auto");
   EXPECT_EQ(m.at("nsocks"), "2");
   EXPECT_EQ(m.at("stripe_min_bytes"), "262144");
   EXPECT_EQ(m.at("algo"), "auto");
@@ -198,6 +198,15 @@ TEST(ConfigTest, SetAcceptsBothNames) {
     EXPECT_TRUE(c.set(n, value).isOk()) << n;
     EXPECT_TRUE(c.set(envName(n), value).isOk()) << envName(n);
   }
+}
+
+TEST(ConfigTest, TcpCongestionEmptyMeansTheHostsDefault) {
+  Config c;
+  EXPECT_EQ(c.tcpCongestion, "auto");
+  ASSERT_TRUE(c.set("tcp_congestion", "").isOk());
+  EXPECT_EQ(c.tcpCongestion, "host");
+  ASSERT_TRUE(c.set("tcp_congestion", "cubic").isOk());
+  EXPECT_EQ(c.tcpCongestion, "cubic");
 }
 
 TEST(ConfigTest, SetRejectsBadValuesAndKeepsTheOldOne) {

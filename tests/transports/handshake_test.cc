@@ -740,5 +740,41 @@ TEST(TcpCongestion, EveryConnectionRunsItAndAnUnknownOneIsNamed) {
       << listened.status().message();
 }
 
+// NANOCCL_TCP_CONGESTION=auto leaves the host's default unless it is BBR, which it replaces by
+// cubic (or reno); "host" leaves BBR too; a name is set as it is. The listener's algorithm
+// stands in for the host's default here (chooseCongestionControl reads the socket's own).
+TEST(TcpCongestion, AutoReplacesBbrAndKeepsAnyOtherDefault) {
+  auto lo = iface("lo", "127.0.0.1");
+  tcp::Listener l = tcp::openListener(lo).value();
+  auto running = [&] {
+    char name[16] = {};
+    socklen_t len = sizeof(name) - 1;
+    EXPECT_EQ(getsockopt(l.fd, IPPROTO_TCP, TCP_CONGESTION, name, &len), 0);
+    return std::string(name);
+  };
+  ASSERT_TRUE(tcp::setCongestionControl(l.fd, "reno").isOk());
+  EXPECT_EQ(tcp::chooseCongestionControl(l.fd, "auto").value(), "");  // not BBR: kept
+  EXPECT_EQ(running(), "reno");
+  EXPECT_EQ(tcp::chooseCongestionControl(l.fd, "host").value(), "");
+  EXPECT_EQ(running(), "reno");
+  const auto bad = tcp::chooseCongestionControl(l.fd, "nosuchcc");
+  ASSERT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("NANOCCL_TCP_CONGESTION=nosuchcc"), std::string::npos);
+
+  const bool haveBbr = tcp::setCongestionControl(l.fd, "bbr").isOk();
+  if (haveBbr) {
+    EXPECT_EQ(tcp::chooseCongestionControl(l.fd, "host").value(), "");
+    EXPECT_EQ(running(), "bbr");
+    auto chosen = tcp::chooseCongestionControl(l.fd, "auto");
+    ASSERT_TRUE(chosen.isOk()) << chosen.status().toString();
+    EXPECT_TRUE(*chosen == "cubic" || *chosen == "reno") << *chosen;
+    EXPECT_EQ(running(), *chosen);
+    EXPECT_EQ(tcp::chooseCongestionControl(l.fd, "bbr").value(), "bbr");  // asked for by name
+    EXPECT_EQ(running(), "bbr");
+  }
+  close(l.fd);
+  if (!haveBbr) GTEST_SKIP() << "this kernel has no bbr: the BBR half was not run";
+}
+
 }  // namespace
 }  // namespace nanoccl::testing

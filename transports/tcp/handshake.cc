@@ -58,6 +58,28 @@ Status setCongestionControl(int fd, const std::string& name) {
                          " (/proc/sys/net/ipv4/tcp_allowed_congestion_control)");
 }
 
+Result<std::string> chooseCongestionControl(int fd, const std::string& setting) {
+  if (setting.empty() || setting == "host") return std::string();
+  if (setting != "auto") {
+    NANOCCL_CHECK(setCongestionControl(fd, setting));
+    return setting;
+  }
+  char current[16] = {};  // TCP_CA_NAME_MAX
+  socklen_t len = sizeof(current) - 1;
+  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, current, &len) != 0) {
+    return systemError("getsockopt(TCP_CONGESTION)", errno);
+  }
+  if (std::string(current) != "bbr") return std::string();
+  for (const char* instead : {"cubic", "reno"}) {
+    if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, instead, std::strlen(instead)) == 0) {
+      return std::string(instead);
+    }
+  }
+  NANOCCL_WARN("NANOCCL_TCP_CONGESTION=auto: the host's default is bbr and the kernel refused "
+               "cubic and reno; the connections keep bbr");
+  return std::string();
+}
+
 namespace {
 
 std::string peerName(int fd) {

@@ -60,12 +60,10 @@ Result<std::string> TcpTransport::listen() {
                            " exceeds the limit of " + std::to_string(kMaxSocketsPerPeer));
   }
   NANOCCL_ASSIGN_OR_RETURN(listeners_, openListeners(o_.config.socketIfname));
-  if (!o_.config.tcpCongestion.empty()) {
-    // Set on the listeners, the connections they accept inherit it; refused here, before
-    // any peer waits on this rank, where the kernel does not allow it.
-    for (const Listener& l : listeners_) {
-      NANOCCL_CHECK(setCongestionControl(l.fd, o_.config.tcpCongestion));
-    }
+  // Set on the listeners, the connections they accept inherit it; refused here, before any
+  // peer waits on this rank, where the kernel does not allow it.
+  for (const Listener& l : listeners_) {
+    NANOCCL_ASSIGN_OR_RETURN(congestion_, chooseCongestionControl(l.fd, o_.config.tcpCongestion));
   }
   const std::vector<int64_t>& rates = o_.config.railMbps;
   if (!rates.empty() && rates.size() != listeners_.size()) {
@@ -103,7 +101,7 @@ Status TcpTransport::connect(const std::vector<std::string>& addresses,
     mp.nsocks = connections();
     mp.stripeMinBytes = o_.config.stripeMinBytes;
     mp.encrypt = o_.config.encrypt;
-    mp.tcpCongestion = o_.config.tcpCongestion;
+    mp.tcpCongestion = congestion_;
     NANOCCL_ASSIGN_OR_RETURN(auto links, buildMesh(listeners_, addresses, mp, deadline));
     // Setup is over: strangers now meet a closed port.
     for (Listener& l : listeners_) {

@@ -236,6 +236,9 @@ class TcpTransport : public Transport {
   const TransportOptions o_;
   const std::chrono::microseconds spin_{o_.config.spinUs};  // NANOCCL_SPIN_US
   std::vector<Listener> listeners_;  // one a rail; closed once connected
+  // The congestion control this rank's connections run (chooseCongestionControl; empty: the
+  // host's default): set on the listeners, given to the connections this rank makes.
+  std::string congestion_;
   int rails_ = 1;
   Rails railLayout_;  // the rails' weights: weighRails() (layout.h)
   // Payload bytes per rail (frames sent, frames landed): written by the progress thread.
