@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from types import ModuleType
 
@@ -193,11 +194,28 @@ def test_perf_latency_modes(tmp_path: Path, mode: str) -> None:
 
 def test_block_lead(perf: ModuleType) -> None:
     """Back-to-back blocks start after BLOCK_LEAD_S of their side's calls: 5 ms over the mean
-    warm-up call, at least one and at most 1000."""
+    priced warm-up call, at least one and at most 1000."""
     assert perf.BLOCK_LEAD_S == 0.005
     assert perf.block_lead([0.01, 1.0], 100, None) == [50, 1]  # 100 us a call; 10 ms a call
     assert perf.block_lead([1e-9, 0.0], 100, None) == [1000, 1]
     assert perf.block_lead([0.5, 0.5], 0, None) == [1, 1]  # no warm-up: one call, as before
+
+
+def test_bind_calling_thread(perf: ModuleType) -> None:
+    """--bind pins the calling thread alone: local rank i on the i-th CPU it may use, modulo."""
+    cpus = sorted(os.sched_getaffinity(0))
+    seen: dict[int, tuple[int | None, set[int]]] = {}
+
+    def pin(local_rank: int) -> None:
+        seen[local_rank] = (perf.bind_calling_thread(local_rank), os.sched_getaffinity(0))
+
+    for local_rank in (0, 1, len(cpus) + 1):
+        t = threading.Thread(target=pin, args=(local_rank,))
+        t.start()
+        t.join()
+        want = cpus[local_rank % len(cpus)]
+        assert seen[local_rank] == (want, {want})
+    assert sorted(os.sched_getaffinity(0)) == cpus  # this thread keeps every CPU
 
 
 def test_percentile(perf: ModuleType) -> None:
@@ -212,10 +230,11 @@ def test_perf_single_process_without_torchrun() -> None:
     env = {k: v for k, v in os.environ.items()
            if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
     proc = subprocess.run([sys.executable, str(PERF), "-b", "64", "-e", "64", "-n", "2",
-                           "--backend", "gloo"], capture_output=True, text=True, timeout=60,
-                          env=env, cwd=REPO)
+                           "--backend", "gloo", "--bind"], capture_output=True, text=True,
+                          timeout=60, env=env, cwd=REPO)
     assert proc.returncode == 0, proc.stderr
     assert "1 rank(s)" in proc.stdout and "# Out of bounds values : 0 OK" in proc.stdout
+    assert "calling threads bound to a CPU each (--bind)" in proc.stdout
 
 
 def test_perf_rejects_bad_options() -> None:

@@ -155,11 +155,12 @@ def iterations_for(size: int, opts: Options) -> int:
     return max(min(opts.min_iters, opts.iters), min(opts.iters, opts.iter_budget // max(size, 1)))
 
 
-def block_lead(warm_s: list[float], warmup: int, ctrl: Any) -> list[int]:
+def block_lead(warm_s: list[float], calls: int, ctrl: Any) -> list[int]:
     """Untimed calls before each back-to-back block, per side: BLOCK_LEAD_S over the side's
-    mean warm-up call (the slowest rank's, so that every rank makes as many), 1 to 1000."""
-    lead = [1 if warmup <= 0 or s <= 0 else
-            min(1000, max(1, math.ceil(BLOCK_LEAD_S / (s / warmup)))) for s in warm_s]
+    mean call (`warm_s` seconds over `calls` warm-up calls; the slowest rank's, so that every
+    rank makes as many), 1 to 1000."""
+    lead = [1 if calls <= 0 or s <= 0 else
+            min(1000, max(1, math.ceil(BLOCK_LEAD_S / (s / calls)))) for s in warm_s]
     if ctrl is not None and dist.is_initialized() and dist.get_world_size() > 1:
         agreed = torch.tensor(lead, dtype=torch.int64)
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=ctrl)
@@ -201,16 +202,29 @@ def measure(name: str, sides: list[Side], ctrl: Any, opts: Options, rank: int, w
             wrong_local.append(coll.check(bufs, rank, world, checked_dtype(opts.dtype, side,
                                                                            world), opts.redop)
                                if opts.check else 0)
-        warm_s = [0.0] * len(sides)
-        for _ in range(opts.warmup):
+        lead: list[int] = []
+        if opts.mode == "back-to-back":
+            # Back to back, as the blocks run. The lead is priced from the second half of each
+            # side's warm-up, its calls after its own: the first follow the other side's, and
+            # after Gloo's 5-ms calls (4 ranks, 64 B, 2 cores) nanoccl's next calls ran several
+            # times their steady time, which priced 5 ms of lead at a fraction of that.
+            warm_s = [0.0] * len(sides)
+            priced = opts.warmup - opts.warmup // 2
             for k, side in enumerate(sides):
-                refill()
-                start = time.perf_counter()
-                coll.call(bufs, side.group, op)
-                _sync(opts.device)
-                warm_s[k] += time.perf_counter() - start
-        _sync(opts.device)
-        lead = block_lead(warm_s, opts.warmup, ctrl) if opts.mode == "back-to-back" else []
+                for i in range(opts.warmup):
+                    refill()
+                    start = time.perf_counter()
+                    coll.call(bufs, side.group, op)
+                    _sync(opts.device)
+                    if i >= opts.warmup // 2:
+                        warm_s[k] += time.perf_counter() - start
+            lead = block_lead(warm_s, priced, ctrl)
+        else:
+            for _ in range(opts.warmup):
+                for side in sides:
+                    refill()
+                    coll.call(bufs, side.group, op)
+            _sync(opts.device)
         times: list[list[float]] = [[] for _ in sides]
 
         def timed(k: int) -> None:
@@ -330,8 +344,27 @@ def build_parser() -> argparse.ArgumentParser:
                    help="tensor device (auto: cuda when a backend is nccl and CUDA is there)")
     p.add_argument("--timeout", type=float, default=300.0,
                    help="process group timeout in seconds, every call's deadline (default 300)")
+    p.add_argument("--bind", action="store_true",
+                   help="pin each rank's calling thread to one CPU (local rank i on the i-th "
+                        "CPU it may use, modulo their number) once the groups are made, as MPI "
+                        "latency benchmarks bind their ranks; the backends' own threads keep "
+                        "every CPU")
     p.add_argument("--json", default=None, metavar="PATH", help="write all rows as JSON (rank 0)")
     return p
+
+
+def bind_calling_thread(local_rank: int) -> int | None:
+    """Pins the calling thread to one CPU of those it may use (local rank i on the i-th, modulo
+    their number); returns that CPU, or None where the platform cannot pin. Without it, on the
+    project's 2-core VM, the scheduler at times ran both ranks of a 2-rank launch on one CPU
+    for a whole 50-call block after Gloo's (50-250 of 1000 calls), each call then waiting for
+    the other rank's turn on that CPU."""
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    cpus = sorted(os.sched_getaffinity(0))
+    cpu = cpus[local_rank % len(cpus)]
+    os.sched_setaffinity(0, {cpu})  # pid 0: the calling thread only
+    return cpu
 
 
 def _env_int(name: str, default: int) -> int:
@@ -459,6 +492,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                                                                pg_options=ab_options),
                               ab_codec))
         labels = [s.label for s in sides]
+        # After the groups: the threads they made keep every CPU.
+        bound = bind_calling_thread(local_rank) if args.bind else None
+        if args.bind and bound is None:
+            notes.append("--bind: this platform cannot pin threads; not bound")
         opts = Options(collectives, sizes, dtype, redop, args.root, args.warmup, args.iters,
                        iter_budget, args.min_iters, bool(args.check), device, args.mode)
         nodes = _env_int("GROUP_WORLD_SIZE", max(1, world // max(local_world, 1)))
@@ -469,7 +506,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                   f"warmup {args.warmup},"
                   f" iters {args.iters}" + (f" (capped at {format_size(iter_budget)} per size, "
                                             f"min {args.min_iters})" if iter_budget else "")
-                  + f", check {'on' if args.check else 'off'}, mode {args.mode}")
+                  + f", check {'on' if args.check else 'off'}, mode {args.mode}"
+                  + (", calling threads bound to a CPU each (--bind)" if bound is not None
+                     else ""))
             for note in notes:
                 print(f"# note: {note}")
             if len(sides) > 1:
