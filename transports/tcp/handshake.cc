@@ -69,14 +69,14 @@ Result<std::string> chooseCongestionControl(int fd, const std::string& setting) 
   if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, current, &len) != 0) {
     return systemError("getsockopt(TCP_CONGESTION)", errno);
   }
-  if (std::string(current) != "bbr") return std::string();
+  if (std::string(current).rfind("bbr", 0) != 0) return std::string();  // bbr, bbr2, bbr3...
   for (const char* instead : {"cubic", "reno"}) {
     if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, instead, std::strlen(instead)) == 0) {
       return std::string(instead);
     }
   }
-  NANOCCL_WARN("NANOCCL_TCP_CONGESTION=auto: the host's default is bbr and the kernel refused "
-               "cubic and reno; the connections keep bbr");
+  NANOCCL_WARN("NANOCCL_TCP_CONGESTION=auto: the host's default is " << current
+               << " and the kernel refused cubic and reno; the connections keep it");
   return std::string();
 }
 
