@@ -133,15 +133,19 @@ namespace {
 
 // The worker's hand-over (workerLoop). A blocking call is run by its caller (Task::runHere);
 // waking the worker for it anyway costs a wake-up on another core, about 20 us per 4-byte
-// allreduce on the project's 2-core VM (measured), more than the rest of the call. So while
-// calls are being made (one in the last kTickingFor) the worker wakes every kTick on its own
-// instead, and submit() does not wake it for a lone call. A caller that will not wait on the
-// Task says so (Communicator::handOver: the torch Work does on getFuture() and
-// isCompleted()), as do a second call and a point-to-point call; any other call nobody waits
-// on starts within kTick. Idle for longer, the worker sleeps until woken, and the first call
-// wakes it. (A 1 ms tick measured up to 2x slower back-to-back: each wake-up costs.)
+// allreduce on the project's 2-core VM (measured), more than the rest of the call. So submit()
+// does not wake the worker for a lone call: it sets the worker's alarm (Doorbell) to kTick after
+// the call's issue instead, and the worker starts the call then if nobody has. Each call moves
+// the alarm on (where it would go off within kTick / 2, so that calls made back to back set
+// the timer once every few milliseconds, not each), so the worker sleeps while calls are made
+// and run by their callers, and wakes once after they stop. (Before 2026-11-28 it woke every
+// kTick while calls were being made, each time taking the CPU from a caller spinning on a
+// call in flight: one slow call a tick.) A caller that will not wait on the Task says so
+// (Communicator::handOver: the torch Work does on getFuture() and isCompleted()), as do a
+// second call and a point-to-point call: those wake the worker at once. Any other call nobody
+// waits on starts within kTick. (A 1 ms tick measured up to 2x slower back-to-back: each
+// wake-up costs.)
 constexpr auto kTick = std::chrono::milliseconds(10);
-constexpr auto kTickingFor = std::chrono::milliseconds(200);
 
 // Non-zero while this thread runs Task callbacks: a communicator destroyed from inside one
 // (its last reference dropped there) may be running on one of its own threads, which cannot
@@ -204,13 +208,18 @@ std::shared_ptr<Task> Communicator::Impl::submit(OpFingerprint fingerprint, Call
     task->owner_ = self;
     queue.push_back(QueuedCall{task, issued, deadline, fingerprint, std::move(args),
                                plan.value().row, plan.value().predictedSeconds});
-    lastIssue = issued;
     // Whoever runs the current call hands this one on (workerLoop, finishTurn). A lone call
     // on an idle communicator is probably waited on next, and then run by its caller
-    // (Task::runHere): a ticking worker finds it if not (kTick says why it is not woken).
-    wake = !running && !(queue.size() == 1 && workerTicks);
+    // (Task::runHere): the worker's alarm starts it if not (kTick says why it is not woken).
+    // NANOCCL_SPIN_US=0 leaves nothing to the caller.
+    const bool leftToCaller = queue.size() == 1 && handOverGrace.count() > 0;
+    wake = !running && !leftToCaller;
+    if (leftToCaller && alarmAt < issued + kTick / 2) {
+      alarmAt = issued + kTick;
+      workBell.setAlarm(alarmAt);  // under `mu`: two callers' alarms cannot cross
+    }
   }
-  if (wake) workCv.notify_all();
+  if (wake) workBell.ring();
   return task;
 }
 
@@ -221,21 +230,19 @@ void Communicator::Impl::workerLoop() {
       std::unique_lock<std::mutex> lock(mu);
       for (;;) {
         // A caller may be running the head call itself (Task::runHere): its turn ends first.
+        Clock::time_point sleepUntil = Clock::time_point::max();
         if (!queue.empty() && !running) {
           // A lone fresh call is left to its caller for a moment (NANOCCL_SPIN_US).
           const Clock::time_point leftUntil = queue.front().issued + handOverGrace;
           if (stopping || handOverNow || queue.size() > 1 || Clock::now() >= leftUntil) break;
-          workCv.wait_until(lock, leftUntil);
+          sleepUntil = leftUntil;
         } else if (stopping) {
           return;
-        } else if (handOverGrace.count() > 0 && Clock::now() - lastIssue < kTickingFor) {
-          // Calls are being made: tick, so that submit() need not wake this thread for each.
-          workerTicks = true;
-          workCv.wait_for(lock, kTick);
-          workerTicks = false;
-        } else {
-          workCv.wait(lock);
         }
+        // Until rung, or the alarm goes off (submit(), kTick), or the grace above ends.
+        lock.unlock();
+        workBell.sleep(sleepUntil);
+        lock.lock();
       }
       call = takeNext();
     }
@@ -274,7 +281,7 @@ void Communicator::Impl::finishTurn() {
   }
   // The worker waits for the turn only where a caller ran this call (Task::runHere) while
   // more were queued; an idle worker is not woken for nothing.
-  if (more) workCv.notify_all();
+  if (more) workBell.ring();
 }
 
 void Communicator::handOver() { impl_->handOver(); }
@@ -285,7 +292,7 @@ void Communicator::Impl::handOver() {
     std::lock_guard<std::mutex> lock(mu);
     wake = markHandOver();
   }
-  if (wake) workCv.notify_all();
+  if (wake) workBell.ring();
 }
 
 bool Communicator::Impl::markHandOver() {
@@ -430,7 +437,7 @@ std::shared_ptr<Task> Communicator::Impl::postP2p(bool isSend, void* buf, size_t
     entry.bytes = bytes;
   }
   watchCv.notify_all();
-  if (wakeWorker) workCv.notify_all();
+  if (wakeWorker) workBell.ring();
 
   // Point-to-point messages are told apart from collectives by the op; the user's tag and the
   // FIFO order per (peer, tag) match them.
@@ -526,6 +533,8 @@ Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOpt
   }
 
   auto impl = std::make_unique<Impl>();
+  NANOCCL_CHECK(impl->workBell.open().withContext("rank " + std::to_string(options.rank) +
+                                                  ": communicator: the worker's doorbell: "));
   impl->rank = options.rank;
   impl->size = options.size;
   impl->commId = options.commId;
@@ -642,7 +651,7 @@ void Communicator::Impl::shutdown() {
   if (pending) {
     for (Transport* t : transports()) t->abort(destroyedStatus);
   }
-  workCv.notify_all();
+  workBell.ring();
   watchCv.notify_all();
   if (worker.joinable()) worker.join();
   if (watchdog.joinable()) watchdog.join();

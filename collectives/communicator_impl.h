@@ -25,6 +25,7 @@
 #include "collectives/communicator.h"
 #include "collectives/cost_model.h"
 #include "collectives/planner.h"
+#include "common/doorbell.h"
 #include "common/logging.h"
 #include "transports/routed/routed_transport.h"
 
@@ -98,11 +99,12 @@ struct Communicator::Impl {
   std::weak_ptr<Communicator> self;
 
   std::mutex mu;
-  std::condition_variable workCv;
-  // The worker's hand-over (kTick, in communicator.cc): whether it ticks now, when the last
-  // call was issued, and whether queued calls go to it at once (handOver()).
-  bool workerTicks = false;
-  Clock::time_point lastIssue{};
+  // The worker sleeps on it; ring() where it has something to do (kTick, in communicator.cc,
+  // says when a call is left to its caller instead).
+  Doorbell workBell;
+  // The worker's hand-over (kTick): when the bell's alarm is set to go off (under `mu`), and
+  // whether queued calls go to the worker at once (handOver()).
+  Clock::time_point alarmAt{};
   bool handOverNow = false;
   std::condition_variable watchCv;
   std::deque<detail::QueuedCall> queue;
@@ -172,7 +174,7 @@ struct Communicator::Impl {
       if (failed.isOk()) failed = why;
     }
     for (Transport* t : transports()) t->abort(why);
-    workCv.notify_all();
+    workBell.ring();
   }
 
   std::shared_ptr<Task> submit(OpFingerprint fingerprint, detail::CallArgs args,

@@ -1,0 +1,74 @@
+#include "common/doorbell.h"
+
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/timerfd.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+
+namespace nanoccl {
+
+namespace {
+
+timespec toTimespec(Clock::duration d) {
+  const auto ns = std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
+  return timespec{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+}
+
+void drain(int fd) {
+  uint64_t n;
+  while (::read(fd, &n, sizeof n) < 0 && errno == EINTR) {
+  }
+}
+
+}  // namespace
+
+Doorbell::~Doorbell() {
+  if (ringFd_ >= 0) ::close(ringFd_);
+  if (alarmFd_ >= 0) ::close(alarmFd_);
+}
+
+Status Doorbell::open() {
+  ringFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
+  if (ringFd_ < 0) return systemError("eventfd", errno);
+  alarmFd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
+  if (alarmFd_ < 0) return systemError("timerfd_create", errno);
+  return Status();
+}
+
+void Doorbell::ring() {
+  const uint64_t one = 1;
+  // Fails only where the counter would pass 2^64 - 2: it is non-zero then, rung already.
+  while (::write(ringFd_, &one, sizeof one) < 0 && errno == EINTR) {
+  }
+}
+
+void Doorbell::setAlarm(Clock::time_point at) {
+  // steady_clock is CLOCK_MONOTONIC: its epoch is the timer's. A zero it_value would disarm
+  // the timer, so a time at or before the epoch is rounded up to a nanosecond after it.
+  itimerspec spec{};
+  spec.it_value = toTimespec(at.time_since_epoch());
+  if (spec.it_value.tv_sec == 0 && spec.it_value.tv_nsec == 0) spec.it_value.tv_nsec = 1;
+  ::timerfd_settime(alarmFd_, TFD_TIMER_ABSTIME, &spec, nullptr);
+}
+
+void Doorbell::sleep(Clock::time_point until) {
+  pollfd fds[2] = {{ringFd_, POLLIN, 0}, {alarmFd_, POLLIN, 0}};
+  timespec left{};
+  const timespec* timeout = nullptr;
+  if (until != Clock::time_point::max()) {
+    const Clock::time_point now = Clock::now();
+    // Capped at an hour, which a caller's loop sleeps again, rather than overflow the sum.
+    left = toTimespec(until - now > std::chrono::hours(1) ? std::chrono::hours(1) : until - now);
+    timeout = &left;
+  }
+  if (::ppoll(fds, 2, timeout, nullptr) > 0) {
+    if (fds[0].revents & POLLIN) drain(ringFd_);
+    if (fds[1].revents & POLLIN) drain(alarmFd_);
+  }
+}
+
+}  // namespace nanoccl
