@@ -134,7 +134,7 @@ namespace {
 // The worker's hand-over (workerLoop). A blocking call is run by its caller (Task::runHere);
 // waking the worker for it anyway costs a wake-up on another core, about 20 us per 4-byte
 // allreduce on the project's 2-core VM (measured), more than the rest of the call. So submit()
-// does not wake the worker for a lone call: it sets the worker's alarm (Doorbell) to kTick after
+// does not wake the worker for a lone call: it sets the worker's alarm (AlarmBell) to kTick after
 // the call's issue instead, and the worker starts the call then if nobody has. Each call moves
 // the alarm on (where it would go off within kTick / 2, so that calls made back to back set
 // the timer once every few milliseconds, not each), so the worker sleeps while calls are made
@@ -534,7 +534,7 @@ Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOpt
 
   auto impl = std::make_unique<Impl>();
   NANOCCL_CHECK(impl->workBell.open().withContext("rank " + std::to_string(options.rank) +
-                                                  ": communicator: the worker's doorbell: "));
+                                                  ": communicator: the worker's alarm bell: "));
   impl->rank = options.rank;
   impl->size = options.size;
   impl->commId = options.commId;

@@ -25,7 +25,7 @@
 #include "collectives/communicator.h"
 #include "collectives/cost_model.h"
 #include "collectives/planner.h"
-#include "common/doorbell.h"
+#include "common/alarm_bell.h"
 #include "common/logging.h"
 #include "transports/routed/routed_transport.h"
 
@@ -101,7 +101,7 @@ struct Communicator::Impl {
   std::mutex mu;
   // The worker sleeps on it; ring() where it has something to do (kTick, in communicator.cc,
   // says when a call is left to its caller instead).
-  Doorbell workBell;
+  AlarmBell workBell;
   // The worker's hand-over (kTick): when the bell's alarm is set to go off (under `mu`), and
   // whether queued calls go to the worker at once (handOver()).
   Clock::time_point alarmAt{};

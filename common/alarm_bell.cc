@@ -1,4 +1,4 @@
-#include "common/doorbell.h"
+#include "common/alarm_bell.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -26,12 +26,12 @@ void drain(int fd) {
 
 }  // namespace
 
-Doorbell::~Doorbell() {
+AlarmBell::~AlarmBell() {
   if (ringFd_ >= 0) ::close(ringFd_);
   if (alarmFd_ >= 0) ::close(alarmFd_);
 }
 
-Status Doorbell::open() {
+Status AlarmBell::open() {
   ringFd_ = ::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
   if (ringFd_ < 0) return systemError("eventfd", errno);
   alarmFd_ = ::timerfd_create(CLOCK_MONOTONIC, TFD_NONBLOCK | TFD_CLOEXEC);
@@ -39,14 +39,14 @@ Status Doorbell::open() {
   return Status();
 }
 
-void Doorbell::ring() {
+void AlarmBell::ring() {
   const uint64_t one = 1;
   // Fails only where the counter would pass 2^64 - 2: it is non-zero then, rung already.
   while (::write(ringFd_, &one, sizeof one) < 0 && errno == EINTR) {
   }
 }
 
-void Doorbell::setAlarm(Clock::time_point at) {
+void AlarmBell::setAlarm(Clock::time_point at) {
   // steady_clock is CLOCK_MONOTONIC: its epoch is the timer's. A zero it_value would disarm
   // the timer, so a time at or before the epoch is rounded up to a nanosecond after it.
   itimerspec spec{};
@@ -55,7 +55,7 @@ void Doorbell::setAlarm(Clock::time_point at) {
   ::timerfd_settime(alarmFd_, TFD_TIMER_ABSTIME, &spec, nullptr);
 }
 
-void Doorbell::sleep(Clock::time_point until) {
+void AlarmBell::sleep(Clock::time_point until) {
   pollfd fds[2] = {{ringFd_, POLLIN, 0}, {alarmFd_, POLLIN, 0}};
   timespec left{};
   const timespec* timeout = nullptr;

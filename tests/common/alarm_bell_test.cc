@@ -1,8 +1,8 @@
-// Doorbell (common/doorbell.h): a ring or an alarm ends a sleep, neither is lost when it comes
+// AlarmBell (common/alarm_bell.h): a ring or an alarm ends a sleep, neither is lost when it comes
 // before the sleep, and an alarm moved later does not go off at its first time. The bounds
 // below are what ended a sleep (the ring, the alarm or the limit), not speed: each is seconds
 // away from the time it checks.
-#include "common/doorbell.h"
+#include "common/alarm_bell.h"
 
 #include <gtest/gtest.h>
 
@@ -15,13 +15,13 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-void openBell(Doorbell& bell) {
+void openBell(AlarmBell& bell) {
   const Status s = bell.open();
   ASSERT_TRUE(s.isOk()) << s.toString();
 }
 
-TEST(Doorbell, ARingBeforeTheSleepEndsIt) {
-  Doorbell bell;
+TEST(AlarmBell, ARingBeforeTheSleepEndsIt) {
+  AlarmBell bell;
   openBell(bell);
   bell.ring();
   bell.ring();  // two rings, one sleep: both are cleared by it
@@ -34,8 +34,8 @@ TEST(Doorbell, ARingBeforeTheSleepEndsIt) {
   EXPECT_GE(Clock::now() - second, milliseconds(50));
 }
 
-TEST(Doorbell, ARingFromAnotherThreadEndsASleepWithoutLimit) {
-  Doorbell bell;
+TEST(AlarmBell, ARingFromAnotherThreadEndsASleepWithoutLimit) {
+  AlarmBell bell;
   openBell(bell);
   std::thread ringer([&] {
     std::this_thread::sleep_for(milliseconds(50));
@@ -45,8 +45,8 @@ TEST(Doorbell, ARingFromAnotherThreadEndsASleepWithoutLimit) {
   ringer.join();
 }
 
-TEST(Doorbell, TheAlarmEndsASleepAtItsTimeNotBefore) {
-  Doorbell bell;
+TEST(AlarmBell, TheAlarmEndsASleepAtItsTimeNotBefore) {
+  AlarmBell bell;
   openBell(bell);
   const auto start = Clock::now();
   bell.setAlarm(start + milliseconds(100));
@@ -54,8 +54,8 @@ TEST(Doorbell, TheAlarmEndsASleepAtItsTimeNotBefore) {
   EXPECT_GE(Clock::now() - start, milliseconds(100));
 }
 
-TEST(Doorbell, AnAlarmInThePastGoesOffAtOnce) {
-  Doorbell bell;
+TEST(AlarmBell, AnAlarmInThePastGoesOffAtOnce) {
+  AlarmBell bell;
   openBell(bell);
   bell.setAlarm(Clock::now() - seconds(1));
   const auto start = Clock::now();
@@ -68,8 +68,8 @@ TEST(Doorbell, AnAlarmInThePastGoesOffAtOnce) {
   EXPECT_LT(Clock::now() - again, seconds(10));
 }
 
-TEST(Doorbell, AnAlarmMovedLaterDoesNotGoOffAtItsFirstTime) {
-  Doorbell bell;
+TEST(AlarmBell, AnAlarmMovedLaterDoesNotGoOffAtItsFirstTime) {
+  AlarmBell bell;
   openBell(bell);
   const auto start = Clock::now();
   bell.setAlarm(start + milliseconds(50));
@@ -78,8 +78,8 @@ TEST(Doorbell, AnAlarmMovedLaterDoesNotGoOffAtItsFirstTime) {
   EXPECT_GE(Clock::now() - start, milliseconds(400));
 }
 
-TEST(Doorbell, TheLimitEndsASleepNobodyEnds) {
-  Doorbell bell;
+TEST(AlarmBell, TheLimitEndsASleepNobodyEnds) {
+  AlarmBell bell;
   openBell(bell);
   const auto start = Clock::now();
   bell.sleep(start + milliseconds(80));
