@@ -168,17 +168,20 @@ std::shared_ptr<Task> Communicator::Impl::submit(OpFingerprint fingerprint, Call
   const Clock::time_point issued = Clock::now();
   const Deadline deadline = Deadline::from(issued, timeout);  // from the issue, queued or not
   auto task = std::make_shared<Task>();
-  const std::string call = who() + opTypeName(fingerprint.op) + " (" +
-                           sizeText(fingerprint.dtype, fingerprint.count) + "): ";
+  // Built only for an error: a 4-byte call takes a few microseconds, strings count.
+  auto call = [&] {
+    return who() + opTypeName(fingerprint.op) + " (" +
+           sizeText(fingerprint.dtype, fingerprint.count) + "): ";
+  };
   // Argument errors fail this call only: nothing was sent and no sequence number was used,
   // so the communicator stays usable (ranks that all make the same mistake stay in step).
   if (!invalid.isOk()) {
-    task->complete(invalidArgument(call + invalid.message()));
+    task->complete(invalidArgument(call() + invalid.message()));
     return task;
   }
   Result<detail::Plan> plan = detail::plan(args, topology, config, profile.get());
   if (!plan.isOk()) {
-    task->complete(Status(plan.status().code(), call + plan.status().message()));
+    task->complete(Status(plan.status().code(), call() + plan.status().message()));
     return task;
   }
   args.codec = plan.value().codec;
@@ -315,7 +318,7 @@ void Communicator::runIfNext(const Task& task) {
 }
 
 void Communicator::Impl::runCall(QueuedCall& call) {
-  const std::string what = who() + call.fingerprint.describe() + ": ";
+  auto what = [&] { return who() + call.fingerprint.describe() + ": "; };  // for errors, traces
   Status s;
   {
     // The deadline counts from the issue, not from now: time spent queued behind earlier
@@ -324,7 +327,7 @@ void Communicator::Impl::runCall(QueuedCall& call) {
                         config, hierarchy.get(), &scratchPool);
     ctx.setCodecChunkBytes(call.args.codecChunkBytes);
     ctx.setChunkBytes(call.args.chunkBytes);
-    NANOCCL_TRACE(what << "running " << (size == 1 ? "local" : call.algorithm->name));
+    NANOCCL_TRACE(what() << "running " << (size == 1 ? "local" : call.algorithm->name));
     const Clock::time_point started = Clock::now();
     s = size == 1 ? detail::runLocal(call.args) : call.algorithm->run(ctx, call.args);
     if (s.isOk() && size > 1 && call.predictedSeconds != detail::kNoPrediction) {
@@ -337,7 +340,7 @@ void Communicator::Impl::runCall(QueuedCall& call) {
     receivedPerOp[op] += ctx.bytesReceived();
     if (size > 1) ++callsPerRow[call.algorithm - detail::algorithmTable().data()];
     if (!s.isOk()) {
-      s = Status(s.code(), what + s.message());
+      s = Status(s.code(), what() + s.message());
       NANOCCL_WARN(s.toString());
       // Before ctx (and its scratch memory) goes away: requests that are still pending must
       // not write into freed memory, and the peers must stop waiting for this rank.
