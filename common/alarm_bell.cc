@@ -8,13 +8,17 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstring>
+
+#include "common/logging.h"
 
 namespace nanoccl {
 
 namespace {
 
 timespec toTimespec(Clock::duration d) {
-  const auto ns = std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
+  const int64_t ns =
+      std::max<int64_t>(0, std::chrono::duration_cast<std::chrono::nanoseconds>(d).count());
   return timespec{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
 }
 
@@ -52,7 +56,11 @@ void AlarmBell::setAlarm(Clock::time_point at) {
   itimerspec spec{};
   spec.it_value = toTimespec(at.time_since_epoch());
   if (spec.it_value.tv_sec == 0 && spec.it_value.tv_nsec == 0) spec.it_value.tv_nsec = 1;
-  ::timerfd_settime(alarmFd_, TFD_TIMER_ABSTIME, &spec, nullptr);
+  if (::timerfd_settime(alarmFd_, TFD_TIMER_ABSTIME, &spec, nullptr) != 0) {
+    // Only with a bad descriptor or time (neither comes from the communicator): the sleeper
+    // would then wait for a ring, so say it.
+    NANOCCL_WARN("alarm bell: timerfd_settime failed: " << std::strerror(errno));
+  }
 }
 
 void AlarmBell::sleep(Clock::time_point until) {
