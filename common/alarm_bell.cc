@@ -68,9 +68,8 @@ void AlarmBell::sleep(Clock::time_point until) {
   timespec left{};
   const timespec* timeout = nullptr;
   if (until != Clock::time_point::max()) {
-    const Clock::time_point now = Clock::now();
     // Capped at an hour, which a caller's loop sleeps again, rather than overflow the sum.
-    left = toTimespec(until - now > std::chrono::hours(1) ? std::chrono::hours(1) : until - now);
+    left = toTimespec(std::min<Clock::duration>(until - Clock::now(), std::chrono::hours(1)));
     timeout = &left;
   }
   if (::ppoll(fds, 2, timeout, nullptr) > 0) {

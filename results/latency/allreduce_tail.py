@@ -19,29 +19,30 @@ import nanoccl  # noqa: F401  (registers the backend)
 
 dist.init_process_group("nanoccl")
 rank, world = dist.get_rank(), dist.get_world_size()
-os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank % len(os.sched_getaffinity(0))]})
+cpus = sorted(os.sched_getaffinity(0))
+os.sched_setaffinity(0, {cpus[rank % len(cpus)]})
 n = int(os.environ.get("N", "20000"))
 refill = os.environ.get("REFILL") == "1"
 blocks = os.environ.get("BLOCKS") == "1"
 t, pristine = torch.ones(1), torch.ones(1)
 
 
-def call() -> None:
+def refill_input() -> None:
     if refill:
         t.copy_(pristine)
-    dist.all_reduce(t)
 
 
 for _ in range(2000):
-    call()
+    refill_input()
+    dist.all_reduce(t)
 times: list[int] = []
 while len(times) < n:
     if blocks:
         for _ in range(1000):
-            call()
+            refill_input()
+            dist.all_reduce(t)
     for _ in range(min(50 if blocks else n, n - len(times))):
-        if refill:
-            t.copy_(pristine)
+        refill_input()
         start = time.perf_counter_ns()
         dist.all_reduce(t)
         times.append(time.perf_counter_ns() - start)
