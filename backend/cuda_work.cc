@@ -41,7 +41,7 @@ class WorkCuda : public c10d::Work {
         group_(std::move(group)),
         timeout_(timeout),
         future_(c10::make_intrusive<c10::ivalue::Future>(
-            c10::ListType::create(c10::TensorType::get()), std::vector<c10::Device>{device})) {}
+            c10::ListType::ofTensors(), std::vector<c10::Device>{device})) {}
 
   // Host stages over (or the error), then the caller's current stream waits for the call.
   bool wait(std::chrono::milliseconds timeout) override {

@@ -55,7 +55,7 @@ class WorkNanoccl : public c10d::Work {
         timeout_(timeout),
         comm_(std::move(comm)),
         future_(c10::make_intrusive<c10::ivalue::Future>(
-            c10::ListType::create(c10::TensorType::get()))) {}
+            c10::ListType::ofTensors())) {}
 
   // Keeps `t` alive until the Work completes (the communicator reads or writes it).
   void hold(at::Tensor t) { held_.push_back(std::move(t)); }
