@@ -201,6 +201,26 @@ def test_block_lead(perf: ModuleType) -> None:
     assert perf.block_lead([0.5, 0.5], 0, None) == [1, 1]  # no warm-up: one call, as before
 
 
+def test_settle_runs_every_side_until_the_time(tmp_path: Path) -> None:
+    """--settle-s: untimed allreduces on both sides before the first timed call, the ranks
+    agreeing when to stop (a rank that stopped alone would leave its peer's call hanging);
+    0 runs none."""
+    for seconds, settled in (("0.3", True), ("0", False)):
+        out = tmp_path / f"settle_{seconds}.json"
+        proc = torchrun(2, [str(PERF), "-b", "64", "-e", "64", "-w", "0", "-n", "2",
+                            "--backend", "gloo", "--ab", "gloo", "--settle-s", seconds,
+                            "--json", str(out)])
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        notes = json.loads(out.read_text())["meta"]["notes"]
+        lines = [n for n in notes if n.startswith("settled for ")]
+        assert bool(lines) == settled, notes
+        if settled:
+            took, calls = re.match(r"settled for ([0-9.]+) s before the first timed call "
+                                   r"\((\d+) untimed", lines[0]).groups()
+            assert float(took) >= 0.3 and int(calls) % 50 == 0 and int(calls) >= 50
+            assert f"# note: {lines[0]}" in proc.stdout
+
+
 def test_bind_calling_thread(perf: ModuleType) -> None:
     """--bind pins the calling thread alone: local rank i on the i-th CPU it may use, modulo."""
     cpus = sorted(os.sched_getaffinity(0))
@@ -241,6 +261,10 @@ def test_perf_rejects_bad_options() -> None:
     proc = subprocess.run([sys.executable, str(PERF), "-b", "1X"], capture_output=True,
                           text=True, timeout=60, cwd=REPO)
     assert proc.returncode == 2 and "bad size" in proc.stderr
+    for bad in ("-1", "nan", "inf"):
+        proc = subprocess.run([sys.executable, str(PERF), "--settle-s", bad],
+                              capture_output=True, text=True, timeout=60, cwd=REPO)
+        assert proc.returncode == 2 and "--settle-s must be" in proc.stderr, (bad, proc.stderr)
 
 
 def test_perf_as_module() -> None:

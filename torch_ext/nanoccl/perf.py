@@ -18,7 +18,9 @@ Latency (small messages: -b 4 -e 64K, and -c barrier): --mode back-to-back
 runs each side's calls in blocks of up to 50 one right after the other (after
 at least 5 ms of untimed calls of the same side, BLOCK_LEAD_S), as a training
 step issues them; --mode barrier puts an untimed barrier of the same backend before every timed call,
-so that every rank starts it together.
+so that every rank starts it together. Before the first timed call every side
+runs untimed 4-byte allreduces for --settle-s seconds (0.5), so that the first
+size measured is not the launch's start-up (SETTLE_S).
 
 ``--ab B`` measures a second backend in the same launch: the default group
 runs the backend under test (--backend, "nanoccl" when it imports), a group
@@ -146,6 +148,15 @@ BLOCK = 50
 # (1 ms) never reached its own steady state (2026-11-27: 4 B on 4 ranks, 38-80 us mean after
 # one untimed call, 33-36 after 5 ms of them, 16 without Gloo in the launch).
 BLOCK_LEAD_S = 0.005
+# Before the first timed call every side runs untimed 4-byte allreduces for this long
+# (--settle-s), in rounds of SETTLE_ROUND calls a side. A launch's first second is not its
+# steady state: on the project's 2-core VM (2026-11-28, 1000-call windows of a plain loop
+# from the first call on) 2 unbound ranks ran at 23.6 and 13.5 us a call in the first two
+# windows and 4.5 after, 4 unbound ranks at 28-34 us in the first four and 15-20 after (the
+# scheduler placing the processes), and the first size of a 4-rank launch read 25-48 us
+# against 16-20 with 2000 warm-up calls instead of 100.
+SETTLE_S = 0.5
+SETTLE_ROUND = 50
 
 
 def iterations_for(size: int, opts: Options) -> int:
@@ -166,6 +177,30 @@ def block_lead(warm_s: list[float], calls: int, ctrl: Any) -> list[int]:
         dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=ctrl)
         lead = [int(v) for v in agreed.tolist()]
     return lead
+
+
+def settle(sides: list[Side], ctrl: Any, seconds: float,
+           device: torch.device) -> tuple[int, float]:
+    """Untimed 4-byte allreduces on every side (SETTLE_ROUND a side in turn) until every rank
+    has run them for `seconds`; the ranks agree after each round on the `ctrl` group, so that
+    they make the same calls. Returns (calls a side, seconds this rank took)."""
+    if seconds <= 0:
+        return 0, 0.0
+    t = torch.zeros(1, device=device)  # sums of zeros: nothing grows
+    start = time.perf_counter()
+    calls = 0
+    agree = ctrl is not None and dist.is_initialized() and dist.get_world_size() > 1
+    while True:
+        for side in sides:
+            for _ in range(SETTLE_ROUND):
+                dist.all_reduce(t, group=side.group)
+        _sync(device)
+        calls += SETTLE_ROUND
+        done = torch.tensor([1 if time.perf_counter() - start >= seconds else 0])
+        if agree:
+            dist.all_reduce(done, op=dist.ReduceOp.MIN, group=ctrl)
+        if done.item():
+            return calls, time.perf_counter() - start
 
 
 def _sync(device: torch.device) -> None:
@@ -321,6 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="order of the timed calls: alternate (A, B, A, B ...; default), "
                         f"back-to-back (blocks of {BLOCK} calls per side), barrier (an untimed "
                         "barrier of the same backend before each call)")
+    p.add_argument("--settle-s", type=float, default=SETTLE_S, metavar="SECONDS",
+                   help="untimed 4-byte allreduces on every side for this long before the "
+                        f"first timed call: the launch's start-up is not measured (default "
+                        f"{SETTLE_S}; 0: none)")
     p.add_argument("--check", type=int, default=1, choices=(0, 1),
                    help="check the first call's result (default 1)")
     p.add_argument("--backend", default=None,
@@ -402,6 +441,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         parser.error(str(exc))
     if args.iters < 1 or args.warmup < 0:
         parser.error("-n must be >= 1 and -w >= 0")
+    if not args.settle_s >= 0 or math.isinf(args.settle_s):
+        parser.error(f"--settle-s must be a number of seconds >= 0, not {args.settle_s}")
 
     _ensure_env()
     rank = _env_int("RANK", 0)
@@ -496,6 +537,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         bound = bind_calling_thread(local_rank) if args.bind else None
         if args.bind and bound is None:
             notes.append("--bind: this platform cannot pin threads; not bound")
+        settled_calls, settled_s = settle(sides, ctrl, args.settle_s, device)
+        if settled_calls:
+            notes.append(f"settled for {settled_s:.2f} s before the first timed call "
+                         f"({settled_calls} untimed 4-byte allreduces a side, --settle-s)")
         opts = Options(collectives, sizes, dtype, redop, args.root, args.warmup, args.iters,
                        iter_budget, args.min_iters, bool(args.check), device, args.mode)
         nodes = _env_int("GROUP_WORLD_SIZE", max(1, world // max(local_world, 1)))
