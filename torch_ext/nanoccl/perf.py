@@ -166,17 +166,23 @@ def iterations_for(size: int, opts: Options) -> int:
     return max(min(opts.min_iters, opts.iters), min(opts.iters, opts.iter_budget // max(size, 1)))
 
 
+def _agree(values: list[int], op: Any, ctrl: Any) -> list[int]:
+    """`values` reduced with `op` over the ranks on the untimed `ctrl` group, so that every
+    rank makes the same calls after; as they are without a group of several ranks."""
+    if ctrl is None or not dist.is_initialized() or dist.get_world_size() <= 1:
+        return values
+    agreed = torch.tensor(values, dtype=torch.int64)
+    dist.all_reduce(agreed, op=op, group=ctrl)
+    return [int(v) for v in agreed.tolist()]
+
+
 def block_lead(warm_s: list[float], calls: int, ctrl: Any) -> list[int]:
     """Untimed calls before each back-to-back block, per side: BLOCK_LEAD_S over the side's
     mean call (`warm_s` seconds over `calls` warm-up calls; the slowest rank's, so that every
     rank makes as many), 1 to 1000."""
     lead = [1 if calls <= 0 or s <= 0 else
             min(1000, max(1, math.ceil(BLOCK_LEAD_S / (s / calls)))) for s in warm_s]
-    if ctrl is not None and dist.is_initialized() and dist.get_world_size() > 1:
-        agreed = torch.tensor(lead, dtype=torch.int64)
-        dist.all_reduce(agreed, op=dist.ReduceOp.MAX, group=ctrl)
-        lead = [int(v) for v in agreed.tolist()]
-    return lead
+    return _agree(lead, dist.ReduceOp.MAX, ctrl)
 
 
 def settle(sides: list[Side], ctrl: Any, seconds: float,
@@ -189,18 +195,15 @@ def settle(sides: list[Side], ctrl: Any, seconds: float,
     t = torch.zeros(1, device=device)  # sums of zeros: nothing grows
     start = time.perf_counter()
     calls = 0
-    agree = ctrl is not None and dist.is_initialized() and dist.get_world_size() > 1
     while True:
         for side in sides:
             for _ in range(SETTLE_ROUND):
                 dist.all_reduce(t, group=side.group)
         _sync(device)
         calls += SETTLE_ROUND
-        done = torch.tensor([1 if time.perf_counter() - start >= seconds else 0])
-        if agree:
-            dist.all_reduce(done, op=dist.ReduceOp.MIN, group=ctrl)
-        if done.item():
-            return calls, time.perf_counter() - start
+        took = time.perf_counter() - start
+        if _agree([int(took >= seconds)], dist.ReduceOp.MIN, ctrl)[0]:
+            return calls, took
 
 
 def _sync(device: torch.device) -> None:
