@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
+import pickle
 import re
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from types import ModuleType
+from typing import Any, Callable
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from bench_helpers import PERF, REPO, torchrun
 
@@ -199,6 +204,70 @@ def test_block_lead(perf: ModuleType) -> None:
     assert perf.block_lead([0.01, 1.0], 100, None) == [50, 1]  # 100 us a call; 10 ms a call
     assert perf.block_lead([1e-9, 0.0], 100, None) == [1000, 1]
     assert perf.block_lead([0.5, 0.5], 0, None) == [1, 1]  # no warm-up: one call, as before
+
+
+def _on_threads(world: int, rank_body: Callable[[int], Any]) -> dict[int, Any]:
+    """rank_body(rank) on one thread a rank; their results, or the first error raised."""
+    results: dict[int, Any] = {}
+    errors: list[BaseException] = []
+
+    def run(rank: int) -> None:
+        try:
+            results[rank] = rank_body(rank)
+        except BaseException as exc:  # handed to the test's thread
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive()
+    if errors:
+        raise errors[0]
+    return results
+
+
+def test_bookkeeping_gathers_and_agrees_through_the_store(perf: ModuleType) -> None:
+    """The ranks' untimed agreements and gathered results go through the store (no process
+    group, whose threads would wake while calls are timed): every round gives every rank's
+    object in rank order, agree() reduces element by element, and a rank removes its key of a
+    round once all have moved on, so the store does not grow with a launch."""
+    store = dist.HashStore()
+    world, rounds = 3, 4
+
+    def rank_body(rank: int) -> list[Any]:
+        book = perf.Bookkeeping(store, rank, world)
+        seen = [book.all_gather((rank, n, "x" * rank)) for n in range(rounds)]
+        seen.append(book.agree([rank, 10 - rank], max))
+        seen.append(book.agree([rank, 10 - rank], min))
+        book.close()
+        return seen
+
+    for seen in _on_threads(world, rank_body).values():
+        assert seen[:rounds] == [[(q, n, "x" * q) for q in range(world)] for n in range(rounds)]
+        assert seen[rounds:] == [[2, 10], [0, 8]]
+    last = rounds + 3  # two agreements, then close()'s round
+    assert not any(store.check([f"nanoccl-perf/{n}/{q}"])
+                   for n in range(1, last) for q in range(world))
+    assert all(store.check([f"nanoccl-perf/{last}/{q}"]) for q in range(world))
+    # A world of one, or no store: nothing to agree with.
+    assert perf.Bookkeeping(None, 0, 1).agree([3], max) == [3]
+    assert perf.Bookkeeping(store, 0, 1).all_gather("alone") == ["alone"]
+
+
+def test_bookkeeping_names_the_rank_that_does_not_come(perf: ModuleType) -> None:
+    """A rank that never reaches a round (it died, or was given other options) fails the
+    others' round within the store's timeout, naming it, rather than hanging."""
+    store = dist.HashStore()
+    store.set_timeout(datetime.timedelta(seconds=1))
+    book = perf.Bookkeeping(store, 0, 3)
+    store.set("nanoccl-perf/1/1", pickle.dumps("rank 1 came"))
+    start = time.monotonic()
+    with pytest.raises(RuntimeError, match=r"rank 0: rank 2 did not come to round 1 of the "
+                                           r"bookkeeping .*within the store's timeout"):
+        book.all_gather("rank 0 came")
+    assert time.monotonic() - start < 30
 
 
 def test_settle_runs_every_side_until_the_time(tmp_path: Path) -> None:

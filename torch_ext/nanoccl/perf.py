@@ -30,7 +30,8 @@ column is reference time / tested time: above 1 the tested backend is faster.
 With ``--ab nanoccl``, ``--ab-set NAME=VALUE`` (repeatable) gives the reference
 side its own nanoccl settings, e.g. ``--ab-set socket_ifname=eth0`` to time
 every rail against one in the same launch.
-Bookkeeping (result gathering) runs on a third, gloo group that is never timed.
+Bookkeeping (the ranks' agreements and the gathering of results) goes through the process
+group's store, never timed and with no group of its own (Bookkeeping).
 
 The tool is three modules: perf_collectives.py (sizes, data types, the input pattern and the
 check of results, the table of collectives), perf_report.py (rows, statistics, the printed
@@ -54,11 +55,12 @@ if __name__ == "__main__" and not __package__:
 import argparse  # noqa: E402
 import datetime  # noqa: E402
 import math  # noqa: E402
+import pickle  # noqa: E402
 import socket  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
-from typing import Any, Callable, Sequence  # noqa: E402
+from typing import Any, Callable, Iterable, Sequence  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -166,30 +168,78 @@ def iterations_for(size: int, opts: Options) -> int:
     return max(min(opts.min_iters, opts.iters), min(opts.iters, opts.iter_budget // max(size, 1)))
 
 
-def _agree(values: list[int], op: Any, ctrl: Any) -> list[int]:
-    """`values` reduced with `op` over the ranks on the untimed `ctrl` group, so that every
-    rank makes the same calls after; as they are without a group of several ranks."""
-    if ctrl is None or not dist.is_initialized() or dist.get_world_size() <= 1:
-        return values
-    agreed = torch.tensor(values, dtype=torch.int64)
-    dist.all_reduce(agreed, op=op, group=ctrl)
-    return [int(v) for v in agreed.tolist()]
+class Bookkeeping:
+    """What the ranks agree on and gather outside the timed calls (the blocks' lead, the end
+    of the settle, the times, the stats), through the process group's store (the rendezvous'
+    key-value store), not through a process group: a gloo group's TCP loop thread wakes every
+    10 ms whatever it carries, and where the ranks' calling threads fill the cores (2 ranks on
+    the project's 2-core VM) each wake-up takes a core from a timed call (2026-11-28: 38 of
+    369 traced 64-KiB calls over twice the mean held one; results/latency/noise_floor.txt).
+    Round n's keys are "nanoccl-perf/<n>/<rank>"; a rank removes its key of round n - 1 in
+    round n, when every rank has written round n and so has read round n - 1. A rank that
+    does not come fails the others' store reads after the store's timeout (--timeout)."""
+
+    def __init__(self, store: Any, rank: int, world: int) -> None:
+        self._store = store
+        self._rank = rank
+        self._world = world
+        self._round = 0
+
+    @staticmethod
+    def _key(round_: int, rank: int) -> str:
+        return f"nanoccl-perf/{round_}/{rank}"
+
+    def all_gather(self, obj: Any) -> list[Any]:
+        """Every rank's `obj` (picklable), by rank."""
+        if self._store is None or self._world <= 1:
+            return [obj]
+        self._round += 1
+        self._store.set(self._key(self._round, self._rank), pickle.dumps(obj))
+        gathered = []
+        for r in range(self._world):
+            try:
+                gathered.append(pickle.loads(self._store.get(self._key(self._round, r))))
+            except dist.DistError as exc:  # the store's timeout, or its connection
+                raise RuntimeError(
+                    f"nanoccl-perf: rank {self._rank}: rank {r} did not come to round "
+                    f"{self._round} of the bookkeeping (the untimed agreements and results) "
+                    f"within the store's timeout (--timeout): it died, or the ranks were not "
+                    f"given the same options ({type(exc).__name__}: {exc})") from exc
+        if self._round > 1:
+            self._store.delete_key(self._key(self._round - 1, self._rank))
+        return gathered
+
+    def agree(self, values: list[int], reduce: Callable[[Iterable[int]], int]) -> list[int]:
+        """`values` reduced element by element over the ranks with `reduce` (min, max), so that
+        every rank makes the same calls after."""
+        ranks = self.all_gather(values)
+        return [reduce(r[i] for r in ranks) for i in range(len(values))]
+
+    def close(self) -> None:
+        """The last round: returns on rank 0 only once every rank has read everything, as
+        rank 0's process may hold the store (a rendezvous without torchrun's agent)."""
+        self.all_gather(None)
+        if self._store is None or self._world <= 1:
+            return
+        self._store.set(f"nanoccl-perf/done/{self._rank}", b"")
+        if self._rank == 0:
+            self._store.wait([f"nanoccl-perf/done/{r}" for r in range(self._world)])
 
 
-def block_lead(warm_s: list[float], calls: int, ctrl: Any) -> list[int]:
+def block_lead(warm_s: list[float], calls: int, book: Bookkeeping | None) -> list[int]:
     """Untimed calls before each back-to-back block, per side: BLOCK_LEAD_S over the side's
     mean call (`warm_s` seconds over `calls` warm-up calls; the slowest rank's, so that every
     rank makes as many), 1 to 1000."""
     lead = [1 if calls <= 0 or s <= 0 else
             min(1000, max(1, math.ceil(BLOCK_LEAD_S / (s / calls)))) for s in warm_s]
-    return _agree(lead, dist.ReduceOp.MAX, ctrl)
+    return book.agree(lead, max) if book is not None else lead
 
 
-def settle(sides: list[Side], ctrl: Any, seconds: float,
+def settle(sides: list[Side], book: Bookkeeping, seconds: float,
            device: torch.device) -> tuple[int, float]:
     """Untimed 4-byte allreduces on every side (SETTLE_ROUND a side in turn) until every rank
-    has run them for `seconds`; the ranks agree after each round on the `ctrl` group, so that
-    they make the same calls. Returns (calls a side, seconds this rank took)."""
+    has run them for `seconds`; the ranks agree after each round (Bookkeeping), so that they
+    make the same calls. Returns (calls a side, seconds this rank took)."""
     if seconds <= 0:
         return 0, 0.0
     t = torch.zeros(1, device=device)  # sums of zeros: nothing grows
@@ -202,7 +252,7 @@ def settle(sides: list[Side], ctrl: Any, seconds: float,
         _sync(device)
         calls += SETTLE_ROUND
         took = time.perf_counter() - start
-        if _agree([int(took >= seconds)], dist.ReduceOp.MIN, ctrl)[0]:
+        if book.agree([int(took >= seconds)], min)[0]:
             return calls, took
 
 
@@ -211,8 +261,8 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def measure(name: str, sides: list[Side], ctrl: Any, opts: Options, rank: int, world: int,
-            on_rows: Callable[[list[Row]], None]) -> Results:
+def measure(name: str, sides: list[Side], book: Bookkeeping, opts: Options, rank: int,
+            world: int, on_rows: Callable[[list[Row]], None]) -> Results:
     """Runs one collective over every size on every side, interleaved call by call."""
     results = Results()
     op = REDOPS[opts.redop]
@@ -256,7 +306,7 @@ def measure(name: str, sides: list[Side], ctrl: Any, opts: Options, rank: int, w
                     _sync(opts.device)
                     if i >= opts.warmup // 2:
                         warm_s[k] += time.perf_counter() - start
-            lead = block_lead(warm_s, priced, ctrl)
+            lead = block_lead(warm_s, priced, book)
         else:
             for _ in range(opts.warmup):
                 for side in sides:
@@ -293,8 +343,7 @@ def measure(name: str, sides: list[Side], ctrl: Any, opts: Options, rank: int, w
                 for k in range(len(sides)):
                     timed(k)
         after = [_modelled(side) for side in sides]
-        gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, (times, wrong_local), group=ctrl)
+        gathered = book.all_gather((times, wrong_local))
         rows = []
         for k, side in enumerate(sides):
             per_iter = [statistics.fmean(g[0][k][i] for g in gathered) for i in range(iters)]
@@ -519,7 +568,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     dist.init_process_group(backend=backend, timeout=timeout, pg_options=pg_options,
                             device_id=device if device.type == "cuda" else None)
     try:
-        ctrl = dist.new_group(backend="gloo", timeout=timeout)
+        # The default group's store, which c10d names only privately (torch 2.13 here).
+        book = Bookkeeping(dist.distributed_c10d._get_default_store(), rank, world)
         side_codec = codec or (env_codec if backend == "nanoccl" else None)
         label = backend + (f"+{side_codec}" if side_codec else "") + ("+aes" if args.encrypt else "")
         sides = [Side(label, backend, dist.group.WORLD, side_codec)]
@@ -540,7 +590,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         bound = bind_calling_thread(local_rank) if args.bind else None
         if args.bind and bound is None:
             notes.append("--bind: this platform cannot pin threads; not bound")
-        settled_calls, settled_s = settle(sides, ctrl, args.settle_s, device)
+        settled_calls, settled_s = settle(sides, book, args.settle_s, device)
         if settled_calls:
             notes.append(f"settled for {settled_s:.2f} s before the first timed call "
                          f"({settled_calls} untimed 4-byte allreduces a side, --settle-s)")
@@ -578,20 +628,19 @@ def main(argv: Sequence[str] | None = None) -> int:
                 if is_root:
                     print(format_rows(rows), flush=True)
 
-            res = measure(name, sides, ctrl, opts, rank, world, emit)
+            res = measure(name, sides, book, opts, rank, world, emit)
             all_rows.extend(res.rows)
             wrong += res.wrong
             if is_root:
                 for line in summary_lines(res.rows, labels):
                     print(line)
-        stats: list[Any] = [None] * world
-        dist.all_gather_object(stats, _nanoccl_stats(sides), group=ctrl)
+        stats = book.all_gather(_nanoccl_stats(sides))
         if is_root and stats[0] is not None:
             print(f"# {_stats_line(stats)}")
         if is_root and args.json:
             _write_json(args.json, all_rows, labels, sides, world, nodes, local_world, device,
                         usable, where, notes, args, stats if stats[0] is not None else None)
-        dist.barrier(group=ctrl)
+        book.close()
     finally:
         dist.destroy_process_group()
     return 1 if wrong else 0
