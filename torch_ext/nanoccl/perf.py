@@ -195,16 +195,8 @@ class Bookkeeping:
             return [obj]
         self._round += 1
         self._store.set(self._key(self._round, self._rank), pickle.dumps(obj))
-        gathered = []
-        for r in range(self._world):
-            try:
-                gathered.append(pickle.loads(self._store.get(self._key(self._round, r))))
-            except dist.DistError as exc:  # the store's timeout, or its connection
-                raise RuntimeError(
-                    f"nanoccl-perf: rank {self._rank}: rank {r} did not come to round "
-                    f"{self._round} of the bookkeeping (the untimed agreements and results) "
-                    f"within the store's timeout (--timeout): it died, or the ranks were not "
-                    f"given the same options ({type(exc).__name__}: {exc})") from exc
+        gathered = [pickle.loads(self._get(self._key(self._round, r), r, f"round {self._round}"))
+                    for r in range(self._world)]
         if self._round > 1:
             self._store.delete_key(self._key(self._round - 1, self._rank))
         return gathered
@@ -223,7 +215,19 @@ class Bookkeeping:
             return
         self._store.set(f"nanoccl-perf/done/{self._rank}", b"")
         if self._rank == 0:
-            self._store.wait([f"nanoccl-perf/done/{r}" for r in range(self._world)])
+            for r in range(self._world):
+                self._get(f"nanoccl-perf/done/{r}", r, "the end")
+
+    def _get(self, key: str, rank: int, what: str) -> bytes:
+        """The store's value of `key`, which `rank` writes; waits up to the store's timeout."""
+        try:
+            return self._store.get(key)
+        except dist.DistError as exc:  # the store's timeout, or its connection
+            raise RuntimeError(
+                f"nanoccl-perf: rank {self._rank}: rank {rank} did not come to {what} of the "
+                f"bookkeeping (the untimed agreements and results) within the store's timeout "
+                f"(--timeout): it died, or the ranks were not given the same options "
+                f"({type(exc).__name__}: {exc})") from exc
 
 
 def block_lead(warm_s: list[float], calls: int, book: Bookkeeping | None) -> list[int]:
