@@ -1,8 +1,8 @@
 """The tail of a loop of 4-byte allreduces, each rank's calling thread bound to a CPU of its own:
 mean, median, p99 and the share of calls over twice the mean, per call as nanoccl-perf counts
 it (the mean of the ranks' times for that call), and the period (from one timed call's start
-to the next one's, within a block: what the machine's noise has to miss). Variants of the loop, to tell which part of
-nanoccl-perf's back-to-back mode adds to the tail:
+to the next one's, within a block: what the machine's noise has to miss). Variants of the
+loop, to tell which part of nanoccl-perf's back-to-back mode adds to the tail:
 
     NANOCCL_SOCKET_IFNAME=lo torchrun --nproc-per-node 2 results/latency/allreduce_tail.py
     REFILL=1 ...  a tensor copy before each call (nanoccl-perf refills its input)
