@@ -171,6 +171,32 @@ def _example_binary() -> Path | None:
 
 
 @pytest.mark.timeout(60)
+@pytest.mark.timeout(60)
+def test_import_leaves_the_signals_alone(tmp_path: Path) -> None:
+    """`import nanoccl` leaves the process's signal handling as it was (libfabric's PSM
+    providers' libinfinipath used to catch SIGTERM, SIGSEGV, SIGBUS, SIGILL and SIGABRT as the
+    extension loaded): a worker stopped with SIGTERM dies of SIGTERM and writes no backtrace
+    file into its working directory."""
+    program = (
+        "import os, signal\n"
+        "def caught():\n"
+        "    line = next(l for l in open('/proc/self/status') if l.startswith('SigCgt'))\n"
+        "    return int(line.split()[1], 16)\n"
+        "before = caught()\n"
+        "import nanoccl\n"
+        "added = caught() & ~before\n"
+        "print('added', [signal.Signals(i).name for i in range(1, 32)\n"
+        "                if added >> (i - 1) & 1], flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGTERM)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "IPATH_NO_BACKTRACE"}
+    proc = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=50)
+    assert "added []" in proc.stdout, proc.stdout + proc.stderr
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, proc.stderr)
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_cpp_example() -> None:
     exe = _example_binary()
     if exe is None:

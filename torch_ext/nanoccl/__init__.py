@@ -20,6 +20,7 @@ extension is built against the torch already in the environment and works with t
 from __future__ import annotations
 
 import datetime
+import os
 from typing import Any, TypedDict, Union
 
 import torch
@@ -27,6 +28,14 @@ import torch.distributed as dist
 
 if not dist.is_available():  # pragma: no cover - torch builds without distributed
     raise ImportError("nanoccl needs torch.distributed, which this torch build lacks")
+
+# libfabric as Debian builds it links the PSM providers' libinfinipath, whose constructor, run
+# when the extension loads, catches SIGTERM, SIGSEGV, SIGBUS, SIGILL and SIGABRT to write a
+# "<exe>.80s-<pid>,vm.btr" backtrace file into the working directory; its SIGTERM handler then
+# crashed the process (signal 11 or 6 instead of 15: a worker torchrun stops, for instance),
+# and Python's and torch's own handling of those signals was no longer theirs. Its own switch
+# turns that off; it must be set before the library loads. A value set by the user stays.
+os.environ.setdefault("IPATH_NO_BACKTRACE", "1")
 
 from nanoccl import _C  # noqa: E402  (after torch: the extension links against it)
 
