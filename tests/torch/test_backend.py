@@ -171,7 +171,6 @@ def _example_binary() -> Path | None:
 
 
 @pytest.mark.timeout(60)
-@pytest.mark.timeout(60)
 def test_import_leaves_the_signals_alone(tmp_path: Path) -> None:
     """`import nanoccl` leaves the process's signal handling as it was (libfabric's PSM
     providers' libinfinipath used to catch SIGTERM, SIGSEGV, SIGBUS, SIGILL and SIGABRT as the
@@ -197,6 +196,7 @@ def test_import_leaves_the_signals_alone(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.timeout(60)
 def test_cpp_example() -> None:
     exe = _example_binary()
     if exe is None:
