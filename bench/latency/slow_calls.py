@@ -5,9 +5,9 @@ events that `perf record` saw on the CPUs inside each call slower than twice the
     perf record -q -o /tmp/slow.data -a --clockid=CLOCK_MONOTONIC -e sched:sched_switch \\
         -e irq_vectors:local_timer_entry -e irq_vectors:local_timer_exit \\
         -e irq:irq_handler_entry -e irq:softirq_entry -- \\
-        env NANOCCL_SOCKET_IFNAME=lo torchrun --nproc-per-node 2 results/latency/slow_calls.py
+        env NANOCCL_SOCKET_IFNAME=lo torchrun --nproc-per-node 2 bench/latency/slow_calls.py
     perf script -i /tmp/slow.data -F cpu,time,event,trace --ns > /tmp/slow.txt
-    python results/latency/slow_calls.py --analyze /tmp/slow.txt
+    python bench/latency/slow_calls.py --analyze /tmp/slow.txt
 """
 import bisect
 import collections

@@ -1,5 +1,5 @@
 """CPU used by an idle nanoccl process group: 200 small calls, then 0.5 s to settle, then the
-process's CPU time over 3 s of sleep (torchrun --nproc-per-node 2 results/latency/idle_cpu.py)."""
+process's CPU time over 3 s of sleep (torchrun --nproc-per-node 2 bench/latency/idle_cpu.py)."""
 import time
 
 import torch

@@ -4,7 +4,7 @@ it (the mean of the ranks' times for that call), and the period (from one timed 
 to the next one's, within a block: what the machine's noise has to miss). Variants of the
 loop, to tell which part of nanoccl-perf's back-to-back mode adds to the tail:
 
-    NANOCCL_SOCKET_IFNAME=lo torchrun --nproc-per-node 2 results/latency/allreduce_tail.py
+    NANOCCL_SOCKET_IFNAME=lo torchrun --nproc-per-node 2 bench/latency/allreduce_tail.py
     REFILL=1 ...  a tensor copy before each call (nanoccl-perf refills its input)
     BLOCKS=1 ...  timed blocks of 50 calls, each after 1000 untimed ones (its lead-in)
     N=50000 ...   calls timed (20000)

@@ -2,7 +2,7 @@
 // clock in a loop for a few seconds and counts the gaps between two reads (time the thread did
 // not run: interrupts, the scheduler tick, other tasks, the host taking the vCPU).
 //
-//   g++ -O2 -o /tmp/cpu_gaps results/latency/cpu_gaps.cc -lpthread && /tmp/cpu_gaps 5
+//   g++ -O2 -o /tmp/cpu_gaps bench/latency/cpu_gaps.cc -lpthread && /tmp/cpu_gaps 5
 #include <pthread.h>
 #include <sched.h>
 #include <sys/resource.h>

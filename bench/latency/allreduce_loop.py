@@ -1,7 +1,7 @@
 """A plain torch.distributed loop of 4-byte allreduces, nothing else between the calls:
 3000 timed after 200 untimed; rank 0 prints mean, median and p99 of one call.
 
-    NANOCCL_SOCKET_IFNAME=lo torchrun --nproc-per-node 4 results/latency/allreduce_loop.py
+    NANOCCL_SOCKET_IFNAME=lo torchrun --nproc-per-node 4 bench/latency/allreduce_loop.py
     NANOCCL_ALGO=recursive_doubling NANOCCL_SOCKET_IFNAME=lo torchrun ... (messages instead)
 """
 import os
