@@ -98,7 +98,7 @@ class Options:
     memory). An unknown name, or one this build left out, raises ValueError listing the choices.
 
     ``secret_file`` names a file only the job's user can read holding the job secret (see the
-    README's "Security" section): nothing secret then goes into the store. ``encrypt=True``
+    docs/networking.md, "Security"): nothing secret then goes into the store. ``encrypt=True``
     encrypts every byte on TCP connections (AES-256-GCM, keys per connection). Both must be
     the same on every rank.
     """
@@ -278,7 +278,7 @@ class Stats(TypedDict):
     # failed calls whose tensors are kept alive until the group is destroyed: aborting the
     # transports did not end every transfer on them (a stuck progress thread or provider)
     calls_with_kept_buffers: int
-    # calls the cost model predicted (a link profile is in force, README "Tuning"), per
+    # calls the cost model predicted (a link profile is in force, docs/tuning.md), per
     # "op/algorithm" or "op/algorithm/codec": calls, predicted_s and measured_s (summed)
     modelled: dict[str, ModelledCalls]
 
@@ -290,7 +290,7 @@ def stats(group: dist.ProcessGroup | None = None) -> Stats:
     ("intra-node", "inter-node"), per transport ("tcp", "shm": collectives between ranks of
     one node go through shared memory unless NANOCCL_INTRA_TRANSPORT=tcp, point-to-point and
     inter-node traffic over TCP), per network interface TCP used ("eth0", "eth1": one a rail,
-    README "Several NICs a node") and calls per algorithm. A rank's node is NANOCCL_NODE_ID
+    docs/networking.md "Several NICs a node") and calls per algorithm. A rank's node is NANOCCL_NODE_ID
     (or Options(node_id=...)) if set, else torchrun's GROUP_RANK, else its host name and
     network namespace; ranks with the same node id are one node. Local: no communication.
     """
@@ -299,7 +299,7 @@ def stats(group: dist.ProcessGroup | None = None) -> Stats:
 
 
 def link_profile(group: dist.ProcessGroup | None = None) -> dict[str, Any] | None:
-    """The link profile `group` agreed on when it was created (README "Tuning").
+    """The link profile `group` agreed on when it was created (docs/tuning.md).
 
     None under NANOCCL_TUNING=off (the default; NANOCCL_COMPRESSION=auto turns it into
     cached) and on a one-rank group. Otherwise a dict:

@@ -428,7 +428,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--compression", default=None, metavar="CODEC",
                    help="nanoccl only: compress the inter-node leg with fp16, bf16, int8 or int4, "
                         "or auto (the codec the cost model predicts fastest per call, "
-                        "README \"Tuning\") (Options(compression=CODEC, min_bytes=0)); results "
+                        "docs/tuning.md) (Options(compression=CODEC, min_bytes=0)); results "
                         "are checked against the codec's error bound")
     p.add_argument("--block-size", type=int, default=0,
                    help="with --compression int8/int4: elements per scale (0: the codec's)")

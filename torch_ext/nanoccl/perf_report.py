@@ -79,7 +79,7 @@ def _plans(old: dict[str, Any], new: dict[str, Any]) -> str:
 
 def _model_lines(side: Side, old: dict[str, Any], new: dict[str, Any], size: int) -> list[str]:
     """"#   model: ..." lines: the cost model's prediction beside the measured time, per call,
-    for the calls of one size (rank 0's view; README "Tuning")."""
+    for the calls of one size (rank 0's view; docs/tuning.md)."""
     lines = []
     for c in modelled_since(old, new):
         pred, meas = c["predicted_s"] * 1e6, c["measured_s"] * 1e6

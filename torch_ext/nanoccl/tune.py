@@ -1,4 +1,4 @@
-"""nanoccl-tune: measure this cluster's links and save the link profile (README "Tuning").
+"""nanoccl-tune: measure this cluster's links and save the link profile (docs/tuning.md).
 
 Run it like a training job, one process per GPU (or per rank) on every node:
 
@@ -114,7 +114,7 @@ def ddp_bucket_cap_mb(model: Any, group: Any = None, backward_seconds: float = 0
 
     DDP allreduces the gradients in buckets (``ddp_bucket_sizes``: DDP's own rule), each as
     soon as backward has produced it, one after another. With the group's link profile
-    (README "Tuning"; the group needs NANOCCL_TUNING=cached or measure, or compression=auto)
+    (docs/tuning.md; the group needs NANOCCL_TUNING=cached or measure, or compression=auto)
     the planner predicts each bucket's allreduce: as the group would run it, or, with `codec`
     (the error-feedback hook's), compressed with that codec. Buckets become ready as backward
     produces their gradients, at an even pace over `backward_seconds` (one backward pass
@@ -241,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("nanoccl-tune: measures the links between ranks: run it with at least 2 ranks, "
               "e.g. torchrun --nnodes 2 --nproc-per-node 2 --node-rank NODE_RANK "
               "--master-addr NODE0 --master-port 29500 -m nanoccl.tune on every node "
-              "(README: On a real cluster)", file=sys.stderr)
+              "(README: Quickstart)", file=sys.stderr)
         return 2
 
     import torch.distributed as dist
