@@ -15,6 +15,27 @@ is the deadline of every call.
 
 torch is not a dependency of the package on purpose (pip must never pull a torch): the
 extension is built against the torch already in the environment and works with that torch only.
+
+Types (importable from here, typed for checkers; shown as fields, not as dict subclasses):
+
+``ProcessGroupNanoccl``
+    The c10d Backend behind a group (``get_backend(group)``): ``stats()``, ``link_profile()``
+    and the compressed calls below; everything else is torch.distributed's Backend API.
+``Stats`` (what ``stats()`` returns)
+    rank, size, node, calls, bytes_sent, bytes_received: this rank's totals;
+    per_peer: a list of ``PeerStats``; per_op, per_link ("intra-node", "inter-node"),
+    per_transport ("tcp", "shm", ...) and per_rail ("eth0", ...): ``ByteCounts`` by name;
+    per_algorithm: calls per plan the planner chose ("allreduce/ring");
+    calls_with_kept_buffers: failed calls whose tensors stay alive until the group is
+    destroyed (an abort could not end every transfer on them);
+    modelled: ``ModelledCalls`` per "op/algorithm[/codec]" the cost model predicted.
+``PeerStats``
+    rank, node, link ("self", "intra-node", "inter-node"), bytes_sent, bytes_received,
+    messages_sent, messages_received.
+``ByteCounts``
+    bytes_sent, bytes_received.
+``ModelledCalls``
+    calls, predicted_s, measured_s (seconds summed over the calls).
 """
 
 from __future__ import annotations
@@ -39,15 +60,14 @@ os.environ.setdefault("IPATH_NO_BACKTRACE", "1")
 
 from nanoccl import _C  # noqa: E402  (after torch: the extension links against it)
 
+# What help(nanoccl) shows in full; the types (ByteCounts, ModelledCalls, PeerStats, Stats,
+# ProcessGroupNanoccl) are described in the module docstring instead of as classes, which
+# would list every inherited dict or Backend method.
 __all__ = [
     "BACKEND_NAME",
     "all_gather_compressed",
     "allreduce_compressed",
-    "ByteCounts",
     "Options",
-    "PeerStats",
-    "ProcessGroupNanoccl",
-    "Stats",
     "get_backend",
     "link_profile",
     "reduce_scatter_compressed",
@@ -412,3 +432,6 @@ def all_gather_compressed(
     """
     work = get_backend(group).allgather_compressed(output, input, codec, int(block_size))
     return _finish(work, async_op)
+
+
+from nanoccl import diloco  # noqa: E402, F401  (nanoccl.diloco.DiLoCo: DiLoCo across nodes)
