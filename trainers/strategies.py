@@ -16,6 +16,9 @@ same global batches; they differ only in how the work and the state are split:
           projections row-wise; every rank sees the whole global batch (GPT only)
   pp      torch.distributed.pipelining, one stage per rank, GPipe or 1F1B over
           microbatches of the global batch (GPT only)
+  diloco  nanoccl.diloco: DDP inside each node, the nodes averaging their outer gradient
+          every H inner steps (Streaming DiLoCo with F fragments and tau steps of overlap;
+          the codec of nanoccl+<codec> for the outer gradients, lossless without one)
 
 A strategy's ``train_step(step)`` runs one optimizer step on global batch ``step`` and
 returns this rank's loss (the mean over the samples it saw), or None where the rank
@@ -36,11 +39,12 @@ from trainers.data import Source, shard
 from trainers.models import (GPT, BasicBlock, Block, GPTEmbedding, GPTHead, build_model,
                              count_params, gpt_config, gpt_loss, is_gpt)
 
-STRATEGIES = ("single", "dp", "tp", "pp", "zero1", "zero2", "zero3", "zero3-hpz", "hsdp")
+STRATEGIES = ("single", "dp", "tp", "pp", "zero1", "zero2", "zero3", "zero3-hpz", "hsdp",
+              "diloco")
 # How the global batch reaches a rank (the studies' Table II).
 BATCH_SPLIT = {"single": "whole", "dp": "split", "zero1": "split", "zero2": "split",
                "zero3": "split", "zero3-hpz": "split", "hsdp": "split", "tp": "whole",
-               "pp": "microbatches"}
+               "pp": "microbatches", "diloco": "split"}
 
 
 class StrategyError(RuntimeError):
@@ -86,6 +90,13 @@ class TrainConfig:
     # (one-rank) collectives kept, so that nanoccl-advise's probe can time the framework's own
     # work a step; no effect on more ranks.
     probe_one_rank: bool = False
+    # diloco: H (inner steps between two outer steps of a fragment), F (fragments) and tau
+    # (inner steps an exchange runs behind); the outer Nesterov SGD's lr and momentum.
+    sync_every: int = 50
+    fragments: int = 1
+    overlap_steps: int = 0
+    outer_lr: float = 0.7
+    outer_momentum: float = 0.9
 
 
 def loss_fn_for(model_name: str) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
@@ -416,6 +427,52 @@ class HybridSharded(_WholeModel):
                 f"reshard_after_forward=False{self.how})")
 
 
+class DiLoCoStrategy(_WholeModel):
+    """nanoccl.diloco.DiLoCo: each node a DDP worker with the inner AdamW; every H inner steps
+    (per fragment, staggered) the nodes average their outer gradient, compressed with the
+    backend's codec (nanoccl+int4: int4 with error feedback), and an outer Nesterov SGD
+    applies it. The global batch is split over every rank, as dp's. The wrapper checks its
+    arguments on every rank at once (ValueError: the run stops with exit code 3)."""
+
+    name = "diloco"
+
+    def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int) -> None:
+        super().__init__(cfg, source, rank, world)
+        if not cfg.nanoccl:
+            raise StrategyError("diloco runs on the nanoccl backend (--backend nanoccl or "
+                                "nanoccl+<codec>)")
+        _hooks()  # imports nanoccl (installed or from the source tree)
+        from nanoccl.diloco import DiLoCo
+
+        self.optim = make_optimizer(self.model.parameters(), cfg.lr)
+        try:
+            self.diloco = DiLoCo(self.model, self.optim, sync_every=cfg.sync_every,
+                                 fragments=cfg.fragments, overlap_steps=cfg.overlap_steps,
+                                 codec=cfg.codec or "none", outer_lr=cfg.outer_lr,
+                                 outer_momentum=cfg.outer_momentum)
+        except ValueError as exc:
+            raise StrategyError(str(exc)) from exc
+        self.module = self.diloco.module
+
+    def train_step(self, step: int) -> float | None:
+        assert self.optim is not None
+        x, y = self._batch(step, self.split_batch)
+        self.optim.zero_grad(set_to_none=True)
+        loss = self.loss_fn(self.module(x), y)
+        loss.backward()
+        self.diloco.step()  # the inner step, then the outer steps due
+        return float(loss.detach())
+
+    def finish(self) -> None:
+        self.diloco.flush()
+
+    def comm_groups(self) -> list[Any]:
+        return [None, self.diloco.intra_group, self.diloco.cross_group]
+
+    def describe(self) -> str:
+        return self.diloco.describe()
+
+
 def _node_layout(cfg: TrainConfig, rank: int, world: int) -> int:
     """Ranks per node for hsdp's mesh, checked on every rank's view at once (one gather on
     the default group), so that a layout the mesh cannot follow is refused on every rank
@@ -633,6 +690,8 @@ def make_strategy(cfg: TrainConfig, source: Source, rank: int, world: int) -> St
         return TensorParallel(cfg, source, rank, world)
     if name == "pp":
         return PipelineParallel(cfg, source, rank, world)
+    if name == "diloco":
+        return DiLoCoStrategy(cfg, source, rank, world)
     raise StrategyError(f"unknown strategy {name!r}; choose from {', '.join(STRATEGIES)}")
 
 

@@ -49,7 +49,8 @@ MAX_TIMED_STEPS = 400  # --min-window-s's bound on a run's timed steps
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m trainers.train",
-                                description="One study training run (DP/TP/PP/ZeRO) under torchrun.")
+                                description="One study training run (DP/TP/PP/ZeRO/DiLoCo) under "
+                                            "torchrun.")
     p.add_argument("--model", default="gpt2-tiny", choices=MODEL_NAMES)
     p.add_argument("--strategy", default="dp", choices=STRATEGIES)
     p.add_argument("--backend", default="gloo",
@@ -81,6 +82,17 @@ def build_parser() -> argparse.ArgumentParser:
                    help="hsdp with a codec: 'forward' (default) gathers each unit's averaged "
                         "gradient across nodes and steps the unit in its next forward; "
                         "'backward' all-reduces it in the backward, one optimizer step after")
+    p.add_argument("--sync-every", type=int, default=50, metavar="H",
+                   help="diloco: inner steps between two outer steps of a fragment (default 50)")
+    p.add_argument("--fragments", type=int, default=1, metavar="F",
+                   help="diloco: parameter-order fragments synchronised at staggered steps "
+                        "(Streaming DiLoCo; default 1)")
+    p.add_argument("--overlap-steps", type=int, default=0, metavar="TAU",
+                   help="diloco: inner steps each cross-node exchange runs behind, in the "
+                        "background (0 <= TAU < H; default 0)")
+    p.add_argument("--outer-lr", type=float, default=0.7, help="diloco: outer Nesterov SGD lr")
+    p.add_argument("--outer-momentum", type=float, default=0.9,
+                   help="diloco: outer Nesterov SGD momentum")
     p.add_argument("--probe-one-rank", action="store_true",
                    help="let tp run on one rank (nothing split, DTensor's dispatch kept): how "
                         "nanoccl-advise --probe-framework times the framework's own work")
@@ -209,7 +221,9 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
                       codec=spec.codec, gather_codec=spec.gather_codec,
                       timeout_s=args.timeout, nanoccl=spec.is_nanoccl,
                       fsdp_overlap=args.fsdp_overlap == "on", hsdp_step=args.hsdp_step,
-                      probe_one_rank=args.probe_one_rank)
+                      probe_one_rank=args.probe_one_rank, sync_every=args.sync_every,
+                      fragments=args.fragments, overlap_steps=args.overlap_steps,
+                      outer_lr=args.outer_lr, outer_momentum=args.outer_momentum)
     strategy = make_strategy(cfg, source, rank, world)
     unit = "tokens" if gpt else "images"
     per_sample = seq_len if gpt else 1

@@ -432,3 +432,6 @@ def all_gather_compressed(
     """
     work = get_backend(group).allgather_compressed(output, input, codec, int(block_size))
     return _finish(work, async_op)
+
+
+from nanoccl import diloco  # noqa: E402, F401  (nanoccl.diloco.DiLoCo: DiLoCo across nodes)
