@@ -21,8 +21,12 @@ import torch.distributed as dist
 
 from bench_helpers import PERF, REPO, torchrun
 
-COLUMNS = ["size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
-           "min", "median", "p99", "max"]
+COLUMNS = ["size", "count", "time", "busbw", "#wrong", "p99"]  # the default table, per side
+WIDE_COLUMNS = ["size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong",
+                "min", "median", "p99", "max"]  # --wide
+# Where a side's #wrong and time are among the fields of a default row: size, count, then per
+# side time, busbw, #wrong, p99.
+WRONG, TIME, PER_SIDE = 4, 2, 4
 
 
 @pytest.mark.parametrize("text, expected", [
@@ -113,14 +117,21 @@ def test_header_and_rows_line_up(perf: ModuleType) -> None:
     row = perf.Row("allreduce", "gloo", "gloo", 1 << 20, 1 << 18, "float", "sum", -1, 20,
                    1234.5, 0.85, 1.27, 0, 1000.0, 1200.0, 1500.0)
     for labels, rows in ((["gloo"], [row]), (["nanoccl", "gloo"], [row, row])):
-        header = perf.header(labels)
-        line = perf.format_rows(rows)
-        assert len(header[-1].rstrip()) <= len(line) + 8
-        fields = line.split()
-        assert fields[:5] == ["1048576", "262144", "float", "sum", "-1"]
-        if len(labels) > 1:
-            assert "speedup" in header[-2]
-            assert float(fields[-2]) == pytest.approx(1.0)
+        for wide in (False, True):
+            header = perf.header(labels, wide)
+            line = perf.format_rows(rows, wide)
+            assert len(header[-1].rstrip()) <= len(line) + 8
+            fields = line.split()
+            if wide:
+                assert fields[:5] == ["1048576", "262144", "float", "sum", "-1"]
+                assert len(fields) == 5 + 8 * len(rows) + (len(rows) > 1) + 1
+            else:  # nccl-tests' columns that matter, in 120 columns with two sides
+                assert fields[:2] == ["1048576", "262144"] and fields[WRONG] == "0"
+                assert float(fields[TIME]) == pytest.approx(1234.5)
+                assert max(len(x) for x in [*header, line]) <= 120
+            if len(labels) > 1:
+                assert "speedup" in header[-2]
+                assert float(fields[-2]) == pytest.approx(1.0)
 
 
 def _parse_table(stdout: str, columns_per_side: int = 7) -> list[list[str]]:
@@ -144,8 +155,8 @@ def test_perf_all_collectives_on_two_ranks(tmp_path: Path) -> None:
     rows = _parse_table(stdout)
     assert len(rows) == 6 * 4 + 1  # sizes 8, 256, 8K, 256K; one barrier row
     for fields in rows:
-        assert fields[8] == "0", fields  # #wrong
-        assert float(fields[5]) > 0  # time
+        assert fields[WRONG] == "0", fields
+        assert float(fields[TIME]) > 0
     assert stdout.count("# Out of bounds values : 0 OK") == 7
     assert "# Avg bus bandwidth" in stdout
     doc = json.loads(out.read_text())
@@ -175,7 +186,7 @@ def test_perf_ab_dtypes_and_ops(tmp_path: Path) -> None:
         assert len(doc["speedup"]) == len(doc["rows"]) // 2 == 2 * 3
         assert all(r["wrong"] == 0 and r["type"] == dtype for r in doc["rows"])
         for fields in _parse_table(proc.stdout):
-            assert fields[8] == "0" and fields[16] == "0", fields
+            assert fields[WRONG] == "0" and fields[WRONG + PER_SIDE] == "0", fields
 
 
 @pytest.mark.parametrize("mode", ["back-to-back", "barrier"])
@@ -411,3 +422,46 @@ def test_stats_line_names_the_rails_when_there_are_several(perf: ModuleType) -> 
     assert "nanoccl sent 8.0 MB over all ranks" in line, line
     assert "tcp per rail: eth0 5.0 MB, eth1 3.0 MB" in line, line
     assert "per rail" not in perf._stats_line([rank(1_000_000, None)])
+
+
+def test_perf_wide_table_and_short_json_flag(tmp_path: Path) -> None:
+    """--wide prints nccl-tests' full columns; -J writes the JSON as --json does."""
+    out = tmp_path / "wide.json"
+    proc = torchrun(2, [str(PERF), "-b", "1K", "-e", "1K", "-w", "0", "-n", "2",
+                        "--backend", "gloo", "--ab", "gloo", "--wide", "-J", str(out)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    header = [line for line in proc.stdout.splitlines() if line.startswith("#")
+              and "busbw" in line and "#wrong" in line][0]
+    positions = [header.find(c) for c in WIDE_COLUMNS]
+    assert all(p >= 0 for p in positions) and positions == sorted(positions), header
+    (fields,) = _parse_table(proc.stdout)
+    assert fields[:5] == ["1024", "256", "float", "sum", "-1"] and fields[8] == "0"
+    assert json.loads(out.read_text())["meta"]["labels"] == ["gloo", "gloo(ref)"]
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--compression", "int3"], "--compression int3: one of none, fp16, bf16, int8, int4, auto"),
+    (["--ab", "foo"], "--ab foo: not a torch.distributed backend here"),
+    (["--backend", "bar"], "--backend bar: not a torch.distributed backend here"),
+    (["--mode", "sideways"], "argument --mode: invalid choice: 'sideways'"),
+])
+def test_perf_wrong_value_is_one_line_from_one_rank(argv: list[str], says: str) -> None:
+    """Under a launcher every rank parses the same arguments: rank 0 alone says what is wrong,
+    in one line, and every rank exits non-zero without a traceback of its own (torchrun then
+    reports the failed workers, as it does for any)."""
+    proc = torchrun(2, [str(PERF), "-b", "1K", "-e", "1K", *argv], timeout=120)
+    text = proc.stdout + proc.stderr
+    assert proc.returncode != 0
+    errors = [line for line in text.splitlines() if line.startswith("nanoccl-perf: error:")]
+    assert len(errors) == 1 and says in errors[0], text[-3000:]
+    assert "perf.py\", line" not in text and "usage:" not in text, text[-3000:]
+
+
+def test_perf_outside_a_launcher_says_so() -> None:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "LOCAL_RANK")}
+    proc = subprocess.run([sys.executable, str(PERF), "-b", "64", "-e", "64", "-n", "1",
+                           "-w", "0", "--settle-s", "0", "--backend", "gloo"],
+                          capture_output=True, text=True, timeout=60, env=env, cwd=REPO)
+    assert proc.returncode == 0, proc.stderr
+    assert "not started by a launcher" in proc.stderr and "torchrun" in proc.stderr

@@ -60,7 +60,7 @@ import socket  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
-from typing import Any, Callable, Iterable, Sequence  # noqa: E402
+from typing import Any, Callable, Iterable, NoReturn, Sequence  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -383,8 +383,23 @@ def _modelled(side: Side) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------- main
+class _Parser(argparse.ArgumentParser):
+    """A wrong option or value is one line, from one rank (rank 0, or a process outside a
+    launcher), and exit status 2: every rank of a launch parses the same arguments, and a
+    usage text per rank would bury the line that matters."""
+
+    def error(self, message: str) -> NoReturn:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"{self.prog}: error: {message} (--help lists the options)", file=sys.stderr)
+        sys.exit(2)
+
+
+# The values --compression takes: the codecs, "none", and "auto" (the cost model's choice).
+COMPRESSION_CHOICES = (*CODEC_UNIT, "auto")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = _Parser(
         prog="nanoccl-perf",
         description="nccl-tests style benchmark of torch.distributed collectives; "
                     "run under torchrun.")
@@ -444,8 +459,30 @@ def build_parser() -> argparse.ArgumentParser:
                         "CPU it may use, modulo their number) once the groups are made, as MPI "
                         "latency benchmarks bind their ranks; the backends' own threads keep "
                         "every CPU")
-    p.add_argument("--json", default=None, metavar="PATH", help="write all rows as JSON (rank 0)")
+    p.add_argument("-J", "--json", dest="json", default=None, metavar="PATH",
+                   help="write all rows as JSON (rank 0), as nccl-tests' -J does")
+    p.add_argument("--wide", action="store_true",
+                   help="print every column (type, op, root, algbw, min, median, max) instead "
+                        "of the table that fits 120 columns")
     return p
+
+
+def check_backends(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """--backend, --ab and --compression values this torch knows, before any group is made."""
+    known = [b for b in dist.Backend.backend_list if b != "undefined"]
+    for flag, name in (("--backend", args.backend), ("--ab", args.ab)):
+        if name is None:
+            continue
+        if name not in known:
+            parser.error(f"{flag} {name}: not a torch.distributed backend here "
+                         f"(one of {', '.join(known)})")
+        if name == "nccl" and not dist.is_nccl_available():
+            parser.error(f"{flag} nccl: this torch build has no NCCL")
+    if args.compression is not None:
+        if args.compression.lower() not in COMPRESSION_CHOICES:
+            parser.error(f"--compression {args.compression}: one of "
+                         f"{', '.join(COMPRESSION_CHOICES)}")
+        args.compression = args.compression.lower()
 
 
 def bind_calling_thread(local_rank: int) -> int | None:
@@ -467,10 +504,10 @@ def _env_int(name: str, default: int) -> int:
     return int(value) if value not in (None, "") else default
 
 
-def _ensure_env() -> None:
-    """A plain `python perf.py` is a world of one."""
+def _ensure_env() -> bool:
+    """A plain `python perf.py` is a world of one; False then (no launcher), else True."""
     if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
-        return
+        return True
     os.environ.setdefault("RANK", "0")
     os.environ.setdefault("WORLD_SIZE", "1")
     os.environ.setdefault("LOCAL_RANK", "0")
@@ -479,6 +516,7 @@ def _ensure_env() -> None:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+    return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -500,7 +538,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.settle_s >= 0 or math.isinf(args.settle_s):
         parser.error(f"--settle-s must be a number of seconds >= 0, not {args.settle_s}")
 
-    _ensure_env()
+    launched = _ensure_env()
     rank = _env_int("RANK", 0)
     world = _env_int("WORLD_SIZE", 1)
     local_rank = _env_int("LOCAL_RANK", 0)
@@ -508,8 +546,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     is_root = rank == 0
 
     usable, where = nanoccl_status()
+    check_backends(args, parser)
     backend = args.backend or ("nanoccl" if usable else "gloo")
     notes = []
+    if not launched:
+        print("nanoccl-perf: not started by a launcher (no RANK and WORLD_SIZE): measuring one "
+              "rank; run it under torchrun --nproc-per-node N (and --nnodes) for more",
+              file=sys.stderr)
+        notes.append("not started by a launcher: one rank")
     if args.backend is None and not usable:
         notes.append(f"nanoccl not available ({where}); testing gloo")
     if "nanoccl" in (backend, args.ab) and not usable:
@@ -624,13 +668,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         for name in collectives:
             if is_root:
                 print("#")
-                print(f"# {name}  (busbw = algbw x {bus_factor(name, world):.4g})")
-                for line in header(labels):
+                print(f"# {name}  ({args.datatype} {redop}"
+                      + (f", root {args.root}" if name == "broadcast" else "")
+                      + f"; busbw = algbw x {bus_factor(name, world):.4g})")
+                for line in header(labels, args.wide):
                     print(line)
 
             def emit(rows: list[Row]) -> None:
                 if is_root:
-                    print(format_rows(rows), flush=True)
+                    print(format_rows(rows, args.wide), flush=True)
 
             res = measure(name, sides, book, opts, rank, world, emit)
             all_rows.extend(res.rows)

@@ -89,40 +89,60 @@ def _model_lines(side: Side, old: dict[str, Any], new: dict[str, Any], size: int
 
 
 # ------------------------------------------------------------------- output
-_FIXED = ("{:>12}  {:>12}  {:>8}  {:>6}  {:>6}", ("size", "count", "type", "redop", "root"),
-          ("(B)", "(elements)", "", "", ""))
-_GROUP = ("  {:>10}  {:>7}  {:>7}  {:>6}  {:>10}  {:>10}  {:>10}  {:>10}",
-          ("time", "algbw", "busbw", "#wrong", "min", "median", "p99", "max"),
-          ("(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)", "(us)", "(us)"))
+# Two layouts of the table. The default fits 120 columns with two sides: per side the time,
+# busbw, #wrong and p99 (the type, op and root are the same on every line and go in the
+# section's title). --wide prints nccl-tests' full columns and min / median / max as well.
+_FIXED = {
+    False: ("{:>12}  {:>11}", ("size", "count"), ("(B)", "(elements)")),
+    True: ("{:>12}  {:>12}  {:>8}  {:>6}  {:>6}", ("size", "count", "type", "redop", "root"),
+           ("(B)", "(elements)", "", "", "")),
+}
+_GROUP = {
+    False: ("  {:>9}  {:>7}  {:>6}  {:>9}", ("time", "busbw", "#wrong", "p99"),
+            ("(us)", "(GB/s)", "", "(us)")),
+    True: ("  {:>10}  {:>7}  {:>7}  {:>6}  {:>10}  {:>10}  {:>10}  {:>10}",
+           ("time", "algbw", "busbw", "#wrong", "min", "median", "p99", "max"),
+           ("(us)", "(GB/s)", "(GB/s)", "", "(us)", "(us)", "(us)", "(us)")),
+}
 
 
-def header(labels: list[str]) -> list[str]:
-    fixed_w = len(_FIXED[0].format(*_FIXED[1]))
-    group_w = len(_GROUP[0].format(*_GROUP[1]))
+def header(labels: list[str], wide: bool = False) -> list[str]:
+    fixed, group = _FIXED[wide], _GROUP[wide]
+    fixed_w = len(fixed[0].format(*fixed[1]))
+    group_w = len(group[0].format(*group[1]))
     lines = []
     if len(labels) > 1:
-        top = "#" + " " * (fixed_w - 1) + "".join(f"{lbl:^{group_w}}" for lbl in labels)
+        top = "#" + " " * (fixed_w - 1) + "".join(f"{lbl[:group_w - 2]:^{group_w}}"
+                                                  for lbl in labels)
         lines.append(top.rstrip())
     for k in (1, 2):
-        line = "#" + _FIXED[0].format(*_FIXED[k])[1:]
-        line += "".join(_GROUP[0].format(*_GROUP[k]) for _ in labels)
+        line = "#" + fixed[0].format(*fixed[k])[1:]
+        line += "".join(group[0].format(*group[k]) for _ in labels)
         if len(labels) > 1:
-            line += "  {:>8}".format("speedup" if k == 1 else "(x)")
-        line += "  {:>6}".format("iters" if k == 1 else "")
+            line += "  {:>7}".format("speedup" if k == 1 else "(x)")
+        line += "  {:>5}".format("iters" if k == 1 else "")
         lines.append(line)
     return lines
 
 
-def format_rows(rows: list[Row]) -> str:
+def format_rows(rows: list[Row], wide: bool = False) -> str:
     first = rows[0]
-    line = _FIXED[0].format(first.size, first.count, first.type, first.redop, first.root)
+    if wide:
+        line = _FIXED[True][0].format(first.size, first.count, first.type, first.redop,
+                                      first.root)
+    else:
+        line = _FIXED[False][0].format(first.size, first.count)
     for row in rows:
-        line += ("  {:>10.1f}  {:>7.3f}  {:>7.3f}  {:>6d}  {:>10.1f}  {:>10.1f}  {:>10.1f}"
-                 "  {:>10.1f}").format(row.time_us, row.algbw, row.busbw, row.wrong, row.min_us,
-                                       row.median_us, row.p99_us, row.max_us)
+        if wide:
+            line += ("  {:>10.1f}  {:>7.3f}  {:>7.3f}  {:>6d}  {:>10.1f}  {:>10.1f}  {:>10.1f}"
+                     "  {:>10.1f}").format(row.time_us, row.algbw, row.busbw, row.wrong,
+                                           row.min_us, row.median_us, row.p99_us, row.max_us)
+        else:
+            line += "  {:>9.1f}  {:>7.3f}  {:>6d}  {:>9.1f}".format(row.time_us, row.busbw,
+                                                                   row.wrong, row.p99_us)
     if len(rows) > 1:
-        line += "  {:>8.3f}".format(rows[1].time_us / rows[0].time_us if rows[0].time_us else 0.0)
-    line += "  {:>6d}".format(first.iters)
+        line += "  {:>7.3f}".format(rows[1].time_us / rows[0].time_us if rows[0].time_us else 0.0)
+    line += "  {:>5d}".format(first.iters)
     return line
 
 
