@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The study runner: DP / TP / PP / ZeRO on the emulated nano-cluster, Gloo vs nanoccl.
+"""The study runner: DP / TP / PP / ZeRO / DiLoCo on the emulated nano-cluster, Gloo vs nanoccl.
 
     python bench/study.py --profile quick            # a few minutes (needs root for netns)
     python bench/study.py --profile full             # bounded to about an hour
@@ -63,8 +63,8 @@ from emucluster import (EmuCluster, EmuClusterError, NO_PRIVILEGE_HELP,  # noqa:
 
 # Some of these names are not used here, only through this module (study.<name>, by
 # torch_ext/nanoccl/advise_check.py and the tests): hence F401.
-from study_plan import (GPT_STRATEGIES, PROFILES, Baseline, Block, Plan,  # noqa: E402, F401
-                        Profile, Run, Setup, applicable, build_plan)
+from study_plan import (GPT_STRATEGIES, PROFILES, Baseline, Block, DiLoCoSpec,  # noqa: E402, F401
+                        Plan, Profile, Run, Setup, applicable, build_plan)
 from study_runs import (TRAIN, Dilation, compute_dilation, environment,  # noqa: E402, F401
                         rate_text, record_from_result, recorded_dilation, reference_for,
                         run_baseline, run_in_cluster, train_argv)
@@ -302,7 +302,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--no-shaping", action="store_true",
                    help="no namespaces: all nodes on the host loopback, unshaped (no root)")
     p.add_argument("--models", type=_csv, default=None, help="override, comma-separated")
-    p.add_argument("--strategies", type=_csv, default=None, help="override, comma-separated")
+    p.add_argument("--strategies", type=_csv, default=None,
+                   help="override, comma-separated; diloco rows: diloco (H 50) or "
+                        "diloco-h<H>[-f<F>][-t<TAU>], e.g. diloco-h10-f4-t2 (nanoccl backends, "
+                        "2 nodes and more)")
     p.add_argument("--setups", type=_csv, default=None, help="override, e.g. 1x1,1x2,2x1")
     p.add_argument("--backends", type=_csv, default=None,
                    help="override: gloo, nccl, nanoccl, nanoccl+<codec>")
@@ -343,7 +346,14 @@ def apply_overrides(profile: Profile, args: argparse.Namespace) -> Profile:
         prof.batches = {m: profile.batches.get(m, (16,)) for m in args.models}
         prof.ref_batch = {m: profile.ref_batch.get(m, prof.batches[m][0]) for m in args.models}
     if args.strategies:
-        prof.strategies = {m: args.strategies for m in prof.models}
+        names = []
+        for strategy in args.strategies:
+            try:
+                spec = DiLoCoSpec.parse(strategy)
+            except ValueError as exc:
+                raise SystemExit(f"study: {exc}") from None
+            names.append(strategy if spec is None else spec.name)  # one name a variant
+        prof.strategies = {m: tuple(names) for m in prof.models}
     if args.setups:
         prof.setups = args.setups
     if args.backends:

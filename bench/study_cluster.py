@@ -24,7 +24,7 @@ for _path in (str(BENCH), str(REPO)):
         sys.path.insert(0, _path)
 
 import study_report  # noqa: E402
-from study_plan import Baseline, Plan, Profile, Setup  # noqa: E402
+from study_plan import Baseline, DiLoCoSpec, Plan, Profile, Setup  # noqa: E402
 from study_runs import (_LAUNCH_VARS, _load_json, environment,  # noqa: E402
                         record_from_result, train_argv)
 
@@ -113,7 +113,7 @@ def collect(out_dir: Path, prof: Profile | None = None,
         name = path.stem
         world = int(doc["world_size"])
         base = {"profile": prof.name if prof else "cluster", "model": doc["model"],
-                "strategy": doc["strategy"], "backend": doc["backend"],
+                "strategy": DiLoCoSpec.of_result(doc), "backend": doc["backend"],
                 "batch": doc["global_batch"], "world": world, "nodes": doc["nodes"],
                 "procs_per_node": doc["procs_per_node"],
                 "setup": f"{doc['nodes']}x{doc['procs_per_node']}",

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 BENCH = Path(__file__).resolve().parent
 REPO = BENCH.parent
@@ -70,6 +71,65 @@ class Profile:
 
 
 GPT_STRATEGIES = ("dp", "tp", "pp", "zero1", "zero2", "zero3", "zero3-hpz", "hsdp")
+
+# A diloco row times at least this many whole H-step cycles (every H consecutive inner steps
+# hold one exchange of each fragment, so a whole number of cycles is its steady state).
+DILOCO_CYCLES = 2
+
+
+@dataclass(frozen=True)
+class DiLoCoSpec:
+    """A diloco row of the study: "diloco" (H 50, one fragment, no overlap) or
+    "diloco-h<H>[-f<F>][-t<TAU>]", e.g. "diloco-h10-f4-t2" (Streaming DiLoCo, 4 fragments,
+    each exchange 2 inner steps behind). The outer codec is the row's backend's."""
+
+    sync_every: int = 50
+    fragments: int = 1
+    overlap_steps: int = 0
+
+    @staticmethod
+    def parse(strategy: str) -> "DiLoCoSpec | None":
+        """The spec of a diloco strategy name, None for the other strategies; ValueError for
+        a malformed one."""
+        if strategy != "diloco" and not strategy.startswith("diloco-"):
+            return None
+        values = {"h": 50, "f": 1, "t": 0}
+        for part in strategy.split("-")[1:]:
+            key, digits = part[:1], part[1:]
+            if key not in values or not digits.isdigit():
+                raise ValueError(f"bad diloco strategy {strategy!r}: use diloco or "
+                                 "diloco-h<H>[-f<F>][-t<TAU>], e.g. diloco-h10-f4-t2")
+            values[key] = int(digits)
+        spec = DiLoCoSpec(values["h"], values["f"], values["t"])
+        if (spec.sync_every < 1 or spec.fragments < 1
+                or not 0 <= spec.overlap_steps < spec.sync_every):
+            raise ValueError(f"bad diloco strategy {strategy!r}: H >= 1, F >= 1, 0 <= TAU < H")
+        return spec
+
+    @property
+    def name(self) -> str:
+        """The canonical strategy name: "diloco" for the defaults, else every field."""
+        if self == DiLoCoSpec():
+            return "diloco"
+        return f"diloco-h{self.sync_every}-f{self.fragments}-t{self.overlap_steps}"
+
+    @staticmethod
+    def of_result(doc: dict[str, Any]) -> str:
+        """The strategy name of a trainer's result line: a diloco run's canonical name from
+        its "diloco" field, else the trainer's strategy."""
+        fields = doc.get("diloco")
+        if doc.get("strategy") != "diloco" or not isinstance(fields, dict):
+            return str(doc.get("strategy"))
+        return DiLoCoSpec(int(fields["sync_every"]), int(fields["fragments"]),
+                          int(fields["overlap_steps"])).name
+
+    def trainer_args(self) -> list[str]:
+        return ["--sync-every", str(self.sync_every), "--fragments", str(self.fragments),
+                "--overlap-steps", str(self.overlap_steps)]
+
+    def steps(self, steps: int, warmup: int) -> int:
+        """The run's steps: at least the warm-up and DILOCO_CYCLES cycles of H."""
+        return max(steps, warmup + DILOCO_CYCLES * self.sync_every)
 
 PROFILES: dict[str, Profile] = {
     "smoke": Profile(
@@ -178,6 +238,15 @@ def applicable(model: str, strategy: str, setup: Setup) -> str | None:
         return "hsdp with one rank per node shards nothing (DP through FSDP2)"
     if strategy == "zero3-hpz" and (setup.nodes < 2 or setup.ppn < 2):
         return "zero3-hpz is zero3 on one node and zero2 with one rank per node"
+    if DiLoCoSpec.parse(strategy) is not None and setup.nodes < 2:
+        return "diloco on one node is dp (no outer steps)"
+    return None
+
+
+def backend_applicable(strategy: str, backend: str) -> str | None:
+    """Why `strategy` cannot run on `backend`, or None when it can."""
+    if DiLoCoSpec.parse(strategy) is not None and not backend.startswith("nanoccl"):
+        return "diloco runs on nanoccl only"
     return None
 
 
@@ -257,6 +326,12 @@ def build_plan(profile: Profile, check_backends: bool = True) -> Plan:
                         batches_used[model].add(batch)
                         more = extra.get(strategy, []) if batch == profile.ref_batch[model] else []
                         for backend in usable + more:
+                            why = backend_applicable(strategy, backend)
+                            if why:
+                                note = f"{model} {strategy} on {backend} left out: {why}"
+                                if note not in notes:
+                                    notes.append(note)
+                                continue
                             runs.append(Run(model, strategy, backend, setup, batch, rep))
                 if not runs:
                     continue

@@ -72,6 +72,8 @@ def _setup_key(setup: str) -> tuple[int, str]:
 
 
 def _strategy_key(strategy: str) -> int:
+    if strategy.startswith("diloco"):  # diloco-h10-f4-t2 and the like: after the others
+        return len(STRATEGY_ORDER)
     return STRATEGY_ORDER.index(strategy) if strategy in STRATEGY_ORDER else 99
 
 
@@ -485,6 +487,12 @@ def write_report(out_dir: Path, records: Sequence[dict[str, Any]], meta: dict[st
               "after the same steps. `‖ study ...` columns "
               "are the published GPT-2 small numbers for the same setup and parallelism "
               f"({seeds.NANO_SOURCE}); * = derived T_1.", ""]
+    if any(s.strategy.startswith("diloco") for s in summaries):
+        lines += ["`diloco` rows (diloco-h<H>-f<F>-t<TAU>: H inner steps between two outer "
+                  "steps of a fragment, F fragments, each exchange TAU steps behind; the "
+                  "outer gradients with the backend's codec) run at least two whole H-step "
+                  "cycles (runs.csv's steps) and time whole cycles: their `Final loss` is "
+                  "after those steps, not comparable with the other rows'.", ""]
     models = sorted({s.model for s in summaries})
     for model in models:
         batch = _ref_batch(summaries, model, meta)

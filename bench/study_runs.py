@@ -28,7 +28,7 @@ for _path in (str(BENCH), str(REPO)):
 
 import study_seeds  # noqa: E402
 from emucluster import EmuCluster, format_rate, stop_process_group  # noqa: E402
-from study_plan import Baseline, Profile, Run  # noqa: E402
+from study_plan import Baseline, DiLoCoSpec, Profile, Run  # noqa: E402
 
 TRAIN = REPO / "trainers" / "train.py"
 # What a single-rank baseline must not inherit from a surrounding torchrun.
@@ -111,8 +111,16 @@ def recorded_dilation(study_dir: Path, model: str) -> Dilation:
 # ------------------------------------------------------------------------------- running
 def train_argv(model: str, strategy: str, backend: str, batch: int, profile: Profile,
                json_path: Path | str, extra: Sequence[str] = ()) -> list[str]:
+    """The trainer's command line for a run; a diloco row ("diloco-h10-f4-t2") becomes
+    --strategy diloco with its H, F and tau, and runs whole H-step cycles (DiLoCoSpec)."""
+    steps = profile.steps
+    diloco = DiLoCoSpec.parse(strategy)
+    if diloco is not None:
+        strategy = "diloco"
+        steps = diloco.steps(steps, profile.warmup)
+        extra = [*diloco.trainer_args(), *extra]
     return ["--model", model, "--strategy", strategy, "--backend", backend,
-            "--batch", str(batch), "--steps", str(profile.steps),
+            "--batch", str(batch), "--steps", str(steps),
             "--warmup-steps", str(profile.warmup), "--json", str(json_path),
             *(["--min-window-s", f"{profile.min_window_s:g}"] if profile.min_window_s > 0
               else []),

@@ -61,7 +61,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--min-window-s", type=float, default=0.0,
                    help="more timed steps than --steps gives, when needed to time about this "
                         "many seconds (estimated from the fastest warm-up step; at most "
-                        f"{MAX_TIMED_STEPS} timed steps; needs a warm-up step; default 0: off)")
+                        f"{MAX_TIMED_STEPS} timed steps, diloco's rounded up to whole "
+                        "--sync-every cycles; needs a warm-up step; default 0: off)")
     p.add_argument("--batch", type=int, default=None,
                    help="global batch in samples (default 16 for GPT, 32 for ResNet)")
     p.add_argument("--seq-len", type=int, default=None, help="GPT context (default: the model's)")
@@ -251,8 +252,10 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
             if args.min_window_s > 0:  # agree on the timed steps (also the window's barrier)
                 slowest = torch.tensor([min(step_s)], dtype=torch.float64)
                 dist.all_reduce(slowest, op=dist.ReduceOp.MAX, group=ctrl)
-                args.steps = warmup + timed_steps_for(args.min_window_s, float(slowest),
-                                                      args.steps - warmup)
+                timed = timed_steps_for(args.min_window_s, float(slowest), args.steps - warmup)
+                if args.strategy == "diloco":  # whole H-step cycles: its steady state
+                    timed = -(-timed // args.sync_every) * args.sync_every
+                args.steps = warmup + timed
             else:
                 dist.barrier(group=ctrl)
             counters_start = _read_counters(ifname) if count_link else None
@@ -372,6 +375,10 @@ def summarize(args: argparse.Namespace, spec: backends.BackendSpec, strategy: An
         "schedule": args.schedule if args.strategy == "pp" else None,
         "bucket_cap_mb": getattr(strategy.cfg, "bucket_cap_mb", args.bucket_cap_mb),
         "bucket_tuned": bool(getattr(strategy, "tuned", False)), "data": args.data or "synthetic",
+        "diloco": ({"sync_every": args.sync_every, "fragments": args.fragments,
+                    "overlap_steps": args.overlap_steps, "outer_lr": args.outer_lr,
+                    "outer_momentum": args.outer_momentum}
+                   if args.strategy == "diloco" else None),
         "window_s": window,
         "samples_per_s": samples_per_s,
         f"{unit}_per_s": samples_per_s * per_sample,

@@ -79,20 +79,25 @@ def test_trainer_runs_streaming_diloco_on_2x2(tmp_path: Path) -> None:
     only (no per-step gradient allreduce across nodes)."""
     res = study_helpers.launch(4, TRAIN_ARGS + ["--backend", "nanoccl+int4", "--steps", "16",
                                                 "--sync-every", "4", "--fragments", "2",
-                                                "--overlap-steps", "1"],
+                                                "--overlap-steps", "1", "--min-window-s",
+                                                "0.001"],
                                tmp_path, timeout_s=100, rank_env=study_helpers.node_env(2, 2))
     assert res.ok, res.output[-4000:]
     r = res.result
     assert r is not None and r["strategy"] == "diloco", r
     assert "H=4, 2 fragment(s), tau=1, outer int4" in r["description"], r["description"]
+    assert r["diloco"] == {"sync_every": 4, "fragments": 2, "overlap_steps": 1,
+                           "outer_lr": 0.7, "outer_momentum": 0.9}, r["diloco"]
+    # --min-window-s: the 14 timed steps asked for, rounded up to whole cycles of 4.
+    assert (r["timed_steps"], r["steps"]) == (16, 18), (r["timed_steps"], r["steps"])
     assert r["losses"][-1] < r["losses"][0], r["losses"]
     moved = r["nanoccl_bytes"]
-    # The 14 timed steps (3..16) begin 7 exchanges of a fragment (about half the model): each
+    # The 16 timed steps (3..18) begin 8 exchanges of a fragment (about half the model): each
     # rank averages its half of it with one rank of the other node, which losslessly sends
-    # about 4 bytes an element of its slice: 7 x 4 ranks x 4 B x params / 4 = 28 B a
+    # about 4 bytes an element of its slice: 8 x 4 ranks x 4 B x params / 4 = 32 B a
     # parameter over the 4 ranks. int4 sends about a seventh of that (a DDP step across
-    # nodes alone would send 8 B a parameter: 112 in the window).
-    assert 0 < moved["inter_sent"] < 0.25 * 28 * r["params"], moved
+    # nodes alone would send 8 B a parameter: 128 in the window).
+    assert 0 < moved["inter_sent"] < 0.25 * 32 * r["params"], moved
 
 
 @pytest.mark.timeout(120)
@@ -102,3 +107,41 @@ def test_trainer_refuses_bad_diloco_arguments_on_every_rank(tmp_path: Path) -> N
                                tmp_path, timeout_s=100, rank_env=study_helpers.node_env(2, 2))
     assert res.returncodes == [3, 3, 3, 3], res.output[-4000:]
     assert res.output.count("sync_every (H) must be an integer >= 1") == 4, res.output[-4000:]
+
+
+def test_study_rows_of_diloco() -> None:
+    """bench/study.py --strategies diloco,diloco-h10-f4-t2: the spec's trainer flags, whole
+    H-step cycles, left out (with a note) on one node and on Gloo; a cluster result's row
+    named back from its result line."""
+    import study_plan
+    import study_runs
+
+    parse = study_plan.DiLoCoSpec.parse
+    assert parse("dp") is None
+    assert parse("diloco") == study_plan.DiLoCoSpec(50, 1, 0)
+    assert parse("diloco-h10-f4-t2") == study_plan.DiLoCoSpec(10, 4, 2)
+    assert parse("diloco-h10").name == "diloco-h10-f1-t0" and parse("diloco-h50").name == "diloco"
+    for bad in ("diloco-x3", "diloco-h", "diloco-h0", "diloco-h4-t4", "diloco-f0"):
+        with pytest.raises(ValueError, match="bad diloco strategy"):
+            parse(bad)
+    prof = study_plan.Profile("t", ("gpt2-tiny",), {"gpt2-tiny": ("dp", "diloco-h10-f2-t1")},
+                              ("1x2", "2x1"), ("gloo", "nanoccl+int4"), {"gpt2-tiny": (16,)},
+                              {"gpt2-tiny": 16}, steps=6, warmup=2)
+    plan = study_plan.build_plan(prof, check_backends=False)
+    rows = {(r.setup.name, r.strategy, r.backend) for r in plan.runs}
+    assert rows == {("1x2", "dp", "gloo"), ("1x2", "dp", "nanoccl+int4"),
+                    ("2x1", "dp", "gloo"), ("2x1", "dp", "nanoccl+int4"),
+                    ("2x1", "diloco-h10-f2-t1", "nanoccl+int4")}, rows
+    assert any("on 1x2 left out: diloco on one node is dp" in n for n in plan.notes), plan.notes
+    assert any("on gloo left out: diloco runs on nanoccl only" in n for n in plan.notes)
+    argv = study_runs.train_argv("gpt2-tiny", "diloco-h10-f2-t1", "nanoccl+int4", 16, prof,
+                                 "out.json")
+    assert argv[argv.index("--strategy") + 1] == "diloco"
+    assert argv[argv.index("--steps") + 1] == "22"  # 2 warm-up + two cycles of 10
+    assert argv[argv.index("--sync-every") + 1] == "10"
+    assert argv[argv.index("--fragments") + 1] == "2"
+    assert argv[argv.index("--overlap-steps") + 1] == "1"
+    doc = {"strategy": "diloco", "diloco": {"sync_every": 10, "fragments": 2,
+                                            "overlap_steps": 1}}
+    assert study_plan.DiLoCoSpec.of_result(doc) == "diloco-h10-f2-t1"
+    assert study_plan.DiLoCoSpec.of_result({"strategy": "dp", "diloco": None}) == "dp"
