@@ -167,8 +167,13 @@ class _WholeModel(Strategy):
         self.optim.zero_grad(set_to_none=True)
         loss = self.loss_fn(self.module(x), y)
         loss.backward()
-        self.optim.step()
+        self.step_optimizer()
         return float(loss.detach())
+
+    def step_optimizer(self) -> None:
+        """The optimizer step after each backward (diloco: its outer steps too)."""
+        assert self.optim is not None
+        self.optim.step()
 
 
 class Single(_WholeModel):
@@ -454,14 +459,8 @@ class DiLoCoStrategy(_WholeModel):
             raise StrategyError(str(exc)) from exc
         self.module = self.diloco.module
 
-    def train_step(self, step: int) -> float | None:
-        assert self.optim is not None
-        x, y = self._batch(step, self.split_batch)
-        self.optim.zero_grad(set_to_none=True)
-        loss = self.loss_fn(self.module(x), y)
-        loss.backward()
+    def step_optimizer(self) -> None:
         self.diloco.step()  # the inner step, then the outer steps due
-        return float(loss.detach())
 
     def finish(self) -> None:
         self.diloco.flush()
