@@ -273,10 +273,24 @@ def scenario_one_node(a: argparse.Namespace, ck: Checks) -> None:
     quiesce(gloo)
 
 
+def scenario_uneven_nodes(a: argparse.Namespace, ck: Checks) -> None:
+    """Nodes of 2 and 1 ranks: refused on every rank, naming the nodes' ranks."""
+    init(a)
+    gloo = dist.new_group(backend="gloo")
+    model = student()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    msg = expect_error(ck, "uneven nodes", lambda: DiLoCo(model, opt, sync_every=4), [],
+                       a.pg_timeout, exc_types=(ValueError,))
+    ck.expect("uneven nodes says what", "same number of ranks on every node" in msg
+              and "ranks [0, 1]" in msg and "ranks [2]" in msg, msg[:300])
+    quiesce(gloo)
+
+
 SCENARIOS: dict[str, Callable[[argparse.Namespace, Checks], None]] = {
     "equivalence": scenario_equivalence,
     "errors_and_checkpoint": scenario_errors_and_checkpoint,
     "one_node": scenario_one_node,
+    "uneven_nodes": scenario_uneven_nodes,
 }
 
 if __name__ == "__main__":

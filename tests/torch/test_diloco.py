@@ -55,6 +55,14 @@ def test_one_node_is_plain_data_parallelism() -> None:
     assert all(r["checks"] == 4 for r in results), [r["checks"] for r in results]
 
 
+@pytest.mark.timeout(90)
+def test_nodes_of_different_sizes_are_refused_on_every_rank() -> None:
+    job = run_job("uneven_nodes", 3, rank_env=node_env("aab"), timeout=80, pg_timeout=20,
+                  script=JOBS)
+    results = job.assert_ok()
+    assert all(r["checks"] == 2 for r in results), [r["checks"] for r in results]
+
+
 def test_fragments_split_by_parameter_order() -> None:
     assert split_fragments([10, 10, 10, 10], 2) == [range(0, 2), range(2, 4)]
     assert split_fragments([100, 1, 1, 1], 3) == [range(0, 1), range(1, 2), range(2, 4)]

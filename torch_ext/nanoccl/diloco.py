@@ -205,6 +205,11 @@ class DiLoCo:
     backend, timeout: of the process groups made here (default: nanoccl, and torch's
         default timeout for new groups, which trainers set to the run's).
     ddp_kwargs: for DistributedDataParallel over the node's ranks.
+
+    Call ``step()`` in place of the inner optimizer's (it steps it), and forward through the
+    wrapper (or ``.module``: DDP inside the node). The wrapper broadcasts rank 0's parameters
+    to every rank when it is constructed: load a checkpoint's model state after that.
+    Tested on CPU tensors (the compressed path is nanoccl's CPU one).
     """
 
     def __init__(
