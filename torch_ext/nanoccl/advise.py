@@ -66,6 +66,7 @@ from nanoccl.advise_traffic import (REFERENCE_STACK, STUDY_STACK, AdviseError, C
                                     pp_tied_embedding_call, strategy_refusal, tp_calls,
                                     tree_edges, zero1_broadcasts)
 from nanoccl.advise_schedule import FORWARD_SHARE, fsdp_step, pipeline_step
+from nanoccl.advise_check import run_check, stock_dp
 from nanoccl.tune import BUCKET_CANDIDATES_MB, ddp_step_seconds
 
 __all__ = ["REFERENCE_STACK", "STUDY_STACK", "AdviseError", "Call", "Cluster", "Config",
@@ -488,12 +489,6 @@ def advise(spec: ModelSpec, cluster: Cluster, profile: str, one_device_s: float,
 
 
 # ---------------------------------------------------------------------------------- output
-def stock_dp(ranked: Sequence[Config]) -> Config | None:
-    """DP as the trainers run it by default: DDP's bucket size, no codec."""
-    return next((c for c in ranked if c.strategy == "dp" and c.codec == "none"
-                 and c.bucket_mb is None and not c.refused), None)
-
-
 def table(ranked: Sequence[Config], spec: ModelSpec, cluster: Cluster,
           stock: Config | None = None) -> str:
     """The ranking as a Markdown table; `x stock DP` compares with `stock` (stock_dp())."""
@@ -720,14 +715,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         why = plot(ranked, Path(args.png), f"{spec.name} b{spec.batch} on {cluster}")
         print(why or f"wrote {args.png}")
     if args.check:
-        from nanoccl.advise_check import run_check
-
         print()
         try:
+            def predict(check_spec: ModelSpec, profile_path: str, one_device_s: float,
+                        check_codecs: Sequence[str] | None) -> list[Config]:
+                return advise(check_spec, cluster, profile_from_file(profile_path),
+                              one_device_s, math.inf, codecs=check_codecs or CODECS)
+
             run_check(cluster, ranked, args.check, args.check_model or spec.name,
                       args.check_batch or spec.batch, args.inter_gbps, step, spec.params,
                       args.check_dilation, args.check_steps, args.check_warmup,
-                      Path(args.check_out) if args.check_out else None, codecs=codecs)
+                      Path(args.check_out) if args.check_out else None, codecs=codecs,
+                      predict=predict)
         except AdviseError as exc:
             print(f"nanoccl-advise: {exc}", file=sys.stderr)
             return 2

@@ -40,7 +40,7 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from nanoccl.advise_traffic import AdviseError, Cluster, model_spec
 
@@ -103,10 +103,14 @@ def trainer_args(cfg: Any) -> tuple[str, list[str]]:
     return backend, extra
 
 
+def stock_dp(ranked: Sequence[Any]) -> Any:
+    """DP as the trainers run it by default: DDP's bucket size, no codec (None if absent)."""
+    return next((c for c in ranked if c.strategy == "dp" and c.codec == "none"
+                 and c.bucket_mb is None and not c.refused), None)
+
+
 def pick(advised: Sequence[Any], top: int) -> list[Any]:
     """The `top` best runnable configurations of the advice, and stock DP after them."""
-    from nanoccl.advise import stock_dp
-
     chosen = [c for c in advised if not c.refused][:top]
     stock = stock_dp(advised)
     if stock is not None and all(config_key(c) != config_key(stock) for c in chosen):
@@ -139,11 +143,14 @@ def run_check(cluster: Cluster, advised: Sequence[Any], top: int, model: str, ba
               inter_gbps: float, advised_step_s: float, advised_params: int,
               dilation: str = "auto", steps: int = 6, warmup: int = 2,
               out_dir: Path | None = None, timeout_s: float = 900.0,
-              codecs: Sequence[str] | None = None, log: Any = None) -> list[CheckRow]:
+              codecs: Sequence[str] | None = None, log: Any = None, *,
+              predict: Callable[[Any, str, float, Sequence[str] | None], list[Any]]
+              ) -> list[CheckRow]:
     """Runs pick(advised, top) on the emulated cluster (module docstring) and returns a row
-    per configuration, in that order; progress and the table go to `log` (stdout)."""
-    from nanoccl import advise
-
+    per configuration, in that order; progress and the table go to `log` (stdout).
+    ``predict(spec, profile_path, one_device_s, codecs)`` is the advisor's ranking from the
+    profile measured there (nanoccl.advise passes it: this module does not import the
+    advisor, which imports it)."""
     log = log or sys.stdout
 
     if top < 1:
@@ -189,9 +196,7 @@ def run_check(cluster: Cluster, advised: Sequence[Any], top: int, model: str, ba
             if rc != 0:
                 raise AdviseError(f"nanoccl-tune on the emulated cluster failed (exit {rc}); "
                                   f"its log: {out / 'logs' / 'tune.log'}")
-            profile = advise.profile_from_file(str(profile_path))
-            predicted = advise.advise(spec, cluster, profile, one_device_s, math.inf,
-                                      codecs=codecs or advise.CODECS)
+            predicted = predict(spec, str(profile_path), one_device_s, codecs)
             by_key = {config_key(c): c for c in predicted}
             for cfg in chosen:
                 mine = by_key.get(config_key(cfg))

@@ -89,9 +89,9 @@ from nanoccl.perf_collectives import (CHECK_CHUNK, CODEC_UNIT, COLLECTIVES,  # n
                                       DType, bus_factor, checked_dtype, codec_unit, count_wrong,
                                       fill_pattern, format_size, parse_collectives, parse_dtype,
                                       parse_size, pattern_row, reduced_row, size_list)
-from nanoccl.perf_report import (Row, _model_lines, _plans, _stats_line,  # noqa: E402, F401
-                                 _write_json, format_rows, header, modelled_since, percentile,
-                                 summary_lines)
+from nanoccl.perf_report import (Row, Side, _model_lines, _plans,  # noqa: E402, F401
+                                 _stats_line, _write_json, format_rows, header, modelled_since,
+                                 percentile, summary_lines)
 
 
 # --------------------------------------------------------------- backends
@@ -104,16 +104,6 @@ def nanoccl_status() -> tuple[bool, str]:
     if "nanoccl" not in dist.Backend.backend_list:
         return False, "nanoccl imported but did not register a 'nanoccl' backend"
     return True, str(getattr(sys.modules["nanoccl"], "__file__", "nanoccl"))
-
-
-@dataclass
-class Side:
-    """One backend under measurement and the group that runs it."""
-
-    label: str
-    backend: str
-    group: Any
-    codec: str | None = None  # nanoccl's inter-node compression (--compression)
 
 
 # ------------------------------------------------------------ measurement

@@ -1,7 +1,8 @@
 """What nanoccl-perf reports: the Row each side gives for a size, the statistics of its
 per-iteration times, the nccl-tests table (header, one line per size, summary), the cost
 model's predictions beside the measured times, the line of bytes nanoccl sent, and the JSON
-document of --json. Nothing here talks to a process group: perf.py measures, this formats.
+document of --json. Nothing here talks to a process group: perf.py measures, this formats;
+it imports nothing of perf.py (perf.py imports it).
 """
 
 from __future__ import annotations
@@ -14,15 +15,22 @@ import platform
 import statistics
 import sys
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import Any, Sequence
 
 import torch
 
-if TYPE_CHECKING:
-    from nanoccl.perf import Side
-
 
 # ------------------------------------------------------------------- rows
+@dataclass
+class Side:
+    """One backend under measurement and the group that runs it."""
+
+    label: str
+    backend: str
+    group: Any
+    codec: str | None = None  # nanoccl's inter-node compression (--compression)
+
+
 @dataclass
 class Row:
     """One size of one collective on one side: a group of columns, and a row of the JSON."""
