@@ -10,7 +10,7 @@ on each link class and the memory a device needs, and ranks the configurations t
 
 Where the numbers come from:
 - Traffic: the calls each trainer makes in one step, as nanoccl.stats() counts them in the
-  study runs (results/study/full/runs/*.json; tests/study/test_advise.py checks them against
+  study runs (results/study/full/runs.csv; tests/study/test_advise.py checks them against
   bytes measured through nanoccl): DDP's gradient buckets (DDP's own bucketing rule,
   nanoccl.tune.ddp_bucket_sizes); ZeroRedundancyOptimizer's one broadcast per parameter from
   its owner after the step; FSDP2's allgather per unit in forward (and again in backward for
@@ -41,10 +41,10 @@ Where the numbers come from:
   `--probe-framework`, or given by `--framework-seconds`; nanoccl/advise_probe.py), on the
   critical path. The pipeline has none measured (it needs two ranks).
 - Memory (fp32 training with AdamW, 16 bytes a parameter, sharded as each strategy shards
-  it) plus activations counted by running the model once on the meta device.
+  it) plus the activations backward keeps (advise_models.py: the reference models' shapes).
 
 ``--check N`` then trains the N best and stock DP on the emulated cluster of this machine and
-prints predicted against measured (nanoccl/advise_check.py).
+prints predicted against measured (bench/advise_check.py of the repository, run as a program).
 """
 
 from __future__ import annotations
@@ -59,14 +59,13 @@ from typing import Any, Mapping, Sequence
 
 from nanoccl.advise_probe import (FRAMEWORK_PROBED, framework_seconds, framework_time_ok,
                                   parse_framework_seconds, probe_framework_seconds,
-                                  probe_one_rank_steps, probe_step_seconds)
+                                  probe_one_rank_steps, probe_step_seconds, repository)
 from nanoccl.advise_traffic import (REFERENCE_STACK, STUDY_STACK, AdviseError, Call, Cluster,
                                     ModelSpec, Stack, ddp_buckets, fsdp_calls, gpt_by_hand,
                                     hsdp_calls, link_bytes, model_spec, parse_cluster,
                                     pp_tied_embedding_call, strategy_refusal, tp_calls,
                                     tree_edges, zero1_broadcasts)
 from nanoccl.advise_schedule import FORWARD_SHARE, fsdp_step, pipeline_step
-from nanoccl.advise_check import run_check, stock_dp
 from nanoccl.tune import BUCKET_CANDIDATES_MB, ddp_step_seconds
 
 __all__ = ["REFERENCE_STACK", "STUDY_STACK", "AdviseError", "Call", "Cluster", "Config",
@@ -270,7 +269,7 @@ class Config:
 def memory_bytes(spec: ModelSpec, cluster: Cluster, cfg: Config) -> float:
     """Bytes the busiest device holds: fp32 parameters, gradients and AdamW's two moments
     (16 bytes a parameter) as the strategy shards them, plus the activations backward keeps
-    (counted on the meta device; the framework's own workspace is not included)."""
+    (advise_models.py; the framework's own workspace is not included)."""
     n, P = cluster.world, spec.params
     act = spec.act_bytes_per_sample * spec.stack.activation_bytes / 4
     unit = 4.0 * max(spec.units)
@@ -489,6 +488,12 @@ def advise(spec: ModelSpec, cluster: Cluster, profile: str, one_device_s: float,
 
 
 # ---------------------------------------------------------------------------------- output
+def stock_dp(ranked: Sequence[Config]) -> Config | None:
+    """DP as the trainers run it by default: DDP's bucket size, no codec."""
+    return next((c for c in ranked if c.strategy == "dp" and c.codec == "none"
+                 and c.bucket_mb is None and not c.refused), None)
+
+
 def table(ranked: Sequence[Config], spec: ModelSpec, cluster: Cluster,
           stock: Config | None = None) -> str:
     """The ranking as a Markdown table; `x stock DP` compares with `stock` (stock_dp())."""
@@ -592,7 +597,8 @@ def build_parser() -> argparse.ArgumentParser:
     o.add_argument("--codecs", default=",".join(CODECS), help="codecs to consider")
     o.add_argument("--top", type=int, default=0, help="show only the N best (0: all)")
     o.add_argument("--png", help="write a bar chart of the scaling factors here")
-    k = p.add_argument_group("check (nanoccl.advise_check: the emulated cluster, root)")
+    k = p.add_argument_group("check (bench/advise_check.py: the emulated cluster, root; "
+                             "from the repository)")
     k.add_argument("--check", type=int, default=0, metavar="N",
                    help="train the N best configurations and stock DP on the emulated cluster "
                         "of this machine and print predicted against measured")
@@ -715,22 +721,41 @@ def main(argv: Sequence[str] | None = None) -> int:
         why = plot(ranked, Path(args.png), f"{spec.name} b{spec.batch} on {cluster}")
         print(why or f"wrote {args.png}")
     if args.check:
-        print()
-        try:
-            def predict(check_spec: ModelSpec, profile_path: str, one_device_s: float,
-                        check_codecs: Sequence[str] | None) -> list[Config]:
-                return advise(check_spec, cluster, profile_from_file(profile_path),
-                              one_device_s, math.inf, codecs=check_codecs or CODECS)
-
-            run_check(cluster, ranked, args.check, args.check_model or spec.name,
-                      args.check_batch or spec.batch, args.inter_gbps, step, spec.params,
-                      args.check_dilation, args.check_steps, args.check_warmup,
-                      Path(args.check_out) if args.check_out else None, codecs=codecs,
-                      predict=predict)
-        except AdviseError as exc:
-            print(f"nanoccl-advise: {exc}", file=sys.stderr)
-            return 2
+        print(flush=True)
+        return run_check_program({
+            "cluster": str(cluster), "top": args.check,
+            "model": args.check_model or spec.name, "batch": args.check_batch or spec.batch,
+            "inter_gbps": args.inter_gbps, "advised_step_s": step,
+            "advised_params": spec.params, "dilation": args.check_dilation,
+            "steps": args.check_steps, "warmup": args.check_warmup,
+            "out_dir": args.check_out, "codecs": list(codecs) if codecs else None,
+            "advised": [{k: v for k, v in dataclasses.asdict(c).items() if k != "calls"}
+                        for c in ranked]})
     return 0
+
+
+def run_check_program(request: dict[str, Any]) -> int:
+    """--check: bench/advise_check.py of the repository runs the advice on the emulated
+    cluster, as a program (the package imports nothing from bench/); its output is relayed."""
+    import json
+    import subprocess
+    import tempfile
+
+    try:
+        repo = repository()
+    except AdviseError as exc:
+        print(f"nanoccl-advise: --check: {exc}", file=sys.stderr)
+        return 2
+    with tempfile.TemporaryDirectory(prefix="nanoccl-check-") as folder:
+        path = Path(folder) / "request.json"
+        path.write_text(json.dumps(request))
+        with subprocess.Popen([sys.executable, str(repo / "bench" / "advise_check.py"),
+                               str(path)], stdout=subprocess.PIPE, text=True,
+                              cwd=repo) as proc:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                print(line, end="", flush=True)
+        return 0 if proc.returncode == 0 else 2
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
-from nanoccl.advise_traffic import AdviseError, ModelSpec, reference_trainers
+from nanoccl.advise_traffic import AdviseError, ModelSpec
 
 # Strategies whose framework time a step the one-rank probe measures (probe_framework_seconds);
 # hpZ takes ZeRO-3's (on one rank it would run as ZeRO-2) and the pipeline has none (a
@@ -45,65 +45,45 @@ class StepProbe:
     fixed_s: float = 0.0
 
 
+def repository() -> Path:
+    """The nanoccl repository this package runs from (an editable install), whose reference
+    trainers and tools the probes run as programs; AdviseError where there is none."""
+    repo = Path(__file__).resolve().parents[2]
+    if not (repo / "trainers" / "train.py").is_file() or not (repo / "bench").is_dir():
+        raise AdviseError("the probes run the reference trainers (trainers/, bench/): they need "
+                          "the nanoccl repository, not only the installed package; give the "
+                          "step time instead (--step-seconds, --framework-seconds)")
+    return repo
+
+
 def probe_step_seconds(spec: ModelSpec, steps: int = 3,
-                       small_batch: int | None = None) -> StepProbe:
+                       small_batch: int | None = None, timeout_s: float = 600.0) -> StepProbe:
     """One device's training step on the whole global batch, measured here, and the part of
-    it that is the optimizer's step: the reference model (real weights on CPU, or the first
-    CUDA device), the trainers' AdamW (strategies.make_optimizer), random data; the medians of
-    `steps` after one warm-up step. With `small_batch` (a rank's batch, smaller than the
-    global one) the step is measured there too, and the forward and backward taken as a fixed
-    part plus a part proportional to the batch, through the two points (fixed_s)."""
-    import statistics
-    import time
+    it that is the optimizer's step: bench/advise_probe_step.py runs the reference model (real
+    weights on CPU, or the first CUDA device) with the trainers' AdamW on random data, in a
+    process of its own; the medians of `steps` after one warm-up step. With `small_batch` (a
+    rank's batch, smaller than the global one) the step is measured there too, and the
+    forward and backward taken as a fixed part plus a part proportional to the batch, through
+    the two points (fixed_s)."""
+    import json
+    import subprocess
 
-    import torch
-
-    models, strategies = reference_trainers()
-    dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    repo = repository()
+    cmd = [sys.executable, str(repo / "bench" / "advise_probe_step.py"), "--model", spec.name,
+           "--batch", str(spec.batch), "--steps", str(steps)]
     if spec.gpt:
-        cfg = models.GPTConfig(spec.layers, spec.heads, spec.hidden, spec.vocab, spec.seq)
-        model = models.GPT(cfg).to(dev)
-        loss_fn = models.gpt_loss
-    else:
-        model = models.build_model(spec.name, 0).to(dev)
-        loss_fn = torch.nn.functional.cross_entropy
-    optim = strategies.make_optimizer(model.parameters(), 1e-4)
-
-    def data(batch: int) -> tuple[Any, Any]:
-        if spec.gpt:
-            x = torch.randint(0, spec.vocab, (batch, spec.seq), device=dev)
-            return x, x
-        return (torch.randn(batch, 3, 32, 32, device=dev),
-                torch.randint(0, 10, (batch,), device=dev))
-
-    def sync() -> None:
-        if dev.type == "cuda":
-            torch.cuda.synchronize()
-
-    def measure(batch: int) -> tuple[float, float]:
-        x, y = data(batch)
-        times, optimizer = [], []
-        for i in range(steps + 1):
-            start = time.perf_counter()
-            optim.zero_grad(set_to_none=True)
-            loss_fn(model(x), y).backward()
-            sync()
-            mid = time.perf_counter()
-            optim.step()
-            sync()
-            if i:
-                end = time.perf_counter()
-                times.append(end - start)
-                optimizer.append(end - mid)
-        return statistics.median(times), statistics.median(optimizer)
-
-    step, opt = measure(spec.batch)
-    if not small_batch or not 1 <= small_batch < spec.batch:
-        return StepProbe(step, opt)
-    small, _ = measure(small_batch)
-    per_sample = max(0.0, (step - small) / (spec.batch - small_batch))
-    fixed = max(0.0, step - opt - per_sample * spec.batch)  # at most step - opt
-    return StepProbe(step, opt, fixed)
+        cmd += ["--gpt", f"{spec.layers},{spec.heads},{spec.hidden},{spec.vocab},{spec.seq}"]
+    if small_batch and 1 <= small_batch < spec.batch:
+        cmd += ["--small-batch", str(small_batch)]
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, cwd=repo)
+    except subprocess.TimeoutExpired:
+        raise AdviseError(f"step probe: took over {timeout_s:g} s") from None
+    if run.returncode != 0:
+        tail = "\n".join((run.stdout + run.stderr).strip().splitlines()[-5:])
+        raise AdviseError(f"step probe failed (exit {run.returncode}):\n{tail}")
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    return StepProbe(got["step_s"], got["optimizer_s"], got.get("fixed_s", 0.0))
 
 
 def probe_framework_seconds(spec: ModelSpec, strategies: Sequence[str] = FRAMEWORK_PROBED,
@@ -139,8 +119,7 @@ def probe_one_rank_steps(spec: ModelSpec, strategies: Sequence[str] = FRAMEWORK_
                           f"{', '.join(FRAMEWORK_PROBED)}")
     if steps <= warmup or warmup < 0:
         raise AdviseError("the probe needs steps > warmup >= 0")
-    _, strategies_module = reference_trainers()
-    train = Path(strategies_module.__file__).with_name("train.py")
+    train = repository() / "trainers" / "train.py"
     device = "cuda" if torch.cuda.is_available() else "cpu"
 
     def step_seconds(strategy: str, folder: str) -> float:

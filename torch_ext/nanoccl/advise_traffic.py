@@ -10,11 +10,12 @@ counts per op; results/advise/ against the study's runs.
 from __future__ import annotations
 
 import math
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Callable
 
+from nanoccl.advise_models import (GPT_SHAPES, MODEL_NAMES, GPTShape, gpt_activation_bytes,
+                                   gpt_parameters, resnet18_activation_bytes,
+                                   resnet18_parameters, split_layers)
 from nanoccl.tune import ddp_bucket_sizes
 
 
@@ -89,99 +90,43 @@ class ModelSpec:
         return self.seq if self.gpt else 1
 
 
-def reference_trainers() -> Any:
-    """trainers.models and trainers.strategies from the nanoccl repository (the reference
-    trainers are not part of the installed package)."""
-    try:
-        import trainers.models  # noqa: F401
-    except ImportError:
-        repo = Path(__file__).resolve().parents[2]
-        if not (repo / "trainers" / "models.py").is_file():
-            raise AdviseError("the reference models need the nanoccl repository (trainers/); "
-                              "give the model by hand (--params --layers --hidden)") from None
-        sys.path.insert(0, str(repo))
-    import trainers.models as models
-    import trainers.strategies as strategies
-
-    return models, strategies
-
-
-def _activations_per_sample(model: Any, sample: Any) -> float:
-    """Bytes of the leaf modules' outputs for one sample, on the meta device: what backward
-    keeps (fp32), plus the residual sums of GPT blocks."""
-    import torch
-
-    total = [0]
-
-    def hook(_m: Any, _i: Any, out: Any) -> None:
-        if isinstance(out, torch.Tensor):
-            total[0] += out.numel() * out.element_size()
-
-    handles = [m.register_forward_hook(hook) for m in model.modules()
-               if not list(m.children())]
-    try:
-        model(sample)
-    finally:
-        for h in handles:
-            h.remove()
-    return float(total[0])
-
-
 def model_spec(name: str, batch: int, seq: int | None = None, *,
-               gpt_config: Any = None) -> ModelSpec:
-    """A reference trainer's model (trainers/models.py), or a GPT of `gpt_config`, built on
-    the meta device (no memory, no weights) to read its parameters and activations."""
+               gpt_shape: GPTShape | None = None) -> ModelSpec:
+    """A reference trainer's model (MODEL_NAMES, trainers/models.py), or a GPT of
+    `gpt_shape`: its parameters and activations, from advise_models.py's shapes."""
     import torch
 
-    models, strategies = reference_trainers()
-    if gpt_config is None and name not in models.MODEL_NAMES:
-        raise AdviseError(f"unknown model {name!r}: choose from {', '.join(models.MODEL_NAMES)} "
+    if gpt_shape is None and name not in MODEL_NAMES:
+        raise AdviseError(f"unknown model {name!r}: choose from {', '.join(MODEL_NAMES)} "
                           "or give it by hand (--params --layers --hidden)")
     if batch < 1:
         raise AdviseError(f"batch {batch}: must be >= 1")
-    gpt = gpt_config is not None or models.is_gpt(name)
-    # build_model seeds torch's generator: leave the caller's as it was.
-    with torch.random.fork_rng(devices=[]), torch.device("meta"):
-        if gpt_config is not None:
-            model = models.GPT(gpt_config)
-        else:
-            model = models.build_model(name, 0)
-    if gpt:
-        cfg = model.cfg
-        seq = seq or cfg.block_size
-        if seq > cfg.block_size or seq < 1:
-            raise AdviseError(f"{name}: sequence length {seq} outside 1..{cfg.block_size}")
-        sample = torch.zeros((1, seq), dtype=torch.long, device="meta")
-        blocks = list(model.blocks)
+    shape = gpt_shape or GPT_SHAPES.get(name)
+    if shape is not None:
+        seq = seq or shape.block_size
+        if seq > shape.block_size or seq < 1:
+            raise AdviseError(f"{name}: sequence length {seq} outside 1..{shape.block_size}")
+        sizes, block_params = gpt_parameters(shape)
+        act = gpt_activation_bytes(shape, seq)
     else:
         seq = 1
-        sample = torch.zeros((1, 3, 32, 32), device="meta")
-        blocks = [m for m in model.modules() if isinstance(m, models.BasicBlock)]
-    act = _activations_per_sample(model, sample)
-    if gpt:
-        act += 2 * cfg.n_layer * seq * cfg.n_embd * 4  # the two residual sums a block
-    seen: set[int] = set()
-    grads = []
-    for p in model.parameters():
-        if id(p) not in seen:
-            seen.add(id(p))
-            grads.append((p.numel() * p.element_size(), p.dtype))
-    params = sum(n for n, _ in grads) // 4
-    block_params = [sum(p.numel() for p in b.parameters()) for b in blocks]
+        sizes, block_params = resnet18_parameters()
+        act = resnet18_activation_bytes()
+    grads = [(4 * n, torch.float32) for n in sizes]
+    params = sum(sizes)
     units = [params - sum(block_params)] + block_params
-    spec = ModelSpec(name=name, gpt=gpt, batch=batch, seq=seq, params=params, grads=grads,
-                     units=units, act_bytes_per_sample=act)
-    if gpt:
+    spec = ModelSpec(name=name, gpt=shape is not None, batch=batch, seq=seq, params=params,
+                     grads=grads, units=units, act_bytes_per_sample=act)
+    if shape is not None:
         spec.layers, spec.hidden, spec.heads, spec.vocab = (
-            cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.vocab_size)
-        embed = cfg.vocab_size * cfg.n_embd + cfg.block_size * cfg.n_embd
-        head = 2 * cfg.n_embd + cfg.vocab_size * cfg.n_embd  # untied for the pipeline
+            shape.n_layer, shape.n_embd, shape.n_head, shape.vocab_size)
+        embed = shape.vocab_size * shape.n_embd + shape.block_size * shape.n_embd
+        head = 2 * shape.n_embd + shape.vocab_size * shape.n_embd  # untied for the pipeline
         per_block = block_params[0] if block_params else 0
 
         def stage_params(p: int) -> list[int]:
-            ranges = strategies.split_layers(cfg.n_layer, p)
             return [len(r) * per_block + (embed if s == 0 else 0) + (head if s == p - 1 else 0)
-                    for s, r in enumerate(ranges)]
+                    for s, r in enumerate(split_layers(shape.n_layer, p))]
 
         spec.stage_params = stage_params
     return spec
@@ -190,7 +135,6 @@ def model_spec(name: str, batch: int, seq: int | None = None, *,
 def gpt_by_hand(params: int | None, layers: int, hidden: int, seq: int, batch: int,
                 heads: int | None = None, vocab: int | None = None) -> ModelSpec:
     """A GPT-2-shaped model from its sizes; the vocabulary is what `params` leaves over."""
-    models, _ = reference_trainers()
     if layers < 1 or hidden < 1 or seq < 1:
         raise AdviseError(f"layers {layers}, hidden {hidden}, seq {seq}: each must be >= 1")
     heads = heads or max(1, hidden // 64)
@@ -205,9 +149,9 @@ def gpt_by_hand(params: int | None, layers: int, hidden: int, seq: int, batch: i
         if vocab < 1:
             raise AdviseError(f"{params} parameters do not hold {layers} layers of hidden {hidden} "
                               f"(those alone take {fixed}): check --params/--layers/--hidden")
-    cfg = models.GPTConfig(n_layer=layers, n_head=heads, n_embd=hidden, vocab_size=vocab,
-                           block_size=seq)
-    return model_spec(f"gpt({layers}x{hidden})", batch, seq, gpt_config=cfg)
+    shape = GPTShape(n_layer=layers, n_head=heads, n_embd=hidden, vocab_size=vocab,
+                     block_size=seq)
+    return model_spec(f"gpt({layers}x{hidden})", batch, seq, gpt_shape=shape)
 
 
 @dataclass(frozen=True)

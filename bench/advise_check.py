@@ -29,6 +29,10 @@ the nanoccl repository. Its steps:
 Output: each configuration's predicted and measured step time and scaling factor
 S = T_1 / (n x step), the relative error of S, and the speed-up over stock DP predicted and
 measured; check.md and check.json in ``--check-out`` beside the runs' logs and JSON.
+
+A tool of the repository, not of the package: nanoccl-advise runs it as a program
+(``python bench/advise_check.py REQUEST.json``, the advice and the options as JSON), so that
+the installed package imports nothing from bench/ or trainers/.
 """
 
 from __future__ import annotations
@@ -40,11 +44,14 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
-from nanoccl.advise_traffic import AdviseError, Cluster, model_spec
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO / "bench") not in sys.path:
+    sys.path.insert(0, str(REPO / "bench"))
 
-REPO = Path(__file__).resolve().parents[2]
+from nanoccl import advise  # noqa: E402
+from nanoccl.advise_traffic import AdviseError, Cluster, model_spec  # noqa: E402
 
 
 @dataclass
@@ -103,16 +110,10 @@ def trainer_args(cfg: Any) -> tuple[str, list[str]]:
     return backend, extra
 
 
-def stock_dp(ranked: Sequence[Any]) -> Any:
-    """DP as the trainers run it by default: DDP's bucket size, no codec (None if absent)."""
-    return next((c for c in ranked if c.strategy == "dp" and c.codec == "none"
-                 and c.bucket_mb is None and not c.refused), None)
-
-
 def pick(advised: Sequence[Any], top: int) -> list[Any]:
     """The `top` best runnable configurations of the advice, and stock DP after them."""
     chosen = [c for c in advised if not c.refused][:top]
-    stock = stock_dp(advised)
+    stock = advise.stock_dp(advised)
     if stock is not None and all(config_key(c) != config_key(stock) for c in chosen):
         chosen.append(stock)
     return chosen
@@ -143,14 +144,9 @@ def run_check(cluster: Cluster, advised: Sequence[Any], top: int, model: str, ba
               inter_gbps: float, advised_step_s: float, advised_params: int,
               dilation: str = "auto", steps: int = 6, warmup: int = 2,
               out_dir: Path | None = None, timeout_s: float = 900.0,
-              codecs: Sequence[str] | None = None, log: Any = None, *,
-              predict: Callable[[Any, str, float, Sequence[str] | None], list[Any]]
-              ) -> list[CheckRow]:
+              codecs: Sequence[str] | None = None, log: Any = None) -> list[CheckRow]:
     """Runs pick(advised, top) on the emulated cluster (module docstring) and returns a row
-    per configuration, in that order; progress and the table go to `log` (stdout).
-    ``predict(spec, profile_path, one_device_s, codecs)`` is the advisor's ranking from the
-    profile measured there (nanoccl.advise passes it: this module does not import the
-    advisor, which imports it)."""
+    per configuration, in that order; progress and the table go to `log` (stdout)."""
     log = log or sys.stdout
 
     if top < 1:
@@ -196,7 +192,9 @@ def run_check(cluster: Cluster, advised: Sequence[Any], top: int, model: str, ba
             if rc != 0:
                 raise AdviseError(f"nanoccl-tune on the emulated cluster failed (exit {rc}); "
                                   f"its log: {out / 'logs' / 'tune.log'}")
-            predicted = predict(spec, str(profile_path), one_device_s, codecs)
+            profile = advise.profile_from_file(str(profile_path))
+            predicted = advise.advise(spec, cluster, profile, one_device_s, math.inf,
+                                      codecs=codecs or advise.CODECS)
             by_key = {config_key(c): c for c in predicted}
             for cfg in chosen:
                 mine = by_key.get(config_key(cfg))
@@ -260,3 +258,27 @@ def check_table(rows: Sequence[CheckRow], model: str, batch: int, cluster: Clust
             f"{ratio(stock.predicted_step_s, r.predicted_step_s) if stock else '-'} | "
             f"{ratio(stock.measured_step_s, r.measured_step_s) if stock else '-'} | {r.error} |")
     return "\n".join(lines)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs the check nanoccl-advise asks for: argv[0] is its request (JSON)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: python bench/advise_check.py REQUEST.json (written by nanoccl-advise "
+              "--check)", file=sys.stderr)
+        return 2
+    req = json.loads(Path(args[0]).read_text())
+    advised = [advise.Config(**c) for c in req["advised"]]
+    try:
+        run_check(advise.parse_cluster(req["cluster"]), advised, req["top"], req["model"],
+                  req["batch"], req["inter_gbps"], req["advised_step_s"], req["advised_params"],
+                  req["dilation"], req["steps"], req["warmup"],
+                  Path(req["out_dir"]) if req["out_dir"] else None, codecs=req["codecs"])
+    except AdviseError as exc:
+        print(f"nanoccl-advise: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
