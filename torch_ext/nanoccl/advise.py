@@ -57,6 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping, Sequence
 
+from nanoccl.cli import OneLineParser
 from nanoccl.advise_probe import (FRAMEWORK_PROBED, framework_seconds, framework_time_ok,
                                   parse_framework_seconds, probe_framework_seconds,
                                   probe_one_rank_steps, probe_step_seconds, repository)
@@ -539,7 +540,7 @@ def plot(ranked: Sequence[Config], path: Path, title: str) -> str | None:
 
 # ------------------------------------------------------------------------------------ CLI
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="nanoccl-advise",
         description="Predict and rank DP, ZeRO-1/2/3, PP and TP (with nanoccl's codecs) for a "
                     "model on a cluster, from a link profile and one device's step time.")

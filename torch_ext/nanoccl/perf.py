@@ -60,7 +60,7 @@ import socket  # noqa: E402
 import statistics  # noqa: E402
 import time  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
-from typing import Any, Callable, Iterable, NoReturn, Sequence  # noqa: E402
+from typing import Any, Callable, Iterable, Sequence  # noqa: E402
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
@@ -72,7 +72,7 @@ if not __package__:
     # package: that loads the extension, which only nanoccl_status() tries (it may be missing).
     import importlib.util
 
-    for _sibling in ("perf_collectives", "perf_report"):
+    for _sibling in ("cli", "perf_collectives", "perf_report"):
         _qualified = f"nanoccl.{_sibling}"
         if _qualified not in sys.modules:
             _spec = importlib.util.spec_from_file_location(
@@ -84,6 +84,7 @@ if not __package__:
 
 # Some of these names are not used here, only imported from here (nanoccl.perf.<name>, by the
 # tests and bench/tune_grid.py): hence F401.
+from nanoccl.cli import OneLineParser  # noqa: E402
 from nanoccl.perf_collectives import (CHECK_CHUNK, CODEC_UNIT, COLLECTIVES,  # noqa: E402, F401
                                       DEFAULT_ALLOW, DTYPES, PERIOD, REDOPS, Buffers, Collective,
                                       DType, bus_factor, checked_dtype, codec_unit, count_wrong,
@@ -134,19 +135,14 @@ class Results:
 MODES = ("alternate", "back-to-back", "barrier")
 BLOCK = 50
 # In back-to-back mode each block starts after at least this long of its own side's untimed
-# calls (one at least). The other side's block leaves the processes placed for its work: after
-# Gloo's 200 ms of 4-rank calls on the project's 2-core machine, nanoccl's next few hundred
-# calls of 20 us ran 1.5-3x slower than in a launch of nanoccl alone, and a block of 50 calls
-# (1 ms) never reached its own steady state (2026-11-27: 4 B on 4 ranks, 38-80 us mean after
-# one untimed call, 33-36 after 5 ms of them, 16 without Gloo in the launch).
+# calls (one at least). The other side's block leaves the processes placed for its work, and a
+# block of small calls measured right after it would not reach its own steady state
+# (results/latency/README.md).
 BLOCK_LEAD_S = 0.005
 # Before the first timed call every side runs untimed 4-byte allreduces for this long
-# (--settle-s), in rounds of SETTLE_ROUND calls a side. A launch's first second is not its
-# steady state: on the project's 2-core VM (2026-11-28, 1000-call windows of a plain loop
-# from the first call on) 2 unbound ranks ran at 23.6 and 13.5 us a call in the first two
-# windows and 4.5 after, 4 unbound ranks at 28-34 us in the first four and 15-20 after (the
-# scheduler placing the processes), and the first size of a 4-rank launch read 25-48 us
-# against 16-20 with 2000 warm-up calls instead of 100.
+# (--settle-s), in rounds of SETTLE_ROUND calls a side: a launch's first second, while the
+# scheduler places the processes, runs small calls several times slower than its steady
+# state, which would otherwise be the first size's figure (results/latency/README.md).
 SETTLE_S = 0.5
 SETTLE_ROUND = 50
 
@@ -162,9 +158,8 @@ class Bookkeeping:
     """What the ranks agree on and gather outside the timed calls (the blocks' lead, the end
     of the settle, the times, the stats), through the process group's store (the rendezvous'
     key-value store), not through a process group: a gloo group's TCP loop thread wakes every
-    10 ms whatever it carries, and where the ranks' calling threads fill the cores (2 ranks on
-    the project's 2-core VM) each wake-up takes a core from a timed call (2026-11-28: 38 of
-    369 traced 64-KiB calls over twice the mean held one; results/latency/noise_floor.txt).
+    10 ms whatever it carries, and where the ranks' calling threads fill the cores each
+    wake-up takes a core from a timed call (results/latency/README.md).
     Round n's keys are "nanoccl-perf/<n>/<rank>"; a rank removes its key of round n - 1 in
     round n, when every rank has written round n and so has read round n - 1. A rank that
     does not come fails the others' store reads after the store's timeout (--timeout)."""
@@ -373,23 +368,12 @@ def _modelled(side: Side) -> dict[str, Any]:
 
 
 # --------------------------------------------------------------------- main
-class _Parser(argparse.ArgumentParser):
-    """A wrong option or value is one line, from one rank (rank 0, or a process outside a
-    launcher), and exit status 2: every rank of a launch parses the same arguments, and a
-    usage text per rank would bury the line that matters."""
-
-    def error(self, message: str) -> NoReturn:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"{self.prog}: error: {message} (--help lists the options)", file=sys.stderr)
-        sys.exit(2)
-
-
 # The values --compression takes: the codecs, "none", and "auto" (the cost model's choice).
 COMPRESSION_CHOICES = (*CODEC_UNIT, "auto")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
+    p = OneLineParser(
         prog="nanoccl-perf",
         description="nccl-tests style benchmark of torch.distributed collectives; "
                     "run under torchrun.")
@@ -477,10 +461,9 @@ def check_backends(args: argparse.Namespace, parser: argparse.ArgumentParser) ->
 
 def bind_calling_thread(local_rank: int) -> int | None:
     """Pins the calling thread to one CPU of those it may use (local rank i on the i-th, modulo
-    their number); returns that CPU, or None where the platform cannot pin. Without it, on the
-    project's 2-core VM, the scheduler at times ran both ranks of a 2-rank launch on one CPU
-    for a whole 50-call block after Gloo's (50-250 of 1000 calls), each call then waiting for
-    the other rank's turn on that CPU."""
+    their number); returns that CPU, or None where the platform cannot pin. Without it the
+    scheduler can run two ranks on one CPU for a whole block, each call then waiting for the
+    other rank's turn on that CPU."""
     if not hasattr(os, "sched_setaffinity"):
         return None
     cpus = sorted(os.sched_getaffinity(0))

@@ -19,6 +19,8 @@ import os
 import sys
 from typing import Any, Callable, Sequence
 
+from nanoccl.cli import OneLineParser
+
 
 # DDP bucket sizes the tuner chooses from (MB, as DDP's bucket_cap_mb counts: 2^20 bytes).
 BUCKET_CANDIDATES_MB = (1, 2, 5, 10, 25, 50, 100, 200)
@@ -198,7 +200,7 @@ def format_profile(p: dict[str, Any]) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="nanoccl-tune",
         description="Measure the links between the ranks of a job (run under torchrun on every "
                     "node) and save the link profile that NANOCCL_TUNING=cached uses.")
