@@ -11,9 +11,15 @@ Sources:
   ResNet: N(0, 1) images, labelled by a fixed random linear teacher on 4x4 average-pooled
   pixels, so the labels are learnable.
 - a text file (GPT): its bytes are the tokens (vocabulary 256); sequence i of batch n
-  starts at a seeded random offset.
+  starts at a seeded random offset. A corpus folder made by bench/corpus.py (its
+  ``corpus.json`` beside ``train.txt`` and ``val.txt``) trains on ``train.txt``.
 - a folder of .npy images (ResNet): either ``images.npy`` (N, 32, 32, 3) or (N, 3, 32, 32)
   with ``labels.npy`` (N,), or class sub-folders ``<class>/*.npy`` of single images.
+
+Held-out sequences (``held_out``, GPT: the trainer's --eval-every): a fixed set, the same
+for every strategy, world size and seed: windows at evenly spaced offsets of the held-out
+text (--eval-data, or a corpus folder's ``val.txt``); for synthetic data, sequences drawn
+from the same generator under another seed.
 """
 
 from __future__ import annotations
@@ -28,6 +34,10 @@ Batch = tuple[torch.Tensor, torch.Tensor]
 
 _GPT_SALT = 0x6770_7432
 _IMG_SALT = 0x7265_736E
+_HELD_OUT_SALT = 0x6865_6C64
+
+# A corpus folder (bench/corpus.py): the manifest, the training and the held-out text.
+CORPUS_MANIFEST, CORPUS_TRAIN, CORPUS_VAL = "corpus.json", "train.txt", "val.txt"
 
 
 class Source(Protocol):
@@ -51,14 +61,23 @@ class SyntheticTokens:
         return seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
 
 
+def _byte_tokens(path: Path, seq_len: int) -> torch.Tensor:
+    raw = np.frombuffer(path.read_bytes(), dtype=np.uint8)
+    if raw.size < seq_len + 2:
+        raise ValueError(f"{path}: {raw.size} bytes, need at least {seq_len + 2}")
+    return torch.from_numpy(raw.astype(np.int64))
+
+
+def is_corpus(path: Path) -> bool:
+    """A corpus folder prepared by bench/corpus.py."""
+    return path.is_dir() and (path / CORPUS_MANIFEST).is_file()
+
+
 class TextFileTokens:
     """Bytes of a local text file as tokens (vocabulary 256)."""
 
     def __init__(self, path: Path, seq_len: int, batch: int, seed: int) -> None:
-        raw = np.frombuffer(path.read_bytes(), dtype=np.uint8)
-        if raw.size < seq_len + 2:
-            raise ValueError(f"{path}: {raw.size} bytes, need at least {seq_len + 2}")
-        self.tokens = torch.from_numpy(raw.astype(np.int64))
+        self.tokens = _byte_tokens(path, seq_len)
         self.seq_len, self.batch, self.seed = seq_len, batch, seed
 
     def global_batch(self, step: int) -> Batch:
@@ -133,11 +152,53 @@ def make_source(model: str, batch: int, seq_len: int, vocab_size: int, seed: int
         if not path.is_dir():
             raise ValueError(f"--data for resnet18 must be a folder of .npy images: {path}")
         return NpyImages(path, batch, seed)
+    if is_corpus(path):
+        path = path / CORPUS_TRAIN
     if not path.is_file():
-        raise ValueError(f"--data for GPT models must be a text file: {path}")
+        raise ValueError(f"--data for GPT models must be a text file or a corpus folder "
+                         f"(bench/corpus.py): {path}")
     if vocab_size < 256:
         raise ValueError(f"a text file needs a vocabulary of >= 256 (bytes), model has {vocab_size}")
     return TextFileTokens(path, seq_len, batch, seed)
+
+
+def held_out_text(data: str | None, eval_data: str | None) -> Path | None:
+    """The held-out text file: eval_data (a text file, or a corpus folder's val.txt), else
+    the --data corpus folder's val.txt; None for synthetic data. ValueError where --data is
+    a plain text file and nothing is held out of it."""
+    if eval_data is not None:
+        path = Path(eval_data)
+        if is_corpus(path):
+            return path / CORPUS_VAL
+        if path.is_file():
+            return path
+        raise ValueError(f"--eval-data must be a text file or a corpus folder "
+                         f"(bench/corpus.py): {path}")
+    if data is None:
+        return None
+    if is_corpus(Path(data)):
+        return Path(data) / CORPUS_VAL
+    raise ValueError(f"--data {data} holds nothing out: give --eval-data FILE, or a corpus "
+                     f"folder (bench/corpus.py) as --data")
+
+
+def held_out(seq_len: int, vocab_size: int, seed: int, data: str | None,
+             eval_data: str | None, sequences: int) -> tuple[Batch, str]:
+    """`sequences` held-out GPT sequences (inputs, targets) and what they are: windows of
+    the held-out text at evenly spaced offsets (the same whatever the seed), or for
+    synthetic data draws of the same generator under another seed."""
+    if sequences < 1:
+        raise ValueError(f"{sequences} held-out sequences: need at least one")
+    path = held_out_text(data, eval_data)
+    if path is None:
+        gen = SyntheticTokens(vocab_size, seq_len, sequences, seed ^ _HELD_OUT_SALT)
+        return gen.global_batch(0), f"synthetic, {sequences} sequences of another seed"
+    tokens = _byte_tokens(path, seq_len)
+    last = tokens.numel() - seq_len - 1
+    starts = torch.tensor([i * last // max(1, sequences - 1) for i in range(sequences)])
+    seq = tokens[starts.unsqueeze(1) + torch.arange(seq_len + 1).unsqueeze(0)]
+    return ((seq[:, :-1].contiguous(), seq[:, 1:].contiguous()),
+            f"{path}: {sequences} windows of {seq_len} tokens at evenly spaced offsets")
 
 
 def shard(batch: Batch, rank: int, world: int) -> Batch:
