@@ -200,3 +200,28 @@ def test_checked_snippet_parses_and_names_real_flags(snippet: Snippet) -> None:
                 words = []
             else:
                 words.append(token)
+
+
+def _anchors(page: Path) -> set[str]:
+    """GitHub's anchors of a page's headings."""
+    out = set()
+    for line in page.read_text().splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            out.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return out
+
+
+def test_every_link_between_the_pages_leads_somewhere() -> None:
+    broken = []
+    for page in [*PAGES, *sorted(REPO.glob("results/*/*.md"))]:
+        for target in re.findall(r"\]\(([^)\s]+)\)", page.read_text()):
+            if re.match(r"[a-z]+://", target):
+                continue
+            path, _, anchor = target.partition("#")
+            dest = (page.parent / path).resolve() if path else page
+            if not dest.exists():
+                broken.append(f"{page.relative_to(REPO)}: {target}")
+            elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
+                broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
+    assert not broken, broken
