@@ -88,7 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--small-batch", type=int, default=None)
+    p.add_argument("--threads", type=int, default=None, help="torch's threads (default: its own)")
     args = p.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     gpt = None
     if args.gpt:
         gpt = tuple(int(v) for v in args.gpt.split(","))

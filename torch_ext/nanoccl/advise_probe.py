@@ -68,9 +68,14 @@ def probe_step_seconds(spec: ModelSpec, steps: int = 3,
     import json
     import subprocess
 
+    import torch
+
     repo = repository()
+    # The child computes with this process's threads (a caller that set one thread a rank, as
+    # the study's ranks have, measures with one).
     cmd = [sys.executable, str(repo / "bench" / "advise_probe_step.py"), "--model", spec.name,
-           "--batch", str(spec.batch), "--steps", str(steps)]
+           "--batch", str(spec.batch), "--steps", str(steps),
+           "--threads", str(torch.get_num_threads())]
     if spec.gpt:
         cmd += ["--gpt", f"{spec.layers},{spec.heads},{spec.hidden},{spec.vocab},{spec.seq}"]
     if small_batch and 1 <= small_batch < spec.batch:
