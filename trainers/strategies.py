@@ -23,13 +23,19 @@ same global batches; they differ only in how the work and the state are split:
 A strategy's ``train_step(step)`` runs one optimizer step on global batch ``step`` and
 returns this rank's loss (the mean over the samples it saw), or None where the rank
 computes no loss (pipeline stages before the last).
+
+``held_out_loss(x, y, group)`` (train.py --eval-every; the strategies that hold the whole
+model on every rank: single, dp, zero1, diloco) is the mean token loss over held-out
+sequences, each rank taking every world-th sequence, summed over the ranks on `group`;
+diloco evaluates the global parameters (its snapshot), not a node's local ones.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Iterator
 
 import torch
 from torch import nn
@@ -148,6 +154,48 @@ class Strategy:
     def describe(self) -> str:
         return self.name
 
+    # Whether held_out_loss() can run: the whole model on every rank (eval_model()).
+    evaluates = False
+
+    def eval_model(self) -> contextlib.AbstractContextManager[nn.Module]:
+        """The model whose held-out loss is reported (diloco: the global parameters), for a
+        with-block."""
+        raise StrategyError(f"{self.name}: no held-out evaluation (--eval-every runs on "
+                            "single, dp, zero1 and diloco)")
+
+    def quiesce(self) -> None:
+        """Waits for communication still running in the background (diloco's exchanges in
+        flight) without changing the training: before an evaluation that is timed apart."""
+
+    def held_out_loss(self, x: torch.Tensor, y: torch.Tensor, group: Any,
+                      chunk: int = 32) -> tuple[float, str]:
+        """The mean token loss of eval_model() over the held-out sequences (x, y), and the
+        SHA-256 of the evaluated parameters (this rank's: the first 16 hex digits), by which
+        two runs show that they trained the same bits. This rank takes sequences rank,
+        rank + world, ...; the sums are all-reduced on `group`, so every rank returns the
+        same loss whatever the world size."""
+        import hashlib
+
+        import torch.distributed as dist
+
+        mine = torch.arange(self.rank, x.shape[0], self.world)
+        total = torch.zeros(2, dtype=torch.float64)
+        digest = hashlib.sha256()
+        with self.eval_model() as model, torch.no_grad():
+            for p in model.parameters():
+                digest.update(p.detach().cpu().contiguous().view(-1).view(torch.uint8).numpy())
+            for start in range(0, mine.numel(), chunk):
+                idx = mine[start:start + chunk]
+                logits = model(x[idx].to(self.device))
+                target = y[idx].to(self.device)
+                loss = nn.functional.cross_entropy(logits.flatten(0, 1).float(),
+                                                   target.flatten(), reduction="sum")
+                total[0] += float(loss)
+                total[1] += target.numel()
+        if self.world > 1:
+            dist.all_reduce(total, group=group)
+        return float(total[0] / total[1]), digest.hexdigest()[:16]
+
 
 class _WholeModel(Strategy):
     """Shared by the strategies that hold a (possibly wrapped) full model per rank."""
@@ -175,10 +223,16 @@ class _WholeModel(Strategy):
         assert self.optim is not None
         self.optim.step()
 
+    @contextlib.contextmanager
+    def eval_model(self) -> Iterator[nn.Module]:
+        """The whole model, unwrapped (no DDP hooks), as it is on this rank."""
+        yield self.model
+
 
 class Single(_WholeModel):
     name = "single"
     split_batch = False
+    evaluates = True
 
     def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int) -> None:
         if world != 1:
@@ -230,6 +284,7 @@ class _DDPModel(_WholeModel):
 
 class DataParallel(_DDPModel):
     name = "dp"
+    evaluates = True
 
     def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int) -> None:
         super().__init__(cfg, source, rank, world)
@@ -244,6 +299,7 @@ class DataParallel(_DDPModel):
 
 class Zero1(_DDPModel):
     name = "zero1"
+    evaluates = True
 
     def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int) -> None:
         from torch.distributed.optim import ZeroRedundancyOptimizer
@@ -440,6 +496,7 @@ class DiLoCoStrategy(_WholeModel):
     arguments on every rank at once (ValueError: the run stops with exit code 3)."""
 
     name = "diloco"
+    evaluates = True
 
     def __init__(self, cfg: TrainConfig, source: Source, rank: int, world: int) -> None:
         super().__init__(cfg, source, rank, world)
@@ -461,6 +518,16 @@ class DiLoCoStrategy(_WholeModel):
 
     def step_optimizer(self) -> None:
         self.diloco.step()  # the inner step, then the outer steps due
+
+    @contextlib.contextmanager
+    def eval_model(self) -> Iterator[nn.Module]:
+        """The global model: each fragment's snapshot swapped in, the local parameters put
+        back afterwards (DiLoCo.global_parameters)."""
+        with self.diloco.global_parameters() as model:
+            yield model
+
+    def quiesce(self) -> None:
+        self.diloco.wait()
 
     def finish(self) -> None:
         self.diloco.flush()

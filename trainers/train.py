@@ -10,6 +10,17 @@ images/s for ResNet), mean/std step time, the final loss, peak memory (maxrss), 
 bytes moved: nanoccl.stats() when the backend is nanoccl, and the node's network interface
 counters (/sys/class/net/<if>/statistics) when the ranks run in emulated nodes.
 
+Held-out loss (--eval-every N, GPT on single/dp/zero1/diloco): before the first step, every
+N steps and after the last, the mean token loss over a fixed set of held-out sequences
+(--eval-sequences of them: windows of --eval-data, or of the --data corpus folder's held-out
+split, bench/corpus.py; synthetic data: another seed's draws); diloco evaluates its global
+parameters (the snapshot swapped in, its local ones restored after). The result's
+"held_out" field carries the curve: per evaluation the step, the tokens trained on
+(step x global batch x sequence length), the training time so far (the sum of the slowest
+rank's step times: evaluations left out) and the loss. An evaluation waits for what
+communication runs in the background (diloco's exchanges in flight: inside the timing),
+and its own time, barrier to barrier, is taken out of the timed window.
+
 Timing: the first --warmup-steps steps are left out; the timed window opens and closes
 with a barrier on a separate gloo group, throughput = global samples x timed steps /
 window. Step time per step is the slowest rank's. With --min-window-s, the ranks agree when
@@ -38,7 +49,7 @@ import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 
 from trainers import backends  # noqa: E402
-from trainers.data import make_source  # noqa: E402
+from trainers.data import held_out, make_source  # noqa: E402
 from trainers.models import MODEL_NAMES, gpt_config, gpt_flops_per_token, is_gpt  # noqa: E402
 from trainers.strategies import (BATCH_SPLIT, STRATEGIES, StrategyError,  # noqa: E402
                                  TrainConfig, check_batch, env_int, make_strategy)
@@ -100,6 +111,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", default=None,
                    help="real data: a text file (GPT, bytes as tokens) or a folder of .npy "
                         "images (ResNet); default synthetic")
+    p.add_argument("--eval-every", type=int, default=0, metavar="N",
+                   help="held-out loss before the first step, every N steps and after the "
+                        "last (GPT; single, dp, zero1, diloco; default 0: none)")
+    p.add_argument("--eval-data", default=None,
+                   help="held-out text (bytes as tokens) or a corpus folder (its held-out "
+                        "split); default: the --data corpus folder's held-out split, or for "
+                        "synthetic data another seed's sequences")
+    p.add_argument("--eval-sequences", type=int, default=256,
+                   help="held-out sequences of --seq-len tokens per evaluation (default 256)")
     p.add_argument("--threads", type=int, default=None,
                    help="torch threads per rank (default OMP_NUM_THREADS, else 1)")
     p.add_argument("--device", default=None, help="cpu or cuda (default: cuda for nccl, else cpu)")
@@ -164,6 +184,12 @@ def main(argv: Sequence[str] | None = None) -> int:
               "and > 0 needs a warm-up step (--warmup-steps >= 1) to estimate a step",
               file=sys.stderr)
         return 2
+    if args.eval_every < 0 or args.eval_sequences < 1:
+        print("train: need --eval-every >= 0 and --eval-sequences >= 1", file=sys.stderr)
+        return 2
+    if args.eval_every and not gpt:
+        print(f"train: --eval-every is for the GPT models, not {args.model}", file=sys.stderr)
+        return 2
     threads = args.threads or env_int("OMP_NUM_THREADS", 1)
     torch.set_num_threads(max(1, threads))
     device = args.device or ("cuda" if spec.name == "nccl" else "cpu")
@@ -215,6 +241,13 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
     gpt = is_gpt(args.model)
     vocab = gpt_config(args.model).vocab_size if gpt else 0
     source = make_source(args.model, batch, seq_len, vocab, args.seed, args.data)
+    held: Any = None
+    if args.eval_every:
+        try:
+            held = held_out(seq_len, vocab, args.seed, args.data, args.eval_data,
+                            args.eval_sequences)
+        except ValueError as exc:
+            raise StrategyError(str(exc)) from None
     cfg = TrainConfig(model=args.model, strategy=args.strategy, global_batch=batch,
                       seq_len=seq_len, lr=args.lr, seed=args.seed,
                       bucket_cap_mb=args.bucket_cap_mb, microbatches=args.microbatches,
@@ -226,6 +259,10 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
                       fragments=args.fragments, overlap_steps=args.overlap_steps,
                       outer_lr=args.outer_lr, outer_momentum=args.outer_momentum)
     strategy = make_strategy(cfg, source, rank, world)
+    if held is not None and not strategy.evaluates:
+        raise StrategyError(f"--eval-every: {args.strategy} has no held-out evaluation (the "
+                            "strategies that hold the whole model on every rank have: "
+                            "single, dp, zero1, diloco)")
     unit = "tokens" if gpt else "images"
     per_sample = seq_len if gpt else 1
     reporter = world - 1 if args.strategy == "pp" else 0
@@ -247,7 +284,21 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
     counters_start = counters_end = None
     stats_start = stats_end = None
     step = 0
-    while step < args.steps:
+    evals: list[tuple[int, float, str]] = []  # (steps done, held-out loss, parameters' digest)
+    eval_in_window = 0.0  # seconds of evaluation inside the timed window (taken out)
+    while True:
+        if held is not None and (step % args.eval_every == 0 or step == args.steps):
+            strategy.quiesce()  # background communication finishes inside the timing
+            dist.barrier(group=ctrl)
+            began = time.perf_counter()
+            evals.append((step, *strategy.held_out_loss(held[0][0], held[0][1], ctrl)))
+            dist.barrier(group=ctrl)
+            if step > warmup:
+                eval_in_window += time.perf_counter() - began
+            if rank == reporter and args.print_every > 0:
+                print(f"eval at step {step}: held-out loss {evals[-1][1]:.4f}", flush=True)
+        if step >= args.steps:
+            break
         if step == warmup:
             if args.min_window_s > 0:  # agree on the timed steps (also the window's barrier)
                 slowest = torch.tensor([min(step_s)], dtype=torch.float64)
@@ -295,7 +346,7 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
         moved = {k: stats_end[k] - stats_start.get(k, 0) for k in stats_end}
     mine = {"rank": rank, "step_s": step_s, "losses": losses, "peak_rss_mb": _peak_rss_mb(),
             "link": link, "ifname": ifname if count_link else None, "nanoccl": moved,
-            "window_s": t_end - t_start,
+            "window_s": t_end - t_start - eval_in_window, "eval_s": eval_in_window,
             "cuda_peak_mb": (torch.cuda.max_memory_allocated() / 2**20
                              if device.startswith("cuda") else None)}
     gathered: list[Any] = [None] * world
@@ -303,6 +354,9 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
     if rank == 0:
         result = summarize(args, spec, strategy, gathered, batch, seq_len, warmup, unit,
                            per_sample, nodes, local_world, threads)
+        result["held_out"] = held_out_doc(args, held, evals, result["step_time_s"],
+                                          batch * per_sample,
+                                          max(g["eval_s"] for g in gathered))
         line = json.dumps(result)
         print(line, flush=True)
         if args.json:
@@ -311,6 +365,23 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
             path.write_text(line + "\n")
     dist.barrier(group=ctrl)
     return 0
+
+
+def held_out_doc(args: argparse.Namespace, held: Any, evals: list[tuple[int, float, str]],
+                 step_time_s: list[float], tokens_per_step: int,
+                 eval_s: float) -> dict[str, Any] | None:
+    """The result's "held_out" field: what was evaluated and the curve, one point per
+    evaluation: steps done, tokens trained on, training time so far (the slowest rank's
+    step times summed, evaluations left out), the held-out loss and the SHA-256 of the
+    evaluated parameters on rank 0 (16 hex digits: runs that trained the same bits agree)."""
+    if held is None:
+        return None
+    curve = [{"step": s, "tokens": s * tokens_per_step, "time_s": math.fsum(step_time_s[:s]),
+              "loss": loss, "params_sha256": digest} for s, loss, digest in evals]
+    return {"every": args.eval_every, "sequences": int(held[0][0].shape[0]),
+            "tokens": int(held[0][1].numel()), "data": held[1],
+            "eval_s_in_window": eval_s, "final_loss": evals[-1][1] if evals else None,
+            "curve": curve}
 
 
 def timed_steps_for(min_window_s: float, step_s: float, at_least: int) -> int:

@@ -124,7 +124,25 @@ def scenario_equivalence(a: argparse.Namespace, ck: Checks) -> None:
     dl = DiLoCo(model, adamw, sync_every=h, fragments=f, overlap_steps=tau, codec="int4")
     before = eval_loss(model)
     train(dl, adamw, dl.step, rank, range(steps))
+    # global_parameters(): the snapshot swapped in for an evaluation, nothing applied, the
+    # local parameters back bit for bit when the block ends (also on an exception).
+    local_before = flat(model).clone()
     in_flight = len(dl._pending)
+    with dl.global_parameters() as global_model:
+        inside = flat(global_model).clone()
+        ck.data["global_eval_loss"] = eval_loss(global_model)
+    ck.same("global_parameters holds the snapshot", inside,
+            torch.cat([fr.snapshot for fr in dl._fragments]), exact=True)
+    ck.same("global_parameters puts the local ones back", flat(model), local_before, exact=True)
+    ck.expect("global_parameters applies nothing", len(dl._pending) == in_flight > 0
+              and not torch.equal(inside, local_before), f"{len(dl._pending)} of {in_flight}")
+    try:
+        with dl.global_parameters():
+            raise KeyError("inside the block")
+    except KeyError:
+        pass
+    ck.same("global_parameters restores after an exception", flat(model), local_before,
+            exact=True)
     dl.flush()
     after = eval_loss(model)
     ck.data["streaming_loss"] = [before, after]

@@ -47,6 +47,13 @@ raised on every rank (ValueError), after one small all-gather at construction: H
 larger than the number of parameter tensors, tau outside [0, H), an unknown codec, ranks
 that disagree, nodes of different sizes.
 
+Evaluating the global model: ``with trainer.global_parameters() as model:`` puts each
+fragment's snapshot (its global parameters as of its last outer step) into the wrapped
+model for the block, under ``torch.no_grad()``, and the local parameters back, bit for bit,
+when it ends; exchanges in flight are neither waited for nor applied (``wait()`` waits for
+them without applying them, e.g. to leave the link idle while an evaluation is timed).
+On one node the model is yielded as it is.
+
 ``state_dict()`` / ``load_state_dict()`` hold the outer state of this rank: the inner step
 count, the snapshot, the outer optimizer, this rank's residuals and the exchanges in flight
 (waited for, their averaged slices kept). Save it per rank next to the model's and the inner
@@ -56,13 +63,14 @@ on the lossless path.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import logging
 import os
 import socket
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 import torch.distributed as dist
@@ -423,6 +431,39 @@ class DiLoCo:
                 offset += n
         self.outer_steps += 1
 
+    def wait(self) -> None:
+        """Waits for the exchanges in flight, without applying them (each is still applied
+        at its step)."""
+        for exchange in self._pending:
+            if exchange.work is not None:
+                exchange.work.wait()
+                exchange.work = None
+
+    @contextlib.contextmanager
+    def global_parameters(self) -> Iterator[nn.Module]:
+        """The wrapped model (not under DDP) holding the global parameters for the block:
+        each fragment's snapshot of its last outer step, under ``torch.no_grad()``; the local
+        parameters are put back, bit for bit, when the block ends (also on an exception).
+        Nothing is communicated; on one node, the model as it is.
+
+            with trainer.global_parameters() as model:
+                held_out_loss = loss_fn(model(x_val), y_val)
+        """
+        params = [p for frag in self._fragments for p in frag.params]
+        saved = [p.detach().clone() for p in params]
+        try:
+            with torch.no_grad():
+                for frag in self._fragments:
+                    offset = 0
+                    for p in frag.params:
+                        p.copy_(frag.snapshot[offset:offset + p.numel()].view_as(p))
+                        offset += p.numel()
+                yield self.model
+        finally:
+            with torch.no_grad():
+                for p, local in zip(params, saved):
+                    p.copy_(local)
+
     # ---- checkpoints ----------------------------------------------------------------------
 
     def _config(self) -> dict[str, Any]:
@@ -433,10 +474,7 @@ class DiLoCo:
 
     def state_dict(self) -> dict[str, Any]:
         """This rank's outer state (exchanges in flight are waited for, not applied)."""
-        for exchange in self._pending:
-            if exchange.work is not None:
-                exchange.work.wait()
-                exchange.work = None
+        self.wait()
         return {
             "version": _STATE_VERSION,
             "config": self._config(),
