@@ -12,6 +12,10 @@
     python bench/study.py --merge NEW --into results/study/full --why TEXT   # in place of
                                                      # the study's (meta.json: "reruns")
     (across nodes, measure them at the study's link rates: --dilation-of results/study/full)
+    python bench/study.py --profile long --setups 2x1 --dilation-of results/study/full \
+        --out results/study/long                     # hours: held-out loss curves on real
+                                                     # text, time to a target loss
+                                                     # (bench/study_long.py)
 
 Setups are "nodes x ranks per node" (the studies' servers x GPUs): 1x1, 1x2, 2x1, 2x2, 4x1.
 Every setup runs in an EmuCluster (bench/emucluster.py): each node a network namespace,
@@ -35,7 +39,8 @@ numbers), PNG plots, logs/ (each run's output) and runs/ (each run's JSON).
 The code: study_plan.py (the profiles table and the plan: setups, baselines, runs in
 cluster blocks), study_runs.py (the time dilation, one baseline or run on this host and its
 record), study_cluster.py (real nodes: the commands, --inside, --collect) and
-study_report.py (summary.csv, report.md, plots). This file keeps the driver and the command
+study_report.py (summary.csv, report.md, plots), study_long.py (the long runs' curves, time
+to target and computed rows) and corpus.py (the text they train on). This file keeps the driver and the command
 line, and re-exports the moved names that others use through it (nanoccl-advise --check,
 the tests).
 """
@@ -57,6 +62,7 @@ REPO = BENCH.parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(REPO))
 
+import study_long  # noqa: E402
 import study_report  # noqa: E402
 from emucluster import (EmuCluster, EmuClusterError, NO_PRIVILEGE_HELP,  # noqa: E402
                         NoPrivilegeError, parse_rate)
@@ -116,6 +122,10 @@ def _summary_detail(rec: dict[str, Any]) -> str:
         text += f", link {int(rec['link_tx_bytes']) / 1e6:.1f} MB"
     if rec.get("final_loss") is not None:
         text += f", loss {float(rec['final_loss']):.3f}"
+    if rec.get("eval_loss") is not None:
+        text += f", held-out {float(rec['eval_loss']):.3f}"
+    if rec.get("time_source"):
+        text += " (computed)"
     return text
 
 
@@ -135,9 +145,11 @@ def print_plan(plan: Plan, args: argparse.Namespace, out: TextIO = sys.stdout) -
     for note in plan.notes:
         out.write(f"study: note: {note}\n")
 
+    base_prof = study_long.baseline_profile(prof) if prof.eval_every else prof
+
     def baseline_line(base: Baseline) -> str:
         argv = [sys.executable, str(TRAIN)] + train_argv(base.model, "single", "gloo",
-                                                         base.batch, prof, "OUT.json")
+                                                         base.batch, base_prof, "OUT.json")
         return f"  baseline, {base.concurrency} at once: {shlex.join(argv)}\n"
 
     for base in plan.baselines:
@@ -148,9 +160,13 @@ def print_plan(plan: Plan, args: argparse.Namespace, out: TextIO = sys.stdout) -
         for base in block.baselines:
             out.write(baseline_line(base))
         for run in block.runs:
+            steps = replace(prof, steps=prof.prefix_steps) if run.same_as else prof
             argv = [str(TRAIN)] + train_argv(run.model, run.strategy, run.backend, run.batch,
-                                             prof, "OUT.json")
-            out.write(f"  torchrun (per node) {shlex.join(argv)}\n")
+                                             steps, "OUT.json")
+            out.write(f"  torchrun (per node) {shlex.join(argv)}\n"
+                      + (f"    (computed: {prof.prefix_steps} steps, compared with "
+                         f"{run.same_as}'s bits; to the end where they differ)\n"
+                         if run.same_as else ""))
 
 
 def execute(plan: Plan, args: argparse.Namespace, out_dir: Path,
@@ -171,6 +187,14 @@ def execute(plan: Plan, args: argparse.Namespace, out_dir: Path,
         "ref_batch": prof.ref_batch, "notes": plan.notes, "environment": environment(),
         "dilation": {},
     }
+    if prof.eval_every:
+        meta.update(eval_every=prof.eval_every, eval_sequences=prof.eval_sequences,
+                    prefix_steps=prof.prefix_steps)
+    if getattr(args, "corpus_manifest", None):
+        manifest = dict(args.corpus_manifest)
+        manifest["split"] = {k: v for k, v in manifest["split"].items() if k != "held_out"}
+        meta["corpus"] = {**manifest, "folder": str(args.corpus)}
+    base_prof = study_long.baseline_profile(prof) if prof.eval_every else prof
     for note in plan.notes:
         print(f"study: note: {note}", flush=True)
     progress = Progress(plan.total)
@@ -190,7 +214,7 @@ def execute(plan: Plan, args: argparse.Namespace, out_dir: Path,
             progress.skip(base.label, "time budget")
             return []
         progress.start(base.label)
-        recs = run_baseline(base, prof, out_dir, args.run_timeout)
+        recs = run_baseline(base, base_prof, out_dir, args.run_timeout)
         records.extend(recs)
         ok = [r for r in recs if r["status"] == "ok"]
         progress.finish("ok" if len(ok) == len(recs) else "FAILED",
@@ -240,9 +264,17 @@ def execute(plan: Plan, args: argparse.Namespace, out_dir: Path,
                         progress.skip(run.label, "time budget")
                         records.append(_skipped(run, prof, "time budget"))
                         continue
-                    progress.start(run.label)
-                    rec = run_in_cluster(cluster, run, prof, out_dir, args.run_timeout, dil)
-                    records.append(rec)
+                    progress.start(run.label + (f" (computed from {prof.prefix_steps} "
+                                                f"steps if {run.same_as}'s bits)"
+                                                if run.same_as else ""))
+                    if run.same_as:
+                        recs = study_long.run_computed(cluster, run, prof, out_dir,
+                                                       args.run_timeout, dil, records)
+                    else:
+                        recs = [run_in_cluster(cluster, run, prof, out_dir, args.run_timeout,
+                                               dil)]
+                    records.extend(recs)
+                    rec = recs[-1]
                     progress.finish("ok" if rec["status"] == "ok" else "FAILED",
                                     _summary_detail(rec))
                     save()
@@ -319,7 +351,21 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "short; 0: --steps only)")
     p.add_argument("--budget-min", type=float, default=None,
                    help="stop starting runs after this many minutes (0: no budget)")
-    p.add_argument("--run-timeout", type=float, default=900.0, help="seconds per run")
+    p.add_argument("--run-timeout", type=float, default=None,
+                   help="seconds per run (default 900; the long profile 14400)")
+    p.add_argument("--corpus", type=Path, default=None, metavar="DIR",
+                   help="the long profile's text: a corpus folder of bench/corpus.py (default "
+                        "its default, prepared from python3.11-doc where missing)")
+    p.add_argument("--eval-every", type=int, default=None,
+                   help="held-out loss every N steps (the long profile: 100)")
+    p.add_argument("--eval-sequences", type=int, default=None,
+                   help="held-out sequences per evaluation (the long profile: 256)")
+    p.add_argument("--prefix-steps", type=int, default=None,
+                   help="long profile: steps of a computed row (nanoccl's lossless DDP), "
+                        "compared with Gloo's bits (default 300; 0: run it to the end)")
+    p.add_argument("--fallback", choices=("full", "none"), default=None,
+                   help="long profile: a computed row that does not train the reference's "
+                        "bits runs to the end (full, the default) or gets no time (none)")
     p.add_argument("--allow-failures", action="store_true", help="exit 0 even if runs failed")
     p.add_argument("--collect", default=None, metavar="DIR",
                    help="build the report from DIR/runs/*.json (cluster mode)")
@@ -375,6 +421,24 @@ def apply_overrides(profile: Profile, args: argparse.Namespace) -> Profile:
         prof.min_window_s = args.min_window_s
     if args.budget_min is not None:
         prof.budget_min = args.budget_min or None
+    if args.eval_every is not None:
+        if args.eval_every < 0:
+            raise SystemExit("study: --eval-every must be >= 0")
+        prof.eval_every = args.eval_every
+    if args.eval_sequences is not None:
+        if args.eval_sequences < 1:
+            raise SystemExit("study: --eval-sequences must be >= 1")
+        prof.eval_sequences = args.eval_sequences
+    if args.prefix_steps is not None:
+        if args.prefix_steps < 0:
+            raise SystemExit("study: --prefix-steps must be >= 0")
+        prof.prefix_steps = args.prefix_steps
+    if prof.computed and prof.prefix_steps == 0:
+        prof.computed = {}
+    if prof.computed and prof.prefix_steps <= prof.warmup:
+        raise SystemExit("study: --prefix-steps must be larger than --warmup (or 0)")
+    if args.fallback is not None:
+        prof.fallback = args.fallback
     if prof.warmup >= prof.steps:
         raise SystemExit("study: --warmup must be smaller than --steps")
     if prof.min_window_s > 0 and prof.warmup < 1:
@@ -400,7 +464,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"study: {args.merge} merged into {args.into}: {report}")
         return 0
     prof = apply_overrides(PROFILES[args.profile], args)
+    if args.run_timeout is None:
+        args.run_timeout = 14400.0 if prof.eval_every else 900.0
     out_dir = Path(args.out) if args.out else REPO / "results" / "study" / prof.name
+    if prof.corpus and prof.name != "cluster":
+        try:
+            args.corpus, args.corpus_manifest = study_long.corpus_for(args.corpus,
+                                                                      prepare=not args.dry_run)
+        except ValueError as exc:
+            print(f"study: {exc}", file=sys.stderr)
+            return 2
+        prof.extra_args = (*prof.extra_args, "--data", str(args.corpus))
     if prof.name == "cluster":
         plan = build_plan(prof, check_backends=False)
         if args.inside:

@@ -10,7 +10,7 @@ with a note.
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +68,19 @@ class Profile:
     budget_min: float | None = None
     description: str = ""
     extra_args: tuple[str, ...] = ()
+    # Long runs (bench/study_long.py): the held-out loss every eval_every steps (0: none) on
+    # eval_sequences sequences; corpus: train on the prepared corpus (bench/corpus.py).
+    eval_every: int = 0
+    eval_sequences: int = 256
+    corpus: bool = False
+    # Only these backends for a strategy family ("diloco": every diloco row), where given.
+    strategy_backends: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    # Rows ("strategy@backend") that run prefix_steps steps and, where they train the same
+    # bits as the row named, take its curve on their own clock (study_long); "full": a row
+    # that does not runs to the end, "none": it is left without a time.
+    computed: dict[str, str] = field(default_factory=dict)
+    prefix_steps: int = 0
+    fallback: str = "full"
 
 
 GPT_STRATEGIES = ("dp", "tp", "pp", "zero1", "zero2", "zero3", "zero3-hpz", "hsdp")
@@ -170,6 +183,21 @@ PROFILES: dict[str, Profile] = {
         {"gpt2-small": (4, 8, 16), "resnet18": (32, 128, 512, 2048)},
         {"gpt2-small": 16, "resnet18": 512}, reps=5, steps=50, warmup=10,
         description="real multi-node GPU runs (the studies' workloads, no dilation)"),
+    "long": Profile(
+        "long", ("gpt2-tiny",),
+        {"gpt2-tiny": ("dp", "diloco-h10-f1-t0", "diloco", "diloco-h10-f2-t1",
+                       "diloco-h50-f5-t2")},
+        ("2x1", "2x2"), ("gloo", "nanoccl", "nanoccl+int8", "nanoccl+int4"),
+        {"gpt2-tiny": (16,)}, {"gpt2-tiny": 16}, reps=1, steps=4000, warmup=2,
+        eval_every=100, eval_sequences=256, corpus=True,
+        strategy_backends={"diloco": ("nanoccl+int4",)},
+        computed={"dp@nanoccl": "dp@gloo"}, prefix_steps=300,
+        description="hours: gpt2-tiny on real text (bench/corpus.py), 4000 steps, held-out "
+                    "loss every 100: DDP on Gloo and nanoccl, DP with int8/int4 error "
+                    "feedback, DiLoCo H 10 and 50 with int4 outer gradients, streaming and "
+                    "not; time to DDP-on-Gloo's final held-out loss + 2% (study_long.py); "
+                    "nanoccl's lossless DDP runs 300 steps and is computed where it trains "
+                    "Gloo's bits"),
 }
 
 
@@ -182,6 +210,13 @@ class Run:
     setup: Setup
     batch: int
     rep: int
+    # A computed row (Profile.computed): the row ("strategy@backend") of the same block whose
+    # bits it must train over its prefix; "" for a run to the end.
+    same_as: str = ""
+
+    @property
+    def row(self) -> str:
+        return f"{self.strategy}@{self.backend}"
 
     @property
     def key(self) -> str:
@@ -248,6 +283,11 @@ def backend_applicable(strategy: str, backend: str) -> str | None:
     if DiLoCoSpec.parse(strategy) is not None and not backend.startswith("nanoccl"):
         return "diloco runs on nanoccl only"
     return None
+
+
+def family(strategy: str) -> str:
+    """'diloco' for every diloco row, else the strategy."""
+    return "diloco" if DiLoCoSpec.parse(strategy) is not None else strategy
 
 
 @dataclass
@@ -325,7 +365,10 @@ def build_plan(profile: Profile, check_backends: bool = True) -> Plan:
                             continue
                         batches_used[model].add(batch)
                         more = extra.get(strategy, []) if batch == profile.ref_batch[model] else []
+                        only = profile.strategy_backends.get(family(strategy))
                         for backend in usable + more:
+                            if only is not None and backend not in only:
+                                continue
                             why = backend_applicable(strategy, backend)
                             if why:
                                 note = f"{model} {strategy} on {backend} left out: {why}"
@@ -335,8 +378,9 @@ def build_plan(profile: Profile, check_backends: bool = True) -> Plan:
                             runs.append(Run(model, strategy, backend, setup, batch, rep))
                 if not runs:
                     continue
+                runs = _computed_rows(profile, runs, notes if rep == 0 else [])
                 runs.sort(key=lambda r: (r.batch != profile.ref_batch[r.model], r.batch,
-                                         r.strategy, r.backend))
+                                         bool(r.same_as), r.strategy, r.backend))
                 block_bases = [Baseline(model, b, setup.world, rep, setup.name)
                                for b in sorted({r.batch for r in runs})]
                 blocks.append(Block(setup, model, rep, block_bases, runs))
@@ -350,6 +394,23 @@ def build_plan(profile: Profile, check_backends: bool = True) -> Plan:
     baselines.sort(key=lambda b: (b.batch != profile.ref_batch[b.model] or b.rep != 0,
                                   b.rep, b.model, b.batch))
     return Plan(profile, setups, baselines, blocks, notes)
+
+
+def _computed_rows(profile: Profile, runs: list[Run], notes: list[str]) -> list[Run]:
+    """Marks the rows of profile.computed whose reference row is in the same block (same
+    batch): they run after it (the sort puts them last), for a prefix only."""
+    out = []
+    for run in runs:
+        ref = profile.computed.get(run.row)
+        if ref and any(r.row == ref and r.batch == run.batch for r in runs):
+            run = replace(run, same_as=ref)
+        elif ref:
+            note = (f"{run.model} {run.row} on {run.setup.name} runs to the end: {ref} is not "
+                    "in the study to compare it with")
+            if note not in notes:
+                notes.append(note)
+        out.append(run)
+    return out
 
 
 def _setup_order(setup: Setup) -> tuple[int, str]:

@@ -48,6 +48,8 @@ RUN_FIELDS = [
     "params", "link_tx_bytes", "link_rx_bytes", "link_run_tx_bytes", "link_run_rx_bytes",
     "nanoccl_sent_bytes", "nanoccl_inter_sent_bytes", "rate_bits", "dilation", "microbatches",
     "schedule", "bucket_cap_mb", "wall_s", "log",
+    # Long runs (study_long.py): the held-out curve, and where a row's time was computed.
+    "eval_every", "eval_loss", "eval_curve", "time_source", "same_as",
 ]
 
 SETUP_ORDER = ["1x1", "1x2", "1x4", "2x1", "2x2", "4x1"]
@@ -162,6 +164,8 @@ def summarize(records: Sequence[dict[str, Any]]) -> list[Summary]:
     t1_setup = baselines(records, by_setup=True)
     groups: dict[tuple[str, str, str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for rec in records:
+        if rec.get("kind") == "prefix":  # a computed row's prefix that ran on (study_long)
+            continue
         if rec.get("kind") == "baseline":
             if int(rec.get("concurrency") or 1) != 1:
                 continue
@@ -511,18 +515,23 @@ def write_report(out_dir: Path, records: Sequence[dict[str, Any]], meta: dict[st
         if sweep:
             lines += [f"### {model}: throughput (k{unit}/s) and scaling factor vs global batch "
                       "(DP)", ""] + sweep + [""]
+    import study_long
+
+    lines += study_long.report_lines(records, meta)
     base = baseline_table(records)
     if base:
         lines += ["## Single-rank baselines (T_1)", "",
                   "Throughput of one single-rank run while N of them run at once on this "
                   "machine (the T_1 of an N-rank setup).", ""] + base + [""]
-    failed = [r for r in records if r.get("status") not in ("ok", None)]
+    failed = [r for r in records if r.get("status") not in ("ok", None)
+              or r.get("kind") == "prefix"]
     if failed:
         lines += ["## Runs that did not finish", ""]
         for r in failed:
             lines.append(f"- {r.get('model')} {r.get('strategy')} {r.get('backend')} "
                          f"{r.get('setup')} b={r.get('batch')} rep {r.get('rep')}: "
-                         f"{r.get('status')} {r.get('error') or ''} (log: {r.get('log') or '-'})")
+                         f"{'prefix only' if r.get('kind') == 'prefix' else r.get('status')} "
+                         f"{r.get('error') or ''} (log: {r.get('log') or '-'})")
         lines.append("")
     if plots:
         lines += ["## Plots", ""] + [f"![{Path(p).stem}]({Path(p).name})" for p in plots] + [""]
@@ -576,11 +585,7 @@ def make_plots(out_dir: Path, records: Sequence[dict[str, Any]],
                 ax.grid(alpha=0.3)
                 ax.legend(title="nodes x ranks")
             axes[0][0].set_ylabel(f"k{unit}/s")
-            fig.tight_layout()
-            path = out_dir / f"throughput_vs_batch_{model}.png"
-            fig.savefig(path, dpi=110)
-            plt.close(fig)
-            written.append(str(path))
+            written.append(save_figure(fig, out_dir / f"throughput_vs_batch_{model}.png"))
         # Scaling factor per strategy and backend, one panel per setup.
         batch = _ref_batch(summaries, model, meta)
         scal = [s for s in rows if s.batch == batch and s.world > 1 and s.scaling is not None]
@@ -608,12 +613,18 @@ def make_plots(out_dir: Path, records: Sequence[dict[str, Any]],
                 ax.grid(axis="y", alpha=0.3)
             axes[0][0].set_ylabel("scaling factor S_n = T_n / (n T_1)")
             axes[0][-1].legend(title="backend")
-            fig.tight_layout()
-            path = out_dir / f"scaling_{model}.png"
-            fig.savefig(path, dpi=110)
-            plt.close(fig)
-            written.append(str(path))
+            written.append(save_figure(fig, out_dir / f"scaling_{model}.png"))
     return written
+
+
+def save_figure(fig: Any, path: Path) -> str:
+    """Lays out, writes (PNG, 110 dpi) and closes a matplotlib figure; returns the path."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return str(path)
 
 
 def _remeasured(rec: dict[str, Any], setups: set[str]) -> bool:
@@ -691,6 +702,12 @@ def build(out_dir: Path) -> Path:
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
     write_summary_csv(out_dir / "summary.csv", summarize(records))
     plots = make_plots(out_dir, records, meta)
+    import study_long
+
+    long_rows = study_long.time_to_target(records)
+    if long_rows:
+        study_long.write_csv(out_dir / "time_to_target.csv", long_rows)
+        plots += study_long.make_plots(out_dir, records)
     return write_report(out_dir, records, meta, plots)
 
 

@@ -124,6 +124,8 @@ def train_argv(model: str, strategy: str, backend: str, batch: int, profile: Pro
             "--warmup-steps", str(profile.warmup), "--json", str(json_path),
             *(["--min-window-s", f"{profile.min_window_s:g}"] if profile.min_window_s > 0
               else []),
+            *(["--eval-every", str(profile.eval_every), "--eval-sequences",
+               str(profile.eval_sequences)] if profile.eval_every > 0 else []),
             *profile.extra_args, *extra]
 
 
@@ -167,6 +169,12 @@ def record_from_result(doc: dict[str, Any], base: dict[str, Any]) -> dict[str, A
         "microbatches": doc.get("microbatches"), "schedule": doc.get("schedule"),
         "bucket_cap_mb": doc.get("bucket_cap_mb"),
     })
+    held = doc.get("held_out")
+    if isinstance(held, dict) and held.get("curve"):  # --eval-every (study_long.py)
+        import study_long
+
+        rec.update({"eval_every": held.get("every"), "eval_loss": held.get("final_loss"),
+                    "eval_curve": study_long.encode_curve(held["curve"])})
     return rec
 
 
@@ -218,9 +226,11 @@ def run_baseline(base: Baseline, profile: Profile, out_dir: Path,
 
 def run_in_cluster(cluster: EmuCluster, run: Run, profile: Profile, out_dir: Path,
                    timeout_s: float, dilation: Dilation | None,
-                   extra: Sequence[str] = ()) -> dict[str, Any]:
-    path = out_dir / "runs" / f"{run.key}.json"
-    log = out_dir / "logs" / f"{run.key}.log"
+                   extra: Sequence[str] = (), key: str | None = None) -> dict[str, Any]:
+    """One training run; its files are runs/<key>.json and logs/<key>.log (key: run.key)."""
+    key = key or run.key
+    path = out_dir / "runs" / f"{key}.json"
+    log = out_dir / "logs" / f"{key}.log"
     path.unlink(missing_ok=True)
     argv = [str(TRAIN)] + train_argv(run.model, run.strategy, run.backend, run.batch, profile,
                                      path, extra)
