@@ -173,8 +173,14 @@ def _check_command(words: list[str], where: str) -> None:
                              "add it to FOREIGN if it is another program")
 
 
+# Programs the pages name as the reader's own, not the repository's.
+USERS_SCRIPTS = {"example.py", "train.py"}
+
+
 def _check_script(args: list[str], where: str) -> None:
     script, rest = args[0], args[1:]
+    if script in USERS_SCRIPTS:
+        return
     assert (REPO / script).is_file(), f"{where}: no {script} in the repository"
     if "--" in rest:  # bench/emucluster.py [options] -- SCRIPT [ARGS]
         cut = rest.index("--")
@@ -225,3 +231,18 @@ def test_every_link_between_the_pages_leads_somewhere() -> None:
             elif anchor and dest.suffix == ".md" and anchor not in _anchors(dest):
                 broken.append(f"{page.relative_to(REPO)}: {target} (no such heading)")
     assert not broken, broken
+
+
+INLINE_COMMAND = re.compile(r"(nanoccl-(perf|tune|advise)|python3? (-m )?\S+|torchrun|"
+                            r"scripts/\S+\.sh|bench/\S+\.sh)\b")
+
+
+def test_commands_inline_in_the_prose_name_real_scripts_and_flags() -> None:
+    """`nanoccl-tune --show`, `scripts/ab.sh --quick` and the like in the text: checked as the
+    ``check`` blocks are (a bare program name is not a command)."""
+    for page in PAGES:
+        prose = re.sub(r"```.*?```", "", page.read_text(), flags=re.S)
+        for span in re.findall(r"`([^`\n]+)`", prose):
+            words = shlex.split(span)
+            if INLINE_COMMAND.match(span) and len(words) > 1:
+                _check_command(words, f"{page.relative_to(REPO)}: `{span}`")
