@@ -68,7 +68,7 @@ from emucluster import (EmuCluster, EmuClusterError, NO_PRIVILEGE_HELP,  # noqa:
                         NoPrivilegeError, parse_rate)
 
 # Some of these names are not used here, only through this module (study.<name>, by
-# torch_ext/nanoccl/advise_check.py and the tests): hence F401.
+# bench/advise_check.py and the tests): hence F401.
 from study_plan import (GPT_STRATEGIES, PROFILES, Baseline, Block, DiLoCoSpec,  # noqa: E402, F401
                         Plan, Profile, Run, Setup, applicable, build_plan)
 from study_runs import (TRAIN, Dilation, compute_dilation, environment,  # noqa: E402, F401
@@ -160,11 +160,12 @@ def print_plan(plan: Plan, args: argparse.Namespace, out: TextIO = sys.stdout) -
         for base in block.baselines:
             out.write(baseline_line(base))
         for run in block.runs:
-            steps = replace(prof, steps=prof.prefix_steps) if run.same_as else prof
+            prefix = study_long.prefix_length(prof)
+            steps = replace(prof, steps=prefix) if run.same_as else prof
             argv = [str(TRAIN)] + train_argv(run.model, run.strategy, run.backend, run.batch,
                                              steps, "OUT.json")
             out.write(f"  torchrun (per node) {shlex.join(argv)}\n"
-                      + (f"    (computed: {prof.prefix_steps} steps, compared with "
+                      + (f"    (computed: {prefix} steps, compared with "
                          f"{run.same_as}'s bits; to the end where they differ)\n"
                          if run.same_as else ""))
 
@@ -264,7 +265,8 @@ def execute(plan: Plan, args: argparse.Namespace, out_dir: Path,
                         progress.skip(run.label, "time budget")
                         records.append(_skipped(run, prof, "time budget"))
                         continue
-                    progress.start(run.label + (f" (computed from {prof.prefix_steps} "
+                    progress.start(run.label + (f" (computed from "
+                                                f"{study_long.prefix_length(prof)} "
                                                 f"steps if {run.same_as}'s bits)"
                                                 if run.same_as else ""))
                     if run.same_as:

@@ -144,6 +144,16 @@ def computed_record(prefix_rec: dict[str, Any], prefix_doc: dict[str, Any],
     return rec
 
 
+def prefix_length(profile: Profile) -> int:
+    """The steps a computed row runs: prefix_steps rounded up to a whole number of
+    evaluation periods (its last evaluation is one of the reference's too), more than the
+    warm-up, at most the profile's steps."""
+    steps = max(profile.prefix_steps, profile.warmup + 1)
+    if profile.eval_every > 0:
+        steps = -(-steps // profile.eval_every) * profile.eval_every
+    return min(steps, profile.steps)
+
+
 def baseline_profile(profile: Profile) -> Profile:
     """What the single-rank baselines (T_1, and the time dilation) of a long study run: the
     full profile's short timed window, no evaluation."""
@@ -332,8 +342,7 @@ def run_computed(cluster: Any, run: Any, profile: Profile, out_dir: Path, timeou
                 and row_name(r) == run.same_as and r.get("model") == run.model
                 and r.get("setup") == run.setup.name and r.get("rep") == run.rep
                 and r.get("batch") == run.batch), None)
-    prefix = replace(profile, steps=max(profile.warmup + 1,
-                                        min(profile.prefix_steps, profile.steps)))
+    prefix = replace(profile, steps=prefix_length(profile))
     key = f"{run.key}_prefix"
     rec = run_in_cluster(cluster, run, prefix, out_dir, timeout_s, dilation, key=key)
     if rec.get("status") != "ok":

@@ -153,7 +153,7 @@ def test_a_computed_row_runs_to_the_end_only_where_its_bits_differ(
         case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "runs").mkdir()
     prof = study.PROFILES["long"]
-    prof = replace(prof, steps=8, warmup=1, prefix_steps=4,
+    prof = replace(prof, steps=8, warmup=1, prefix_steps=4, eval_every=4,
                          fallback="none" if case == "differs-none" else "full")
     setup = study.Setup(2, 1)
     run = study.Run("gpt2-tiny", "dp", "nanoccl", setup, 16, 0, same_as="dp@gloo")
@@ -207,6 +207,11 @@ def test_the_long_profile_plans_its_rows() -> None:
     argv = study_runs.train_argv("gpt2-tiny", "dp", "gloo", 16, prof, "o.json")
     assert argv[argv.index("--eval-every") + 1] == "100"
     assert argv[argv.index("--eval-sequences") + 1] == "256"
+    # A prefix ends on one of the reference's evaluations.
+    assert study_long.prefix_length(prof) == 300
+    assert study_long.prefix_length(replace(prof, prefix_steps=301)) == 400
+    assert study_long.prefix_length(replace(prof, prefix_steps=1, eval_every=0)) == 3
+    assert study_long.prefix_length(replace(prof, prefix_steps=3901, eval_every=300)) == 4000
     base = study_runs.train_argv("gpt2-tiny", "single", "gloo", 16,
                                  study_long.baseline_profile(prof), "o.json")
     assert "--eval-every" not in base and base[base.index("--steps") + 1] == "6"
