@@ -17,9 +17,10 @@ split, bench/corpus.py; synthetic data: another seed's draws); diloco evaluates 
 parameters (the snapshot swapped in, its local ones restored after). The result's
 "held_out" field carries the curve: per evaluation the step, the tokens trained on
 (step x global batch x sequence length), the training time so far (the sum of the slowest
-rank's step times: evaluations left out) and the loss. An evaluation waits for what
-communication runs in the background (diloco's exchanges in flight: inside the timing),
-and its own time, barrier to barrier, is taken out of the timed window.
+rank's step times: evaluations left out), the loss and the evaluated parameters' SHA-256.
+An evaluation first waits for the communication still running in the background (diloco's
+exchanges in flight), a wait counted in the last step's time and in the window; its own
+time, barrier to barrier, is taken out of the timed window.
 
 Timing: the first --warmup-steps steps are left out; the timed window opens and closes
 with a barrier on a separate gloo group, throughput = global samples x timed steps /
@@ -288,7 +289,12 @@ def _run(args: argparse.Namespace, spec: backends.BackendSpec, batch: int, seq_l
     eval_in_window = 0.0  # seconds of evaluation inside the timed window (taken out)
     while True:
         if held is not None and (step % args.eval_every == 0 or step == args.steps):
-            strategy.quiesce()  # background communication finishes inside the timing
+            # Background communication (diloco's exchanges in flight) finishes first, its
+            # wait counted as the last step's time, as the step that applies it would count it.
+            waited = time.perf_counter()
+            strategy.quiesce()
+            if step_s:
+                step_s[-1] += time.perf_counter() - waited
             dist.barrier(group=ctrl)
             began = time.perf_counter()
             evals.append((step, *strategy.held_out_loss(held[0][0], held[0][1], ctrl)))
