@@ -7,8 +7,8 @@ see emucluster.py) it runs, in one cluster:
   1. nanoccl-perf allreduce --ab gloo over 1M..256M (calls interleaved per size),
      nanoccl lossless;
   2. the same with --compression auto: per call, the algorithm and codec the cost
-     model predicts fastest from the link profile measured at start-up (README
-     "Tuning"), again against Gloo in the same job;
+     model predicts fastest from the link profile measured at start-up
+     (docs/tuning.md), again against Gloo in the same job;
   3. a short DDP training of an MLP, steps interleaved (bench/ab_ddp.py): Gloo,
      nanoccl lossless, and nanoccl compressing across nodes (--hook-codec, int8
      by default) through the error-feedback hook with the tuned bucket size:

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Several NICs a node (README "Several NICs a node"): nanoccl's allreduce on two rails of the
+# Several NICs a node (docs/networking.md): nanoccl's allreduce on two rails of the
 # emulated cluster against Gloo given both interfaces, int8 on two rails against int8 on one
 # (2x2 and 2x1), and two unequal rails against the fast one alone, each A/B in one launch. Writes
 # results/rails/<name>.txt (the perf tables) and .json. Needs root (namespaces, tc).

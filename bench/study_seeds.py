@@ -1,4 +1,4 @@
-"""The published numbers the study report stands beside (from ../shared/seeds/).
+"""The published numbers the study report stands beside (the seed documents of the project's founding design).
 
 Sources (the seed documents, as text extracted from slides, a paper and blog posts):
 

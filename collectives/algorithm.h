@@ -281,7 +281,7 @@ class Context {
   std::atomic<uint64_t> bytesReceived_{0};
 };
 
-// The algorithm table's row type (shared/STYLE.md 3). Rows are listed per op in order of
+// The algorithm table's row type (docs/design.md, convention 3). Rows are listed per op in order of
 // preference: under algo "auto" the planner takes the first row of the op whose autoWhen()
 // and supports() both hold; a forced name must name a row of the op that supports the call.
 struct AlgorithmRow {

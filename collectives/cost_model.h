@@ -1,4 +1,4 @@
-// Tuning, part two: the cost model (shared/DESIGN.md "Tuning").
+// Tuning, part two: the cost model (docs/design.md, docs/tuning.md).
 //
 // From a LinkProfile (collectives/tuning.h), the predicted time of one call on one row of the
 // algorithm table, with or without a codec on the inter-node leg. The terms, per rank:

@@ -127,7 +127,7 @@ constexpr const char* kPlanError = "error: ";
 
 std::string LinkProfile::toText() const {
   std::string s =
-      "# nanoccl link profile (README \"Tuning\"): latencies in us, rates in MB/s (10^6 B/s)\n";
+      "# nanoccl link profile (docs/tuning.md): latencies in us, rates in MB/s (10^6 B/s)\n";
   s += "version " + std::to_string(kVersion) + "\n";
   s += "shape " + shape + "\n";
   s += "transport " + transport + "\n";

@@ -1,4 +1,4 @@
-// Tuning, part one: the link profile (shared/DESIGN.md "Tuning").
+// Tuning, part one: the link profile (docs/design.md, docs/tuning.md).
 //
 // A LinkProfile says what the links and the CPU of a job can do: per link class (intra-node,
 // inter-node) the one-way latency of a small message (alpha) and the bandwidth of one rank
@@ -23,7 +23,7 @@
 //   shape 2x2                      nodes x ranks per node ("2+1" for unequal nodes)
 //   transport tcp                  the inter-node transport (NANOCCL_TRANSPORT's row)
 //   nsocks 2
-//   measured 2026-11-24T15:02:11Z
+//   measured <UTC time, ISO 8601>
 //   inter alpha_us 61.2 pair_MBps 117.5 node_MBps 118.1     (or: inter none)
 //   inter_one_socket_MBps 119.0    node_MBps over one connection a peer (optional)
 //   intra alpha_us 9.1 pair_MBps 3100 node_MBps 3100        (or: intra none)

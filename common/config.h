@@ -1,7 +1,7 @@
 // Configuration, NCCL style: every setting is an environment variable NANOCCL_<NAME>, and the
 // Python nanoccl.Options field of the same name in lower case overrides it for one group.
 // Every setting has a default that works; the table in config.cc is the single list of them
-// (README.md documents the same table). At NANOCCL_DEBUG=INFO the effective values are
+// (docs/configuration.md documents the same table, checked by tests/bench/test_docs_config.py). At NANOCCL_DEBUG=INFO the effective values are
 // printed once per process.
 #pragma once
 

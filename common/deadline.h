@@ -1,4 +1,4 @@
-// Deadlines: every wait in nanoccl has one (shared/STYLE.md 5).
+// Deadlines: every wait in nanoccl has one (docs/design.md, convention 5).
 #pragma once
 
 #include <chrono>

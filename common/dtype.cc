@@ -11,7 +11,7 @@ struct DataTypeInfo {
   bool complex;
 };
 
-// One row per type, in enum order (shared/STYLE.md 3).
+// One row per type, in enum order (docs/design.md, convention 3).
 constexpr DataTypeInfo kDataTypes[] = {
     {DataType::kFloat32, "float32", 4, true, false},
     {DataType::kFloat64, "float64", 8, true, false},

@@ -30,8 +30,7 @@ inline constexpr std::chrono::microseconds kNoSpin{0};
 // Polls `ready()` for up to `budget`, yielding between polls; returns whether it became true.
 // A zero budget polls once. Yields, not a pause-instruction loop: polling with `pause` for
 // the first 3 us before yielding made a 4-byte allreduce on 2 bound ranks slower on the
-// project's VM (2026-11-28: 6.2-6.8 us mean against 4.5-5.4), likely the hypervisor's
-// pause-loop exits.
+// project's VM (results/latency/README.md), likely the hypervisor's pause-loop exits.
 template <typename Ready>
 bool spinFor(std::chrono::microseconds budget, Ready&& ready) {
   if (ready()) return true;

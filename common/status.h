@@ -1,4 +1,4 @@
-// Status and Result: the one error style below torch_ext/ (shared/STYLE.md 4).
+// Status and Result: the one error style below torch_ext/ (docs/design.md, convention 4).
 //
 // Every fallible function in common/, transports/ and collectives/ returns a Status or a
 // Result<T>; callers propagate with NANOCCL_CHECK / NANOCCL_ASSIGN_OR_RETURN. Exceptions never

@@ -1,4 +1,4 @@
-// The transport table (shared/STYLE.md 3): adding a transport is a folder, a CMake option and
+// The transport table (docs/design.md, convention 3): adding a transport is a folder, a CMake option and
 // one row here.
 #include <string>
 #include <vector>

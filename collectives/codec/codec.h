@@ -1,5 +1,5 @@
 // Codecs: lossy (or lossless "none") encodings of float32 buffers for the inter-node bytes of
-// compressed collectives. One table row per codec (shared/STYLE.md 3); the compressed
+// compressed collectives. One table row per codec (docs/design.md, convention 3); the compressed
 // reduce-scatter calls encode() on what it sends and decodeAccumulate() on what it receives.
 //
 //   name   encoded element               error (per element, x the input)

@@ -1,4 +1,4 @@
-"""nanoccl-tune and nanoccl.link_profile() (README "Tuning"): ranks as processes on loopback,
+"""nanoccl-tune and nanoccl.link_profile() (docs/tuning.md): ranks as processes on loopback,
 two emulated nodes (NANOCCL_NODE_ID per rank)."""
 
 from __future__ import annotations

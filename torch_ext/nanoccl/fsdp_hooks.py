@@ -611,7 +611,7 @@ def overlap_fsdp(module: torch.nn.Module) -> FSDPCompression:
       runs as before); in backward, FSDP2's own prefetch of the unit below, asynchronous.
 
     Results are the same bits as without: the same calls, in the same order on every rank.
-    Measured on the emulated 2x2 cluster (4 ranks on 2 cores, README "Sharded training"): no
+    Measured on the emulated 2x2 cluster (4 ranks on 2 cores, docs/usage.md): no
     faster there, its runs bound by the link or the shared cores; off unless asked for.
     """
     return compress_fsdp(module, None, overlap=True)

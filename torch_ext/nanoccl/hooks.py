@@ -25,7 +25,7 @@ Small buckets: each allreduce pays a fixed cost (round trips inside and across n
 codec's set-up) that dominates below some size. With ``fuse_bytes=N`` the hook holds
 consecutive buckets smaller than N and sends them as one compressed allreduce once they hold
 N bytes (or at the step's last bucket), with one residual for the fused group;
-``fuse_bytes="auto"`` takes N from the group's link profile (README "Tuning"): the size
+``fuse_bytes="auto"`` takes N from the group's link profile (docs/tuning.md): the size
 below which the predicted fixed cost of a call is more than a tenth of its time.
 """
 

@@ -60,7 +60,7 @@ Status setCongestionControl(int fd, const std::string& name);
 //  - "host": the host's default, whatever it is.
 //  - "auto": the host's default, unless that is BBR (any version): then cubic, or reno where
 //    the kernel does not let this process set cubic (reno is always allowed). Measured on the
-//    emulated 2x2 cluster at 1 Gbit/s (README, small messages): under BBR, back-to-back
+//    emulated 2x2 cluster at 1 Gbit/s (results/latency/README.md): under BBR, back-to-back
 //    allreduces of 64-256 KiB stalled for 20-170 ms now and then (p99 53-60 ms against medians
 //    of 1.1-2.2 ms, slower than Gloo at 256 KiB); under cubic or reno none did (p99 1.4-2.6 ms).
 //  - a name: that algorithm, or the error of setCongestionControl.
