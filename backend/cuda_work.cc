@@ -1,5 +1,6 @@
 #include "backend/cuda_work.h"
 #include "backend/work_deadline.h"
+#include "common/callback_runner.h"
 
 #include <ATen/core/ivalue.h>
 #include <ATen/ATen.h>
@@ -74,7 +75,7 @@ class WorkCuda : public c10d::Work {
     }
   }
 
-  // On the executor thread, once the call's last operation is on the internal stream: the
+  // On the callback runner, once the call's last operation is on the internal stream: the
   // future completes with events recorded there (the StreamGuard makes it the current stream),
   // so whoever uses the future's value waits for the call on the GPU, not on the host.
   void enqueued(const Status& s) {
@@ -357,7 +358,11 @@ CudaCollectives::WorkResult CudaCollectives::run(CudaCall call, c10d::OpType typ
   NANOCCL_ASSIGN_OR_RETURN(auto job, group_->submit(call, current.native_handle()));
   auto work = c10::make_intrusive<WorkCuda>(rank_, type, what, std::move(outputs), device_,
                                             stream_, job, group_, timeout_);
-  job->onEnqueued([work](const Status& s) { work->enqueued(s); });
+  // The future's callbacks are user code that may issue and wait on another CUDA call: they
+  // run on the callback runner, never on the executor that would run that call.
+  job->onEnqueued([work](const Status& s) {
+    CallbackRunner::instance().post([work, s] { work->enqueued(s); });
+  });
   // The tensors go when the GPU is done with them (the lambda, and with it `held`, is dropped
   // once it ran).
   job->onFinished([work, held = std::move(tensors)](const Status& s) { work->finished(s); });

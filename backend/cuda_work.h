@@ -19,9 +19,10 @@
 // - Work::isCompleted() is true once the GPU finished the call (or it failed).
 //
 // Threads: run() on the caller's thread, one call at a time per group (the process group's
-// order); the Work's future completes, and its callbacks run, on the CudaGroup's executor
-// thread, under a StreamGuard of the internal stream (as ProcessGroupNCCL runs them under its
-// NCCL stream).
+// order); the Work's future completes, and its callbacks run, on the callback runner
+// (common/callback_runner.h: never on the executor, which a callback's own CUDA call needs),
+// under a StreamGuard of the internal stream (as ProcessGroupNCCL runs them under its NCCL
+// stream).
 #pragma once
 
 #include <ATen/core/Tensor.h>

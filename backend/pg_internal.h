@@ -14,6 +14,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <functional>
 #include <memory>
 #include <mutex>
@@ -25,6 +26,7 @@
 #include "backend/process_group_nanoccl.h"
 #include "backend/work_deadline.h"
 #include "collectives/communicator.h"
+#include "common/callback_runner.h"
 #include "common/dtype.h"
 #include "common/status.h"
 
@@ -68,7 +70,20 @@ class WorkNanoccl : public c10d::Work {
                     const std::vector<std::function<std::shared_ptr<Task>()>>& queue) {
     std::vector<std::shared_ptr<Task>> tasks;
     tasks.reserve(queue.size());
-    for (const auto& q : queue) tasks.push_back(q());
+    for (size_t i = 0; i < queue.size(); ++i) {
+      if (i + 1 < queue.size()) {
+        tasks.push_back(queue[i]());
+        continue;
+      }
+      // The last call's end completes the Work and its future: where the future was handed
+      // out, its callbacks get a scope of their own (CallScope), asked for before the call can
+      // run.
+      ScopeRequest request([weak = c10::weak_intrusive_ptr<WorkNanoccl>(work)] {
+        c10::intrusive_ptr<WorkNanoccl> w = weak.lock();
+        return w && w->decideScope();
+      });
+      tasks.push_back(queue[i]());
+    }
     if (tasks.empty()) {
       work->complete(Status::ok());
       return;
@@ -77,7 +92,7 @@ class WorkNanoccl : public c10d::Work {
     for (const TaskPtr& task : tasks) {
       Task* raw = task.get();  // valid while it runs its own callback
       task->onComplete([work, raw](const Status& s) {
-        work->taskDone(s, raw->source(), raw->buffersStillInUse() ? raw : nullptr);
+        work->taskDone(s, raw->source(), raw->buffersStillInUse() ? raw : nullptr, raw->scope());
       });
     }
     std::lock_guard<std::mutex> lock(work->tasksMu_);
@@ -87,7 +102,7 @@ class WorkNanoccl : public c10d::Work {
   // Deadlines count from the issue (backend/work_deadline.h).
   bool wait(std::chrono::milliseconds timeout) override {
     const Deadline until = workWaitDeadline(issued_, timeout_, timeout);
-    runHere();
+    runHere(until);
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (!waitUntil(cv_, lock, until, [&] { return completed_; })) {
@@ -112,6 +127,14 @@ class WorkNanoccl : public c10d::Work {
   int sourceRank() const override { return source_.load(); }
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    {
+      std::unique_lock<std::mutex> lock(futureMu_);
+      futureOut_ = true;  // it may carry callbacks from now on
+      // The call ended just before, without a scope for its callbacks: complete() is about to
+      // complete the future on its own thread with none. Wait for it, so that callbacks added
+      // now run here, at this thread's place in the call order.
+      futureCv_.wait(lock, [&] { return !decided_ || hold_ || settled_; });
+    }
     handOver();  // a caller that waits on the future will not run the call itself
     return future_;
   }
@@ -128,18 +151,32 @@ class WorkNanoccl : public c10d::Work {
     if (auto comm = comm_.lock()) comm->handOver();
   }
 
-  // A blocking call's tasks run on the waiting thread where they are next (Task::runHere).
-  void runHere() {
+  // A blocking call's tasks run on the waiting thread where they are next and their deadline
+  // is not past the wait's (Task::runHere).
+  void runHere(const Deadline& until) {
     std::vector<TaskPtr> tasks;
     {
       std::lock_guard<std::mutex> lock(tasksMu_);
       tasks = tasks_;
     }
-    for (const TaskPtr& t : tasks) t->runHere();
+    for (const TaskPtr& t : tasks) t->runHere(until);
   }
 
-  // `keeper`: the Task, where it says buffersStillInUse().
-  void taskDone(const Status& s, int source, Task* keeper) {
+  // Asked by the thread that ran the last call, before any later call can start (ScopeRequest):
+  // whether the future's callbacks need a scope, that is, whether it was handed out.
+  bool decideScope() {
+    std::lock_guard<std::mutex> lock(futureMu_);
+    decided_ = true;
+    hold_ = futureOut_;
+    return hold_;
+  }
+
+  // `keeper`: the Task, where it says buffersStillInUse(); `scope`: the Task's.
+  void taskDone(const Status& s, int source, Task* keeper, std::shared_ptr<CallScope> scope) {
+    if (scope) {
+      std::lock_guard<std::mutex> lock(futureMu_);
+      scope_ = std::move(scope);
+    }
     if (source >= 0) source_.store(source);
     if (keeper != nullptr) {
       std::lock_guard<std::mutex> lock(errorMu_);
@@ -189,14 +226,43 @@ class WorkNanoccl : public c10d::Work {
       std::lock_guard<std::mutex> lock(tasksMu_);
       tasks_.clear();  // a Task's callbacks hold this Work: no cycle left behind
     }
-    // The Work first, then the future (whose callbacks run here): a callback may wait on this
-    // Work. wait() and isCompleted() also cover the future, so no one sees one done and not
-    // the other.
+    // The Work first, then the future: wait() and isCompleted() also cover the future, so no
+    // one sees one done and not the other. A future nobody has been handed yet has no
+    // callbacks and completes here; one handed out may carry callbacks, user code that may
+    // issue and wait on another call of this communicator, which this thread (the worker, or a
+    // caller running a call) may be the one to run: it completes on the callback runner
+    // (common/callback_runner.h), where no wait can block a call.
     finish(error);
+    std::shared_ptr<CallScope> scope;
+    {
+      // Under the lock: a getFuture() racing with this returns the completed future.
+      std::lock_guard<std::mutex> lock(futureMu_);
+      scope = std::move(scope_);
+      if (!futureOut_ || (decided_ && !hold_)) {
+        completeFuture(future_, error, outputs_);  // no callback yet: nobody had it
+        settled_ = true;
+        futureCv_.notify_all();
+        return;
+      }
+    }
+    // The scope (null where the call failed) is closed once the callbacks have returned; the
+    // calls they issued run first (CallScope).
+    CallbackRunner::instance().post([future = future_, error, outputs = outputs_, scope] {
+      {
+        CallScope::Enter inside(scope);
+        completeFuture(future, error, outputs);
+      }
+      if (scope) scope->close();
+    });
+  }
+
+  static void completeFuture(const c10::intrusive_ptr<c10::ivalue::Future>& future,
+                             const std::exception_ptr& error,
+                             const std::vector<at::Tensor>& outputs) {
     if (error) {
-      future_->setError(error);
+      future->setError(error);
     } else {
-      future_->markCompleted(c10::IValue(outputs_));
+      future->markCompleted(c10::IValue(outputs));
     }
   }
 
@@ -206,6 +272,14 @@ class WorkNanoccl : public c10d::Work {
   const Clock::time_point issued_ = Clock::now();
   const std::weak_ptr<Communicator> comm_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
+  // Where the future completes, and its callbacks run (complete()). Under futureMu_:
+  std::mutex futureMu_;
+  std::condition_variable futureCv_;  // settled_
+  bool futureOut_ = false;  // getFuture() was called
+  bool decided_ = false;    // decideScope() was asked
+  bool hold_ = false;       // and answered yes
+  bool settled_ = false;    // complete() completed the future on its own thread
+  std::shared_ptr<CallScope> scope_;  // the last call's, until complete() takes it
   std::vector<at::Tensor> held_;
   std::vector<std::function<void()>> finishers_;
   std::atomic<int> pending_{0};
@@ -324,8 +398,11 @@ Queue reduceScatterFlat(Communicator& comm, WorkNanoccl& work, const at::Tensor&
 namespace nanoccl {
 
 // Every call goes through here (both source files): fn checks the tensors and queues the
-// communicator's Tasks; a rejected call (CallError) fails on this rank at once and, for a
-// collective, aborts the communicator so the peers fail now rather than at the timeout.
+// communicator's Tasks; a rejected call (CallError) fails on this rank at once. A rejected
+// collective leaves a refused call in its place (Communicator::refusedCall): ranks that all
+// refused it stay in step and the group stays usable; a peer that made the call meets a
+// mismatch now rather than waiting for the timeout. The CUDA side, where there is one, is
+// aborted as before (its calls run on communicators of their own).
 template <typename Fn>
 c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::run(const char* what, bool collective,
                                                         Fn&& fn) {
@@ -345,9 +422,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::run(const char* what, bool c
   } catch (const pg::CallError& e) {
     const std::string message = "nanoccl " + pg::rankLabel(rank_, size_) + ": " + e.message;
     if (collective) {
-      // The peers have queued (or will queue) their side of this call: fail them now rather
-      // than at the timeout.
-      comm->abort(invalidArgument(message));
+      // The peers have queued (or will queue) their side of this call, or refused it too.
+      comm->refusedCall();
       std::shared_ptr<CudaCollectives> cuda;
       {
         std::lock_guard<std::mutex> lock(mu_);

@@ -13,10 +13,11 @@
 // Contract
 // - Every rank calls the collectives in the same order with matching arguments (as with Gloo).
 //   A mismatch (shape, dtype, root, op) fails the call on every rank with a RuntimeError that
-//   names both ranks, within the timeout. A call this rank rejects before it reaches the wire
-//   (bad root, bad dtype, a CUDA tensor where the call takes none...) throws here and also
-//   aborts the group, so that the other ranks fail at once instead of waiting for a partner
-//   that will never come: after any error the group is unusable, as in NCCL.
+//   names both ranks, within the timeout; the group is unusable after it, as in NCCL. A call
+//   this rank rejects before any byte of it moves (bad root, bad dtype, a sparse tensor...)
+//   throws here and leaves a refused call in its place (Communicator::refusedCall): where every
+//   rank refused the same call the group stays usable, as Gloo's does; a rank that made the
+//   call instead meets a mismatch naming the refusing rank at once, not at the timeout.
 // - Options::timeout (torch's init_process_group / new_group timeout) is every call's
 //   deadline, counted from when the call was issued (not from when it ran or was waited on):
 //   each Work completes, successfully or with an exception, within it. Work::wait(timeout)
@@ -33,9 +34,14 @@
 //   alive. Work::getFuture() completes with the output tensors (a list) or the error.
 //
 // Threads: calls may come from any thread (one at a time defines the order, as in torch).
-// Work completion, future callbacks included, runs on the communicator's worker thread: the
-// Work is marked done first, then its future (so a callback may wait on the Work). CUDA calls'
-// futures complete on the CUDA side's executor thread once the call is enqueued on its stream.
+// A Work is marked done by the thread that ran its call (the communicator's worker, or the
+// caller that waited on it), then its future. A future's callbacks are user code that may
+// issue and wait on more calls (PyTorch's PowerSGD hook does): they never run on a thread that
+// runs calls, but on the callback runner (common/callback_runner.h), in a CallScope
+// (collectives/communicator.h) that gives the calls they issue the same place in the order on
+// every rank: right after the call whose future it is, as if the callbacks had run inline.
+// CUDA calls' futures complete on the callback runner too, once the call is enqueued on its
+// stream.
 // shutdown() (destroy_process_group) and the destructor stop every thread and close every
 // socket of the group; later calls throw.
 #pragma once

@@ -325,4 +325,12 @@ std::shared_ptr<Task> Communicator::barrier() {
                        std::move(a), Status::ok());
 }
 
+std::shared_ptr<Task> Communicator::refusedCall() {
+  CallArgs a;
+  a.op = OpType::kBarrier;
+  return impl_->submit(
+      OpFingerprint{OpType::kBarrier, DataType::kUInt8, ReduceOp::kSum, kRefusedCallRoot, 0, 0},
+      std::move(a), Status::ok());
+}
+
 }  // namespace nanoccl

@@ -104,16 +104,16 @@ std::string sizeText(DataType dtype, size_t count) {
 bool Task::test() const { return done_.done(); }
 
 Status Task::wait(const Deadline& deadline) const {
-  runHere();
+  runHere(deadline);
   if (!done_.wait(deadline)) {
     return timeoutError("the task did not complete before the caller's deadline");
   }
   return done_.status();
 }
 
-void Task::runHere() const {
+void Task::runHere(const Deadline& waiter) const {
   if (done_.done()) return;
-  if (std::shared_ptr<Communicator> owner = owner_.lock()) owner->runIfNext(*this);
+  if (std::shared_ptr<Communicator> owner = owner_.lock()) owner->runIfNext(*this, waiter);
 }
 
 Status Task::status() const { return done_.status(); }
@@ -138,9 +138,9 @@ namespace {
 // the call's issue instead, and the worker starts the call then if nobody has. Each call moves
 // the alarm on (where it would go off within kTick / 2, so that calls made back to back set
 // the timer once every few milliseconds, not each), so the worker sleeps while calls are made
-// and run by their callers, and wakes once after they stop. (Before 2026-11-28 it woke every
-// kTick while calls were being made, each time taking the CPU from a caller spinning on a
-// call in flight: one slow call a tick.) A caller that will not wait on the Task says so
+// and run by their callers, and wakes once after they stop. (Waking every kTick while calls
+// were being made took the CPU from a caller spinning on a call in flight: one slow call a
+// tick.) A caller that will not wait on the Task says so
 // (Communicator::handOver: the torch Work does on getFuture() and isCompleted()), as do a
 // second call and a point-to-point call: those wake the worker at once. Any other call nobody
 // waits on starts within kTick. (A 1 ms tick measured up to 2x slower back-to-back: each
@@ -158,7 +158,50 @@ void completeTask(Task& task, const Status& status, int source = -1) {
   --tlsInCallbacks;
 }
 
+// The scope calls issued on this thread join (CallScope::Enter), or null.
+thread_local CallScope* tlsScope = nullptr;
+// The ScopeRequest of this thread's next collective, or null; submit() takes its query.
+thread_local std::function<bool()>* tlsScopeRequest = nullptr;
+
+bool sameOwner(const std::weak_ptr<Communicator>& a, const std::weak_ptr<Communicator>& b) {
+  return !a.owner_before(b) && !b.owner_before(a);
+}
+
 }  // namespace
+
+// ---- CallScope ----
+
+void CallScope::close() {
+  if (std::shared_ptr<Communicator> owner = owner_.lock()) owner->closeScope(this);
+}
+
+CallScope::Enter::Enter(std::shared_ptr<CallScope> scope)
+    : scope_(std::move(scope)), previous_(tlsScope) {
+  if (scope_) tlsScope = scope_.get();
+}
+
+CallScope::Enter::~Enter() { tlsScope = previous_; }
+
+ScopeRequest::ScopeRequest(std::function<bool()> want) : want_(std::move(want)) {
+  tlsScopeRequest = &want_;
+}
+
+ScopeRequest::~ScopeRequest() { tlsScopeRequest = nullptr; }
+
+void Communicator::closeScope(const CallScope* scope) {
+  Impl& im = *impl_;
+  bool wake = false;
+  {
+    std::lock_guard<std::mutex> lock(im.mu);
+    for (detail::ScopeQueue& q : im.scopes) {
+      if (q.scope == scope && q.open) {
+        q.open = false;
+        wake = !im.running && im.anyQueued();
+      }
+    }
+  }
+  if (wake) im.workBell.ring();
+}
 
 // Communicator::Impl itself (its members, its threads and what `mu` guards) is in
 // communicator_impl.h.
@@ -199,8 +242,8 @@ std::shared_ptr<Task> Communicator::Impl::submit(OpFingerprint fingerprint, Call
   bool wake;
   {
     std::unique_lock<std::mutex> lock(mu);
-    fingerprint.seq = nextSeq++;
     if (!failed.isOk() || stopping) {
+      fingerprint.seq = nextSeq++;  // the number it would have had: order no longer matters
       const Status s =
           laterFailure(who() + fingerprint.describe() + ": ",
                        failed.isOk() ? abortedError("communicator destroyed") : failed);
@@ -209,13 +252,26 @@ std::shared_ptr<Task> Communicator::Impl::submit(OpFingerprint fingerprint, Call
       return task;
     }
     task->owner_ = self;
-    queue.push_back(QueuedCall{task, issued, deadline, fingerprint, std::move(args),
+    if (tlsScopeRequest != nullptr && *tlsScopeRequest) {
+      task->holdQuery_ = std::move(*tlsScopeRequest);
+      *tlsScopeRequest = nullptr;
+    }
+    // Issued inside a scope of this communicator (a callback of one of its calls): the call
+    // goes before every call not yet started outside the scope (CallScope).
+    std::deque<QueuedCall>* into = &queue;
+    if (tlsScope != nullptr && sameOwner(tlsScope->owner_, self)) {
+      for (detail::ScopeQueue& sq : scopes) {
+        if (sq.scope == tlsScope && sq.open) into = &sq.calls;
+      }
+    }
+    into->push_back(QueuedCall{task, issued, deadline, fingerprint, std::move(args),
                                plan.value().row, plan.value().predictedSeconds});
     // Whoever runs the current call hands this one on (workerLoop, finishTurn). A lone call
     // on an idle communicator is probably waited on next, and then run by its caller
     // (Task::runHere): the worker's alarm starts it if not (kTick says why it is not woken).
     // NANOCCL_SPIN_US=0 leaves nothing to the caller.
-    const bool leftToCaller = queue.size() == 1 && handOverGrace.count() > 0;
+    const bool leftToCaller =
+        into->size() == 1 && handOverGrace.count() > 0 && nextQueue() == into;
     wake = !running && !leftToCaller;
     if (leftToCaller && alarmAt < issued + kTick / 2) {
       alarmAt = issued + kTick;
@@ -229,17 +285,27 @@ std::shared_ptr<Task> Communicator::Impl::submit(OpFingerprint fingerprint, Call
 void Communicator::Impl::workerLoop() {
   for (;;) {
     QueuedCall call;
+    Status held;  // a call held behind a scope past its deadline
     {
       std::unique_lock<std::mutex> lock(mu);
       for (;;) {
         // A caller may be running the head call itself (Task::runHere): its turn ends first.
         Clock::time_point sleepUntil = Clock::time_point::max();
-        if (!queue.empty() && !running) {
+        std::deque<QueuedCall>* next = running ? nullptr : nextQueue();
+        if (next != nullptr && !next->empty()) {
           // A lone fresh call is left to its caller for a moment (NANOCCL_SPIN_US).
-          const Clock::time_point leftUntil = queue.front().issued + handOverGrace;
-          if (stopping || handOverNow || queue.size() > 1 || Clock::now() >= leftUntil) break;
+          const Clock::time_point leftUntil = next->front().issued + handOverGrace;
+          if (stopping || handOverNow || next->size() > 1 || Clock::now() >= leftUntil) break;
           sleepUntil = leftUntil;
-        } else if (stopping) {
+        } else if (!running && next == nullptr) {
+          // Held behind an open scope: its callbacks may still issue calls that go first.
+          const Deadline until = heldUntil();
+          if (until.expired()) {
+            held = heldTooLong();
+            break;
+          }
+          sleepUntil = until.at();
+        } else if (stopping && !running) {
           return;
         }
         // Until rung, or the alarm goes off (submit(), kTick), or the grace above ends.
@@ -247,17 +313,81 @@ void Communicator::Impl::workerLoop() {
         workBell.sleep(sleepUntil);
         lock.lock();
       }
-      call = takeNext();
+      if (held.isOk()) call = takeNext();
+    }
+    if (!held.isOk()) {
+      NANOCCL_WARN(held.toString());
+      fail(held);  // then every queued call fails in turn, in any order
+      continue;
     }
     runTaken(call);
   }
 }
 
+std::deque<QueuedCall>* Communicator::Impl::nextQueue() {
+  while (!scopes.empty() && !scopes.back().open && scopes.back().calls.empty()) {
+    scopes.pop_back();
+  }
+  if (failed.isOk() && !stopping) {
+    if (scopes.empty()) return &queue;
+    return scopes.back().calls.empty() ? nullptr : &scopes.back().calls;
+  }
+  for (auto it = scopes.rbegin(); it != scopes.rend(); ++it) {
+    if (!it->calls.empty()) return &it->calls;
+  }
+  return &queue;
+}
+
+bool Communicator::Impl::anyQueued() const {
+  if (!queue.empty()) return true;
+  for (const detail::ScopeQueue& q : scopes) {
+    if (!q.calls.empty()) return true;
+  }
+  return false;
+}
+
+Deadline Communicator::Impl::heldUntil() const {
+  Clock::time_point at = Clock::time_point::max();
+  for (const QueuedCall& c : queue) at = std::min(at, c.deadline.at());
+  for (const detail::ScopeQueue& q : scopes) {
+    for (const QueuedCall& c : q.calls) at = std::min(at, c.deadline.at());
+  }
+  return Deadline(at);
+}
+
+Status Communicator::Impl::heldTooLong() const {
+  const QueuedCall* first = nullptr;
+  auto consider = [&](const std::deque<QueuedCall>& q) {
+    for (const QueuedCall& c : q) {
+      if (first == nullptr || c.deadline.at() < first->deadline.at()) first = &c;
+    }
+  };
+  consider(queue);
+  for (const detail::ScopeQueue& q : scopes) consider(q.calls);
+  uint64_t holder = 0;
+  for (const detail::ScopeQueue& q : scopes) {
+    if (q.open) holder = q.call;
+  }
+  const std::string call = first == nullptr ? std::string("a call")
+                                            : std::string(opTypeName(first->fingerprint.op)) +
+                                                  " (" + sizeText(first->fingerprint.dtype,
+                                                                  first->fingerprint.count) +
+                                                  ")";
+  return timeoutError(who() + call + " did not start within the timeout of " +
+                      std::to_string(timeout.count()) +
+                      " ms: it waited for the callbacks of call #" + std::to_string(holder) +
+                      " (a Future callback of that call, e.g. its `then`) to return, and they "
+                      "have not; a callback must not wait on a call issued outside it after "
+                      "that call (it would wait on itself)");
+}
+
 QueuedCall Communicator::Impl::takeNext() {
-  QueuedCall call = std::move(queue.front());
-  queue.pop_front();
+  std::deque<QueuedCall>& from = *nextQueue();
+  QueuedCall call = std::move(from.front());
+  from.pop_front();
+  call.fingerprint.seq = nextSeq++;
   running = true;
-  if (queue.empty()) handOverNow = false;
+  if (!anyQueued()) handOverNow = false;
   return call;
 }
 
@@ -275,12 +405,13 @@ void Communicator::Impl::runTaken(QueuedCall& call) {
   runCall(call);
 }
 
-void Communicator::Impl::finishTurn() {
+void Communicator::Impl::finishTurn(const std::shared_ptr<CallScope>& scope, uint64_t seq) {
   bool more;
   {
     std::lock_guard<std::mutex> lock(mu);
+    if (scope) scopes.push_back(detail::ScopeQueue{scope.get(), seq, true, {}});
     running = false;
-    more = !queue.empty();
+    more = anyQueued();
   }
   // The worker waits for the turn only where a caller ran this call (Task::runHere) while
   // more were queued; an idle worker is not woken for nothing.
@@ -299,22 +430,32 @@ void Communicator::Impl::handOver() {
 }
 
 bool Communicator::Impl::markHandOver() {
-  if (queue.empty() || handOverNow) return false;
+  if (!anyQueued() || handOverNow) return false;
   handOverNow = true;
   return !running;  // whoever runs the current call hands the queue on
 }
 
-void Communicator::runIfNext(const Task& task) {
+void Communicator::runIfNext(const Task& task, const Deadline& waiter) {
   Impl& im = *impl_;
   QueuedCall call;
+  bool wake = false;
   {
     std::lock_guard<std::mutex> lock(im.mu);
-    if (im.running || im.stopping || im.queue.empty() || im.queue.front().task.get() != &task) {
-      return;
+    if (im.running || im.stopping) return;
+    std::deque<QueuedCall>* next = im.nextQueue();
+    if (next == nullptr || next->empty() || next->front().task.get() != &task) return;
+    if (waiter.at() < next->front().deadline.at()) {
+      // Run here, the call could hold the caller past its own deadline.
+      wake = im.markHandOver();
+    } else {
+      call = im.takeNext();
     }
-    call = im.takeNext();
   }
-  im.runTaken(call);
+  if (wake) {
+    im.workBell.ring();
+    return;
+  }
+  if (call.task) im.runTaken(call);
 }
 
 void Communicator::Impl::runCall(QueuedCall& call) {
@@ -349,7 +490,17 @@ void Communicator::Impl::runCall(QueuedCall& call) {
     }
   }
   ++calls;
-  finishTurn();
+  // A completion that runs user code (a torch future's callbacks) gets a scope before any
+  // later call can start, so that the calls it issues keep their place (CallScope).
+  std::shared_ptr<CallScope> scope;
+  if (s.isOk() && call.task->holdQuery_ && call.task->holdQuery_()) {
+    scope = std::make_shared<CallScope>();
+    scope->owner_ = self;
+    scope->call_ = call.fingerprint.seq;
+    call.task->scope_ = scope;
+  }
+  call.task->holdQuery_ = nullptr;
+  finishTurn(scope, call.fingerprint.seq);
   completeTask(*call.task, s);
 }
 
@@ -534,6 +685,8 @@ Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOpt
   if (!choice.isOk()) {
     return choice.status().withContext("rank " + std::to_string(options.rank) + ": ");
   }
+  NANOCCL_CHECK(detail::checkAlgorithmName(options.config.algo)
+                    .withContext("rank " + std::to_string(options.rank) + ": "));
 
   auto impl = std::make_unique<Impl>();
   NANOCCL_CHECK(impl->workBell.open().withContext("rank " + std::to_string(options.rank) +
@@ -643,7 +796,7 @@ void Communicator::Impl::shutdown() {
   {
     std::lock_guard<std::mutex> lock(mu);
     stopping = true;
-    pending = !queue.empty() || running || !p2p.empty();
+    pending = anyQueued() || running || !p2p.empty();
     if (pending) {
       destroyed = failed.isOk();
       if (failed.isOk()) failed = destroyedStatus;

@@ -16,6 +16,10 @@
 //   itself (Task::runHere), so a blocking call costs no thread hand-over; the order stays.
 //   The worker is not woken for such a call at once (handOver() says why and when it is). Buffers
 //   passed to a call belong to the communicator until its Task completes.
+// - Calls issued from a call's completion (a torch future's callbacks) go in a CallScope: they
+//   run before any other call not yet started, so every rank runs them at the same place
+//   whenever its callback happens to run. Sequence numbers are given when a call starts, in
+//   the order calls run.
 // - Point-to-point send/recv are not queued behind collectives and not sequence-numbered: they
 //   are posted to the transport at once (so irecv-then-isend pairs on two ranks cannot
 //   deadlock) and match by (peer, tag) in order; kAnySource receives from whoever sends first.
@@ -86,6 +90,61 @@ class KeptBuffers {
   std::vector<std::shared_ptr<void>> kept_;
 };
 
+// The completion of a call that runs user code which may issue more calls: a torch Future's
+// callbacks (PyTorch's PowerSGD hook issues an allreduce inside the previous one's `then`).
+// Such a callback runs on some thread at some time after the call; the calls it issues must
+// still take the same place in the call order on every rank. A scope gives them one: calls
+// issued inside it (on a thread within a CallScope::Enter) run before any other call that has
+// not started, in the order they were issued, as if the callback had run inline at its call's
+// end (NCCL's order, where a CUDA future is complete at issue). Other calls wait until the
+// scope is closed and its calls have run; scopes nest. A callback that waits on a call issued
+// outside its scope after the scope's call (not inside) would wait on a call held behind
+// itself: that call then fails at its deadline with an error saying so, never hangs.
+// Opened by the communicator (Task::holdNextCalls), closed by its holder or its destructor.
+// Thread-safe.
+class CallScope {
+ public:
+  ~CallScope() { close(); }
+  // No more calls will be issued inside: the calls held behind it may run once its own have.
+  // Idempotent.
+  void close();
+
+  // Calls this thread issues on the scope's communicator join the scope while an Enter lives
+  // (null: nothing). Nests; destroy in reverse order on the thread that made it.
+  class Enter {
+   public:
+    explicit Enter(std::shared_ptr<CallScope> scope);
+    ~Enter();
+    Enter(const Enter&) = delete;
+    Enter& operator=(const Enter&) = delete;
+
+   private:
+    std::shared_ptr<CallScope> scope_;
+    CallScope* previous_;
+  };
+
+ private:
+  friend class Communicator;
+  std::weak_ptr<Communicator> owner_;
+  uint64_t call_ = 0;  // the sequence number of the call whose completion this is
+};
+
+// While one lives, the next collective this thread queues (on any Communicator) asks `want`
+// where it ends by running successfully (once, on the thread that ran it, before any later call
+// can start) whether its completion runs user code that may issue calls; if so a CallScope is
+// opened for it (Task::scope()). Given at the issue, so that no call can run before it is
+// asked. The torch Work makes one around queueing its last call. Not nested.
+class ScopeRequest {
+ public:
+  explicit ScopeRequest(std::function<bool()> want);
+  ~ScopeRequest();
+  ScopeRequest(const ScopeRequest&) = delete;
+  ScopeRequest& operator=(const ScopeRequest&) = delete;
+
+ private:
+  std::function<bool()> want_;
+};
+
 // One queued call. Thread-safe.
 class Task {
  public:
@@ -97,7 +156,10 @@ class Task {
   // no call is running; else does nothing. Back-to-back calls then cost no hand-over to the
   // worker thread and back (two thread wake-ups, tens of microseconds each). Call order is
   // kept: only the head of the queue is taken, and the worker waits while it runs.
-  void runHere() const;
+  // `waiter`: the caller's own deadline. A call run here holds this thread until the call's
+  // deadline, so where the caller's is earlier the call goes to the worker instead and the
+  // caller's wait can end at its own deadline.
+  void runHere(const Deadline& waiter = Deadline::never()) const;
   // The final status; meaningful once test() is true.
   Status status() const;
   // Runs `cb` once with the final status: on the thread that ran the call (the worker, or a
@@ -120,6 +182,10 @@ class Task {
   // Used by the thread that ran the call.
   void complete(const Status& status, int source = -1);
 
+  // The scope opened for this call's completion (ScopeRequest; close it when the completion
+  // is over), or null. Set before the Task completes.
+  std::shared_ptr<CallScope> scope() const { return scope_; }
+
  private:
   Completion done_;
   std::shared_ptr<KeptBuffers> keeper_;  // set before buffersInUse_
@@ -128,6 +194,8 @@ class Task {
   // handed to anyone.
   friend class Communicator;
   std::weak_ptr<Communicator> owner_;
+  std::function<bool()> holdQuery_;   // ScopeRequest's; read by the thread that ran the call
+  std::shared_ptr<CallScope> scope_;  // set by that thread before completing the Task
 };
 
 struct CommunicatorOptions {
@@ -283,6 +351,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // peer may be kAnySource; Task::source() tells who sent.
   std::shared_ptr<Task> recv(void* buf, size_t count, DataType dtype, int peer, uint32_t tag);
   std::shared_ptr<Task> barrier();
+  // Takes the place of a collective this rank refused before queueing it (an argument error
+  // found locally, so no byte of it moved): a barrier that every rank refusing the same call
+  // runs too, so that they stay in step and the communicator stays usable. A rank that queued
+  // a real call there meets a mismatch naming this rank's refusal, and the communicator fails
+  // on every rank within the timeout, as for any mismatch.
+  std::shared_ptr<Task> refusedCall();
 
   // Starts the queued calls on the worker thread now. A lone call on an idle communicator is
   // otherwise left for a moment to its caller, who usually waits on it next and then runs it
@@ -306,9 +380,13 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // allreduce and allreduceCompressed (request null: the config's compression, if any).
   std::shared_ptr<Task> allreduceWith(void* buf, size_t count, DataType dtype, ReduceOp op,
                                       double premulFactor, const CompressionRequest* request);
-  friend class Task;  // runHere()
-  // Task::runHere(): runs `task`'s call here if it is next and nothing runs.
-  void runIfNext(const Task& task);
+  friend class Task;       // runHere()
+  friend class CallScope;  // close()
+  void closeScope(const CallScope* scope);
+  // Task::runHere(): runs `task`'s call here if it is next, nothing runs and the call's
+  // deadline is not later than `waiter`; hands it to the worker where only the deadline
+  // stands in the way.
+  void runIfNext(const Task& task, const Deadline& waiter);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -43,6 +43,14 @@ struct QueuedCall {
   double predictedSeconds = detail::kNoPrediction;  // the cost model's, where it has one
 };
 
+// The calls issued inside one CallScope, in Impl::scopes while the scope is open or has calls.
+struct ScopeQueue {
+  const CallScope* scope = nullptr;
+  uint64_t call = 0;  // the sequence number of the call whose completion the scope is
+  bool open = true;
+  std::deque<QueuedCall> calls;
+};
+
 // A posted send or receive, in Impl::p2p until it completes or the watchdog fails it.
 struct P2pCall {
   std::shared_ptr<Task> task;
@@ -108,6 +116,11 @@ struct Communicator::Impl {
   bool handOverNow = false;
   std::condition_variable watchCv;
   std::deque<detail::QueuedCall> queue;
+  // Open scopes and scopes with calls left (CallScope), innermost last: the calls of the
+  // innermost run first; while it is open and has none, every other call waits.
+  std::vector<detail::ScopeQueue> scopes;
+  // Assigned when a call starts (takeNext), so that the numbers follow the order calls run in,
+  // which scopes make differ from the order they were issued in.
   uint64_t nextSeq = 1;
   bool running = false;
   bool stopping = false;
@@ -213,14 +226,28 @@ struct Communicator::Impl {
   // argument error.
   Status chooseCodec(detail::CallArgs& args, const CompressionRequest* request) const;
   void workerLoop();
-  // The head of the queue, marked running (mu held, queue not empty).
+  // The queue whose head runs next (mu held): the innermost scope's, or the main queue where
+  // there is no scope; null while an open scope with no call holds every call back. Drops the
+  // scopes that are closed and have no call left. After a failure, or while stopping, order no
+  // longer matters: any queue with a call.
+  std::deque<detail::QueuedCall>* nextQueue();
+  // Whether any call is queued, held back or not (mu held).
+  bool anyQueued() const;
+  // The head of nextQueue(), marked running and given its sequence number (mu held, nextQueue()
+  // has a call).
   detail::QueuedCall takeNext();
+  // While scopes hold calls back: the earliest deadline of those calls (mu held). A call held
+  // past its deadline fails the communicator (workerLoop).
+  Deadline heldUntil() const;
+  // What a call held past its deadline fails the communicator with (mu held).
+  Status heldTooLong() const;
   // Runs (or, after a failure, fails) a call from takeNext(), on the worker or on a caller
   // (Task::runHere), then clears `running`.
   void runTaken(detail::QueuedCall& call);
   void runCall(detail::QueuedCall& call);
-  // Ends the running call's turn (clears `running`) and hands the next one to the worker.
-  void finishTurn();
+  // Ends the running call's turn (clears `running`) and hands the next one to the worker;
+  // first opens `scope` (non-null: the call's completion runs user code, Task::holdNextCalls).
+  void finishTurn(const std::shared_ptr<CallScope>& scope = nullptr, uint64_t seq = 0);
   // Communicator::handOver().
   void handOver();
   // Sets handOverNow where calls are queued (mu held); returns whether the worker must be woken.

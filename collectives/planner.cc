@@ -140,6 +140,20 @@ const std::vector<AlgorithmRow>& algorithmTable() {
   return table;
 }
 
+Status checkAlgorithmName(const std::string& algo) {
+  if (algo.empty() || algo == "auto") return Status::ok();
+  std::vector<std::string> names;
+  for (const AlgorithmRow& row : algorithmTable()) {
+    if (algo == row.name) return Status::ok();
+    if (std::find(names.begin(), names.end(), row.name) == names.end()) {
+      names.push_back(row.name);
+    }
+  }
+  std::string all = "auto";
+  for (const std::string& name : names) all += ", " + name;
+  return invalidArgument("unknown algorithm '" + algo + "' (NANOCCL_ALGO); valid names: " + all);
+}
+
 Result<const AlgorithmRow*> planAlgorithm(const CallArgs& args, const Topology& topology,
                                           const Config& config) {
   const std::vector<AlgorithmRow>& table = algorithmTable();
@@ -162,18 +176,7 @@ Result<const AlgorithmRow*> planAlgorithm(const CallArgs& args, const Topology& 
                              opTypeName(args.op) + ": " + why.message() + "; valid for " +
                              opTypeName(args.op) + ": auto" + forOp);
     }
-    if (!known) {
-      std::vector<std::string> names;
-      for (const AlgorithmRow& row : table) {
-        if (std::find(names.begin(), names.end(), row.name) == names.end()) {
-          names.push_back(row.name);
-        }
-      }
-      std::string all = "auto";
-      for (const std::string& name : names) all += ", " + name;
-      return invalidArgument("unknown algorithm '" + want +
-                             "' (NANOCCL_ALGO); valid names: " + all);
-    }
+    if (!known) return checkAlgorithmName(want);
     // Known, but only for other ops: this op stays on "auto".
   }
   // A call with a codec takes the first lossy row that can run it: the size threshold was

@@ -21,6 +21,11 @@ namespace nanoccl::detail {
 // Every row, grouped by op, in order of preference.
 const std::vector<AlgorithmRow>& algorithmTable();
 
+// kInvalidArgument listing the valid names unless `algo` (NANOCCL_ALGO) is "auto", empty or
+// the name of some row. Communicator::create() checks it, so a typo fails the group's creation
+// rather than its first call.
+Status checkAlgorithmName(const std::string& algo);
+
 // config.algo == "auto" (or empty): the first row of args.op whose autoWhen() and supports()
 // hold: on a hierarchical topology, "hierarchical" for messages above smallMessageBytes, flat
 // rows otherwise. A name: that op's row of that name; kInvalidArgument (listing the valid
@@ -71,9 +76,8 @@ struct Plan {
 inline constexpr double kMoreSocketsGain = 1.10;
 // A compressed call sends a quarter of the bytes or less, so more connections gain it a part
 // of a part while costing the CPU its codec needs; and the probe's noise here reached 15%: at
-// 1.10 a profile of a 1 Gbit/s link that one connection fills (2026-11-26: 97 MB/s over two a
-// peer against 85 over one) gave int8 calls two a peer, 5-10% slower at 256 MB
-// (results/tuning/grid_2x2_1gbit_barrier.txt).
+// 1.10 a profile of a 1 Gbit/s link that one connection fills (97 MB/s over two a peer
+// against 85 over one) gave int8 calls two a peer, 5-10% slower at 256 MB (results/tuning/).
 inline constexpr double kMoreSocketsGainCompressed = 1.25;
 int plannedLanes(const Config& config, const LinkProfile* profile, bool compressed);
 

@@ -10,6 +10,7 @@
 
 #include "common/logging.h"
 #include "common/op.h"
+#include "common/reduce.h"
 #include "common/strings.h"
 
 namespace nanoccl {
@@ -59,7 +60,7 @@ Result<std::vector<std::string>> splitCodecList(const std::string& v) {
 
 namespace {
 
-// One row per setting (shared/STYLE.md 3): its name, how to set it, how to print it.
+// One row per setting (docs/design.md, convention 3): its name, how to set it, how to print it.
 struct Field {
   const char* name;
   std::function<Status(Config&, const std::string&)> set;
@@ -276,6 +277,19 @@ std::string normalize(const std::string& name) {
 }  // namespace
 
 Result<Config> Config::fromEnv() {
+  // Read once per process by their own modules, so not fields: checked here all the same, so
+  // that a typo fails the group's creation like any other malformed setting.
+  if (const char* v = std::getenv("NANOCCL_DEBUG")) {
+    LogLevel level;
+    if (!parseLogLevel(v, &level)) {
+      return invalidArgument(std::string("NANOCCL_DEBUG=") + v +
+                             ": expected one of NONE|WARN|INFO|TRACE");
+    }
+  }
+  if (const char* v = std::getenv("NANOCCL_REDUCE_ISA"); v != nullptr && !knownReduceIsa(v)) {
+    return invalidArgument(std::string("NANOCCL_REDUCE_ISA=") + v +
+                           ": expected one of scalar|avx2|avx512");
+  }
   Config c;
   for (const Field& f : fields()) {
     std::string env = "NANOCCL_";

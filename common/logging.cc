@@ -9,14 +9,30 @@
 
 namespace nanoccl {
 
+bool parseLogLevel(const char* value, LogLevel* level) {
+  static constexpr struct {
+    const char* name;
+    LogLevel level;
+  } kLevels[] = {{"", LogLevel::kWarn},
+                 {"NONE", LogLevel::kNone},
+                 {"WARN", LogLevel::kWarn},
+                 {"INFO", LogLevel::kInfo},
+                 {"TRACE", LogLevel::kTrace}};
+  for (const auto& l : kLevels) {
+    if (strcasecmp(value, l.name) == 0) {
+      *level = l.level;
+      return true;
+    }
+  }
+  return false;
+}
+
 LogLevel logLevel() {
   static const LogLevel level = [] {
+    LogLevel l = LogLevel::kWarn;  // also for a malformed value: group creation refuses it
     const char* v = std::getenv("NANOCCL_DEBUG");
-    if (v == nullptr) return LogLevel::kWarn;
-    if (strcasecmp(v, "NONE") == 0) return LogLevel::kNone;
-    if (strcasecmp(v, "INFO") == 0) return LogLevel::kInfo;
-    if (strcasecmp(v, "TRACE") == 0) return LogLevel::kTrace;
-    return LogLevel::kWarn;
+    if (v != nullptr) parseLogLevel(v, &l);
+    return l;
   }();
   return level;
 }

@@ -10,6 +10,9 @@ namespace nanoccl {
 enum class LogLevel { kNone = 0, kWarn = 1, kInfo = 2, kTrace = 3 };
 
 LogLevel logLevel();  // read from NANOCCL_DEBUG once
+// The level a NANOCCL_DEBUG value names (NONE, WARN, INFO, TRACE in any case; empty: WARN), or
+// false for anything else (Config::fromEnv() refuses it).
+bool parseLogLevel(const char* value, LogLevel* level);
 void logLine(LogLevel level, const char* file, int line, const std::string& message);
 
 }  // namespace nanoccl

@@ -12,6 +12,9 @@ const char* opTypeName(OpType op) {
 }
 
 std::string OpFingerprint::describe() const {
+  if (op == OpType::kBarrier && root == kRefusedCallRoot) {
+    return "call #" + std::to_string(seq) + " (refused on that rank: a bad argument)";
+  }
   std::string s = opTypeName(op);
   if (op != OpType::kSendRecv) s += " #" + std::to_string(seq);
   s += " (";

@@ -35,6 +35,11 @@ const char* opTypeName(OpType op);
 inline constexpr const char* kCodecNames[] = {"none", "fp16", "bf16", "int8", "int4"};
 inline constexpr uint8_t kNumCodecNames = 5;
 
+// The root of a barrier that stands for a call this rank refused before queueing it
+// (Communicator::refusedCall): ranks that refused the same call meet in it; a rank that made
+// a real call there meets a mismatch.
+inline constexpr int32_t kRefusedCallRoot = -2;
+
 struct OpFingerprint {
   OpType op = OpType::kNone;
   DataType dtype = DataType::kUInt8;

@@ -219,6 +219,15 @@ Status reduceTo(void* out, const void* a, const void* b, size_t count, DataType 
 
 const char* reduceIsa() { return reduce_internal::isaName(reduce_internal::activeIsa()); }
 
+bool knownReduceIsa(const char* value) {
+  using reduce_internal::Isa;
+  if (*value == '\0') return true;
+  for (size_t i = 0; i < static_cast<size_t>(Isa::kNumIsas); ++i) {
+    if (strcasecmp(value, reduce_internal::isaName(static_cast<Isa>(i))) == 0) return true;
+  }
+  return false;
+}
+
 // ---- kAvg and kPremulSum scaling ------------------------------------------------------------
 
 namespace {

@@ -34,5 +34,9 @@ Status narrowFromFloat32(void* out, const float* in, size_t count, DataType t);
 // Which kernel variant reduceInto uses on this CPU: "avx512", "avx2" or "scalar"
 // (NANOCCL_REDUCE_ISA=scalar|avx2|avx512 lowers it, for tests and benchmarks).
 const char* reduceIsa();
+// Whether `value` is a NANOCCL_REDUCE_ISA value (scalar, avx2, avx512 in any case; empty: the
+// best); Config::fromEnv() refuses others. A known variant this CPU lacks is not an error:
+// reduceIsa() then warns once and uses the best it has.
+bool knownReduceIsa(const char* value);
 
 }  // namespace nanoccl

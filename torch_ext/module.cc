@@ -264,8 +264,10 @@ PYBIND11_MODULE(_C, m) {
       [](const std::string& name, const std::string& value) {
         nanoccl::Config config;
         nanoccl::Status s = config.set(name, value);
-        // Transport names are the transport table's to check (unknown, or not built in).
+        // Transport names are the transport table's to check (unknown, or not built in), and
+        // algorithm names the algorithm table's.
         if (s.isOk()) s = nanoccl::chooseTransports(config).status();
+        if (s.isOk()) s = nanoccl::detail::checkAlgorithmName(config.algo);
         if (!s.isOk()) throw py::value_error(s.message());
       },
       py::arg("name"), py::arg("value"));

@@ -405,17 +405,19 @@ TEST(InvalidArgument, FailsTheCallOnly) {
   EXPECT_EQ(b[0], 5);
 }
 
+// Refused where the communicator is created, on every rank, not at the first call.
 TEST(InvalidArgument, UnknownAlgorithmListsValidNames) {
-  std::vector<std::shared_ptr<Communicator>> comms;
-  NANOCCL_MAKE_WORLD_OR_SKIP(worldOf(2, 5000, "bogus"), comms);
-  Buffers buf(2);
-  const Status s = comms[0]
-                       ->allreduce(buf[0], 4, DataType::kFloat32, ReduceOp::kSum)
-                       ->wait(Deadline::after(std::chrono::seconds(5)));
-  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument);
-  EXPECT_TRUE(contains(s.message(), "bogus")) << s.toString();
-  EXPECT_TRUE(contains(s.message(), "recursive_doubling")) << s.toString();
-  EXPECT_TRUE(contains(s.message(), "ring")) << s.toString();
+  const std::vector<Result<std::shared_ptr<Communicator>>> made =
+      colltest::createEach(worldOf(2, 5000, "bogus"));
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_FALSE(made[r].isOk()) << "rank " << r;
+    const Status& s = made[r].status();
+    EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.toString();
+    EXPECT_TRUE(contains(s.message(), "bogus")) << s.toString();
+    EXPECT_TRUE(contains(s.message(), "recursive_doubling")) << s.toString();
+    EXPECT_TRUE(contains(s.message(), "ring")) << s.toString();
+    EXPECT_TRUE(contains(s.message(), "rank " + std::to_string(r))) << s.toString();
+  }
 }
 
 // A name that only some ops have applies to those; the others stay on auto.

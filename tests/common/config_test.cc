@@ -166,6 +166,11 @@ TEST(ConfigTest, FromEnvRejectsMalformedValuesNamingTheVariable) {
       {"NANOCCL_RAIL_MBPS", "1000,"},    {"NANOCCL_RAIL_MBPS", ","},
       {"NANOCCL_RAIL_MBPS", "1000;100"}, {"NANOCCL_RAIL_MBPS", "0"},
       {"NANOCCL_RAIL_MBPS", "1g,100"},
+      // Read once per process by their own modules (logging, the reduction kernels), but
+      // checked here like every setting: a typo fails the group's creation.
+      {"NANOCCL_DEBUG", "LOUD"},         {"NANOCCL_DEBUG", "1"},
+      {"NANOCCL_DEBUG", "warning"},      {"NANOCCL_REDUCE_ISA", "avx9000"},
+      {"NANOCCL_REDUCE_ISA", "sse"},
   };
   for (const auto& [name, value] : bad) {
     ScopedEnv env;
@@ -175,6 +180,21 @@ TEST(ConfigTest, FromEnvRejectsMalformedValuesNamingTheVariable) {
     ASSERT_FALSE(r.isOk()) << name << "=" << value;
     EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
     EXPECT_NE(r.status().message().find(name), std::string::npos) << r.status().message();
+  }
+}
+
+// The process-wide settings' valid values (the bad ones are in the test above).
+TEST(ConfigTest, FromEnvAcceptsTheProcessWideSettings) {
+  const std::pair<const char*, const char*> good[] = {
+      {"NANOCCL_DEBUG", "info"},      {"NANOCCL_DEBUG", "TRACE"},    {"NANOCCL_DEBUG", "none"},
+      {"NANOCCL_DEBUG", "WARN"},      {"NANOCCL_DEBUG", ""},         {"NANOCCL_REDUCE_ISA", "scalar"},
+      {"NANOCCL_REDUCE_ISA", "AVX2"}, {"NANOCCL_REDUCE_ISA", "avx512"}, {"NANOCCL_REDUCE_ISA", ""},
+  };
+  for (const auto& [name, value] : good) {
+    ScopedEnv env;
+    clearAll(env);
+    env.set(name, value);
+    EXPECT_TRUE(Config::fromEnv().isOk()) << name << "=" << value;
   }
 }
 

@@ -76,6 +76,26 @@ def scenario_errors(a: argparse.Namespace, ck: Checks) -> None:
         expect_error(ck, name, lambda: call(g), names, case_limit, then=then)
         destroy(g)
 
+    # Every rank refuses the same call before a byte of it moves: the group stays usable, as
+    # Gloo's does (the ranks meet in the refused call's place, Communicator::refusedCall).
+    g = fresh()
+    refused: list[tuple[str, Callable[[], Any]]] = [
+        ("a sparse tensor on every rank",
+         lambda: dist.all_reduce(torch.ones(4).to_sparse(), group=g)),
+        ("an output list of the wrong length on every rank",
+         lambda: dist.all_gather([torch.ones(2)] * (world + 1), torch.ones(2), group=g)),
+        ("a reduction undefined on the dtype on every rank",
+         lambda: dist.all_reduce(torch.ones(4), op=RO.BAND, group=g)),
+        ("a root outside the group on every rank",
+         lambda: g.broadcast(torch.ones(4), world + 3).wait()),
+    ]
+    for name, call in refused:
+        expect_error(ck, name, call, [], limit, (RuntimeError, ValueError))
+        t = torch.ones(2)
+        ck.run(f"usable after {name}", lambda: dist.all_reduce(t, group=g))
+        ck.same(f"usable after {name}: value", t, torch.full((2,), float(world)))
+    destroy(g)
+
     # A group that failed is unusable, with a clear error; destroying it does not hang.
     g = fresh()
     expect_error(ck, "mismatch again", lambda: dist.all_reduce(

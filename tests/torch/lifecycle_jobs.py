@@ -127,6 +127,20 @@ def scenario_lifecycle(a: argparse.Namespace, ck: Checks) -> None:
                                          for p in s2["per_peer"]), str(s2["per_peer"]))
     ck.expect("stats node", s2["node"] == f"node{rank}", s2["node"])
 
+    # Malformed settings are refused where the group is made, on every rank: those read by
+    # their own modules (logging, the reduction kernels) and the algorithm's name too.
+    expect_error(ck, "Options(algo='nonsense')", lambda: nanoccl.Options(algo="nonsense"), [], 5,
+                 (ValueError,))
+    for var, bad in (("NANOCCL_DEBUG", "LOUD"), ("NANOCCL_REDUCE_ISA", "avx9000"),
+                     ("NANOCCL_ALGO", "nonsense")):
+        os.environ[var] = bad
+        try:
+            msg = expect_error(ck, f"{var}={bad} at group creation",
+                               lambda: dist.new_group(backend="nanoccl"), [], 10, (RuntimeError,))
+            ck.expect(f"{var}={bad} named", var in msg or bad in msg, msg)
+        finally:
+            os.environ.pop(var)
+
     # Wrong group for stats.
     gloo = dist.new_group(backend="gloo")
     expect_error(ck, "stats of a gloo group", lambda: nanoccl.stats(gloo), [], 5, (ValueError,))
