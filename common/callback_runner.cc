@@ -41,8 +41,11 @@ CallbackRunner& CallbackRunner::instance() {
     gRunner.store(new CallbackRunner, std::memory_order_release);
     // The child of a fork has none of the parent's threads: give it a runner of its own. The
     // parent's (its mutex possibly held at the fork) is left alone, never used again there.
-    pthread_atfork(nullptr, nullptr,
-                   [] { gRunner.store(new CallbackRunner, std::memory_order_release); });
+    pthread_atfork(nullptr, nullptr, [] {
+      auto* fresh = new CallbackRunner;
+      fresh->replaced_ = gRunner.load(std::memory_order_relaxed);
+      gRunner.store(fresh, std::memory_order_release);
+    });
   });
   return *gRunner.load(std::memory_order_acquire);
 }

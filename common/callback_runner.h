@@ -49,6 +49,9 @@ class CallbackRunner {
   struct State;
   void threadLoop();
   State* state_;
+  // In a forked child, the parent's runner that this one replaced: kept reachable (never freed,
+  // as any runner).
+  CallbackRunner* replaced_ = nullptr;
 };
 
 }  // namespace nanoccl

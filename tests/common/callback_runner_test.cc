@@ -10,11 +10,20 @@
 #include <mutex>
 #include <stdexcept>
 #include <thread>
+#include <vector>
 
 namespace nanoccl {
 namespace {
 
 using std::chrono::seconds;
+
+// A runner of the test's own, never destroyed (as instance()), and kept reachable so that the
+// leak checker does not count it once its threads are gone.
+CallbackRunner& freshRunner() {
+  static auto* kept = new std::vector<CallbackRunner*>;  // never destroyed either
+  kept->push_back(new CallbackRunner);
+  return *kept->back();
+}
 
 // Jobs nested `depth` deep, each waiting on the one it posts: as a callback that issues a
 // collective and waits on its future, whose completion is itself a posted job.
@@ -28,7 +37,7 @@ int nest(CallbackRunner& runner, int depth) {
 }
 
 TEST(CallbackRunner, AJobWaitingOnALaterJobDoesNotBlockIt) {
-  CallbackRunner& runner = *new CallbackRunner;  // never destroyed, as instance()
+  CallbackRunner& runner = freshRunner();
   auto outer = std::make_shared<std::promise<int>>();
   std::future<int> done = outer->get_future();
   runner.post([&runner, outer] { outer->set_value(nest(runner, 5)); });
@@ -38,7 +47,7 @@ TEST(CallbackRunner, AJobWaitingOnALaterJobDoesNotBlockIt) {
 }
 
 TEST(CallbackRunner, AThrowingJobLeavesTheRunnerWorking) {
-  CallbackRunner& runner = *new CallbackRunner;
+  CallbackRunner& runner = freshRunner();
   runner.post([] { throw std::runtime_error("a callback's error"); });
   runner.post([] { throw 7; });
   std::promise<void> ran;
@@ -48,7 +57,7 @@ TEST(CallbackRunner, AThrowingJobLeavesTheRunnerWorking) {
 }
 
 TEST(CallbackRunner, IdleThreadsExit) {
-  CallbackRunner& runner = *new CallbackRunner;
+  CallbackRunner& runner = freshRunner();
   std::promise<void> ran;
   std::future<void> f = ran.get_future();
   runner.post([&ran] { ran.set_value(); });
