@@ -434,4 +434,11 @@ def all_gather_compressed(
     return _finish(work, async_op)
 
 
-from nanoccl import diloco  # noqa: E402, F401  (nanoccl.diloco.DiLoCo: DiLoCo across nodes)
+def __getattr__(name: str) -> Any:
+    """``nanoccl.diloco`` (DiLoCo across nodes) without an import at the package's load: the
+    module imports the package, which therefore does not import it back (no import cycle)."""
+    if name == "diloco":
+        import importlib
+
+        return importlib.import_module("nanoccl.diloco")
+    raise AttributeError(f"module 'nanoccl' has no attribute {name!r}")
