@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from job_harness import Checks, init, main, quiesce
+from job_harness import Checks, init, main, quiesce, train_mse
 
 SIZES = {"4 B": 1, "1 MiB": 1 << 18}  # float32 elements
 
@@ -233,18 +233,7 @@ def _train(group: Any, make_hook: Callable[[Any], tuple[Any, Callable[..., Any]]
     net = DDP(model, process_group=group, bucket_cap_mb=0.01)  # several buckets
     state, hook = make_hook(group)
     net.register_comm_hook(state, _inline(hook) if inline else hook)
-    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-    g = torch.Generator().manual_seed(1000 + rank)
-    losses = []
-    for _ in range(steps):
-        x = torch.randn(16, 32, generator=g)
-        y = torch.randn(16, 8, generator=g)
-        opt.zero_grad()
-        loss = nn.functional.mse_loss(net(x), y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return train_mse(net, rank, steps=steps, batch=16, inputs=32, outputs=8)
 
 
 def scenario_hooks(a: argparse.Namespace, ck: Checks) -> None:

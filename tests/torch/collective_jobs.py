@@ -29,6 +29,7 @@ from job_harness import (
     quiesce,
     reduce_local,
     torch_op,
+    train_mse,
 )
 
 
@@ -554,18 +555,7 @@ def scenario_ddp(a: argparse.Namespace, ck: Checks) -> None:
     runs: dict[str, tuple[nn.Module, list[float]]] = {}
     for name, group in (("nanoccl", dist.group.WORLD), ("gloo", gloo)):
         net = DDP(model(), process_group=group, bucket_cap_mb=0.01)  # several buckets
-        opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
-        g = torch.Generator().manual_seed(1000 + rank)
-        losses = []
-        for _ in range(20):
-            x = torch.randn(32, 16, generator=g)
-            y = torch.randn(32, 4, generator=g)
-            opt.zero_grad()
-            loss = nn.functional.mse_loss(net(x), y)
-            loss.backward()
-            opt.step()
-            losses.append(loss.item())
-        runs[name] = (net.module, losses)
+        runs[name] = (net.module, train_mse(net, rank, steps=20, batch=32, inputs=16, outputs=4))
     worst = 0.0
     for (pn, pa), (_, pb) in zip(runs["nanoccl"][0].state_dict().items(),
                                  runs["gloo"][0].state_dict().items()):

@@ -180,6 +180,23 @@ def gloo_try(fn: Callable[[], Any]) -> bool:
         return False
 
 
+def train_mse(net: Any, rank: int, steps: int, batch: int, inputs: int, outputs: int) -> list[float]:
+    """`steps` SGD steps (lr 0.05, momentum 0.9) of `net` on rank-seeded random regression
+    batches; the losses."""
+    opt = torch.optim.SGD(net.parameters(), lr=0.05, momentum=0.9)
+    g = torch.Generator().manual_seed(1000 + rank)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(batch, inputs, generator=g)
+        y = torch.randn(batch, outputs, generator=g)
+        opt.zero_grad()
+        loss = torch.nn.functional.mse_loss(net(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
 # ---- setup ----------------------------------------------------------------------------------
 
 
