@@ -100,7 +100,8 @@ class KeptBuffers {
 // scope is closed and its calls have run; scopes nest. A callback that waits on a call issued
 // outside its scope after the scope's call (not inside) would wait on a call held behind
 // itself: that call then fails at its deadline with an error saying so, never hangs.
-// Opened by the communicator (Task::holdNextCalls), closed by its holder or its destructor.
+// Opened by the communicator for a call issued under a ScopeRequest; closed by its holder (the
+// code that ran the callbacks) or its destructor.
 // Thread-safe.
 class CallScope {
  public:

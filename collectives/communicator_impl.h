@@ -246,7 +246,7 @@ struct Communicator::Impl {
   void runTaken(detail::QueuedCall& call);
   void runCall(detail::QueuedCall& call);
   // Ends the running call's turn (clears `running`) and hands the next one to the worker;
-  // first opens `scope` (non-null: the call's completion runs user code, Task::holdNextCalls).
+  // first opens `scope` (non-null: the call's completion runs user code, ScopeRequest).
   void finishTurn(const std::shared_ptr<CallScope>& scope = nullptr, uint64_t seq = 0);
   // Communicator::handOver().
   void handOver();
