@@ -299,12 +299,12 @@ void Communicator::Impl::workerLoop() {
           sleepUntil = leftUntil;
         } else if (!running && next == nullptr) {
           // Held behind an open scope: its callbacks may still issue calls that go first.
-          const Deadline until = heldUntil();
-          if (until.expired()) {
-            held = heldTooLong();
+          const QueuedCall* first = earliestQueued();
+          if (first != nullptr && first->deadline.expired()) {
+            held = heldTooLong(*first);
             break;
           }
-          sleepUntil = until.at();
+          if (first != nullptr) sleepUntil = first->deadline.at();
         } else if (stopping && !running) {
           return;
         }
@@ -346,16 +346,7 @@ bool Communicator::Impl::anyQueued() const {
   return false;
 }
 
-Deadline Communicator::Impl::heldUntil() const {
-  Clock::time_point at = Clock::time_point::max();
-  for (const QueuedCall& c : queue) at = std::min(at, c.deadline.at());
-  for (const detail::ScopeQueue& q : scopes) {
-    for (const QueuedCall& c : q.calls) at = std::min(at, c.deadline.at());
-  }
-  return Deadline(at);
-}
-
-Status Communicator::Impl::heldTooLong() const {
+const QueuedCall* Communicator::Impl::earliestQueued() const {
   const QueuedCall* first = nullptr;
   auto consider = [&](const std::deque<QueuedCall>& q) {
     for (const QueuedCall& c : q) {
@@ -364,16 +355,17 @@ Status Communicator::Impl::heldTooLong() const {
   };
   consider(queue);
   for (const detail::ScopeQueue& q : scopes) consider(q.calls);
+  return first;
+}
+
+Status Communicator::Impl::heldTooLong(const QueuedCall& first) const {
   uint64_t holder = 0;
   for (const detail::ScopeQueue& q : scopes) {
     if (q.open) holder = q.call;
   }
-  const std::string call = first == nullptr ? std::string("a call")
-                                            : std::string(opTypeName(first->fingerprint.op)) +
-                                                  " (" + sizeText(first->fingerprint.dtype,
-                                                                  first->fingerprint.count) +
-                                                  ")";
-  return timeoutError(who() + call + " did not start within the timeout of " +
+  const OpFingerprint& fp = first.fingerprint;
+  return timeoutError(who() + opTypeName(fp.op) + " (" + sizeText(fp.dtype, fp.count) + ")" +
+                      " did not start within the timeout of " +
                       std::to_string(timeout.count()) +
                       " ms: it waited for the callbacks of call #" + std::to_string(holder) +
                       " (a Future callback of that call, e.g. its `then`) to return, and they "
@@ -496,7 +488,6 @@ void Communicator::Impl::runCall(QueuedCall& call) {
   if (s.isOk() && call.task->holdQuery_ && call.task->holdQuery_()) {
     scope = std::make_shared<CallScope>();
     scope->owner_ = self;
-    scope->call_ = call.fingerprint.seq;
     call.task->scope_ = scope;
   }
   call.task->holdQuery_ = nullptr;

@@ -127,7 +127,6 @@ class CallScope {
  private:
   friend class Communicator;
   std::weak_ptr<Communicator> owner_;
-  uint64_t call_ = 0;  // the sequence number of the call whose completion this is
 };
 
 // While one lives, the next collective this thread queues (on any Communicator) asks `want`

@@ -236,11 +236,11 @@ struct Communicator::Impl {
   // The head of nextQueue(), marked running and given its sequence number (mu held, nextQueue()
   // has a call).
   detail::QueuedCall takeNext();
-  // While scopes hold calls back: the earliest deadline of those calls (mu held). A call held
-  // past its deadline fails the communicator (workerLoop).
-  Deadline heldUntil() const;
-  // What a call held past its deadline fails the communicator with (mu held).
-  Status heldTooLong() const;
+  // The queued call (held back or not) with the earliest deadline, or null (mu held). While
+  // scopes hold calls back, a call held past its deadline fails the communicator (workerLoop).
+  const detail::QueuedCall* earliestQueued() const;
+  // What `first` (earliestQueued()), held past its deadline, fails the communicator with.
+  Status heldTooLong(const detail::QueuedCall& first) const;
   // Runs (or, after a failure, fails) a call from takeNext(), on the worker or on a caller
   // (Task::runHere), then clears `running`.
   void runTaken(detail::QueuedCall& call);
