@@ -30,7 +30,6 @@ row runs to the end (``fallback="full"``), or is left without a time (``"none"``
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 import sys
@@ -46,6 +45,7 @@ for _path in (str(BENCH), str(REPO)):
 
 import study_report  # noqa: E402
 from study_plan import Profile  # noqa: E402
+from study_runs import decode_curve, encode_curve  # noqa: E402, F401  (runs.csv's curve column)
 
 REFERENCE_ROW = "dp@gloo"  # defines the target
 EF_ROW = "dp@nanoccl+int4"  # DP with int4 error feedback, the second yardstick
@@ -61,19 +61,6 @@ def curve_of(doc: dict[str, Any]) -> list[dict[str, Any]] | None:
     """The held-out curve of a trainer's result line (None without --eval-every)."""
     held = doc.get("held_out")
     return list(held["curve"]) if isinstance(held, dict) and held.get("curve") else None
-
-
-def encode_curve(curve: Sequence[dict[str, Any]]) -> str:
-    """runs.csv's eval_curve: [[step, tokens, time_s, loss, sha], ...] (floats round-trip)."""
-    return json.dumps([[p["step"], p["tokens"], p["time_s"], p["loss"],
-                        p.get("params_sha256")] for p in curve], separators=(",", ":"))
-
-
-def decode_curve(text: Any) -> list[dict[str, Any]]:
-    if not text:
-        return []
-    return [{"step": int(s), "tokens": int(t), "time_s": float(ts), "loss": float(loss),
-             "params_sha256": sha} for s, t, ts, loss, sha in json.loads(text)]
 
 
 def first_at_or_below(curve: Sequence[dict[str, Any]], target: float) -> dict[str, Any] | None:

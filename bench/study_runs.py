@@ -31,6 +31,19 @@ from emucluster import EmuCluster, format_rate, stop_process_group  # noqa: E402
 from study_plan import Baseline, DiLoCoSpec, Profile, Run  # noqa: E402
 
 TRAIN = REPO / "trainers" / "train.py"
+
+
+def encode_curve(curve: Sequence[dict[str, Any]]) -> str:
+    """runs.csv's eval_curve: [[step, tokens, time_s, loss, sha], ...] (floats round-trip)."""
+    return json.dumps([[p["step"], p["tokens"], p["time_s"], p["loss"],
+                        p.get("params_sha256")] for p in curve], separators=(",", ":"))
+
+
+def decode_curve(text: Any) -> list[dict[str, Any]]:
+    if not text:
+        return []
+    return [{"step": int(s), "tokens": int(t), "time_s": float(ts), "loss": float(loss),
+             "params_sha256": sha} for s, t, ts, loss, sha in json.loads(text)]
 # What a single-rank baseline must not inherit from a surrounding torchrun.
 _LAUNCH_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK",
                 "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
@@ -171,10 +184,8 @@ def record_from_result(doc: dict[str, Any], base: dict[str, Any]) -> dict[str, A
     })
     held = doc.get("held_out")
     if isinstance(held, dict) and held.get("curve"):  # --eval-every (study_long.py)
-        import study_long
-
         rec.update({"eval_every": held.get("every"), "eval_loss": held.get("final_loss"),
-                    "eval_curve": study_long.encode_curve(held["curve"])})
+                    "eval_curve": encode_curve(held["curve"])})
     return rec
 
 
