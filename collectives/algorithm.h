@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "collectives/codec/codec.h"
+#include "collectives/device/device.h"
 #include "collectives/topology.h"
 #include "common/config.h"
 #include "common/deadline.h"
@@ -83,6 +84,13 @@ struct CallArgs {
   // Connections a peer the call's large messages are striped over (OpFingerprint::lanes; the
   // planner's choice, 0: all of them).
   int lanes = 0;
+
+  // Device memory (collectives/device/device.h): the device that `send` and `recv` live on, or
+  // null for host memory. A device call runs on the device rows of the table only.
+  std::shared_ptr<Device> device;
+  // The device's queue waits for this fence before the call's first operation (the caller's
+  // position at the call's issue); may be null.
+  std::shared_ptr<Fence> after;
 
   size_t elemSize() const { return dataTypeSize(dtype); }
   // The size the planner decides by: the bytes one rank contributes to / receives from the
@@ -296,6 +304,9 @@ struct AlgorithmRow {
   // Whether run() honours args.codec (compresses the inter-node leg). A call with a codec
   // runs on the first lossy row that supports it; a forced lossless row runs it lossless.
   bool lossy = false;
+  // Whether the row runs calls on device memory (CallArgs::device): device calls take only
+  // such rows, host calls only the others.
+  bool device = false;
 };
 
 // ---- Confirmations ----
@@ -378,6 +389,34 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args);
 Status reduceScatterHierarchical(Context& ctx, const CallArgs& args);
 Status allgatherHierarchical(Context& ctx, const CallArgs& args);
 Status broadcastHierarchical(Context& ctx, const CallArgs& args);
+
+// The flat allreduce a cross group runs on a shard (tags from 0): recursive doubling for small
+// shards, the ring otherwise (both give every member the same bits).
+Status crossAllreduce(Context& cross, const CallArgs& shard);
+// The ring allreduce of `count` elements at `buf` over `ctx`, with tags from `tagBase` (the
+// table's allreduceRing always starts at tag 0; the blocks of one call need their own tags):
+// 2 x ringTags() of evenSplit(count, ctx.size()) at `chunkElems`.
+Status ringAllreduceAt(Context& ctx, char* buf, size_t count, DataType dtype, ReduceOp op,
+                       size_t chunkElems, uint32_t tagBase);
+
+// Device rows (collectives/device/rows.cc): calls on device memory, through args.device.
+// "device_node" (one node): the call is one node stage (NCCL on the CUDA device). 
+// "device_staged" (several nodes): allreduce reduces in the node into shards, every local rank
+// carries its shard across nodes through host staging memory chunk by chunk (the copies of
+// the neighbouring chunks overlap the network), then gathers in the node; broadcast,
+// allgather and reduce_scatter copy to the host, run the host path's row there and copy back.
+Status allreduceDeviceNode(Context& ctx, const CallArgs& args);
+Status allreduceDeviceStaged(Context& ctx, const CallArgs& args);
+Status broadcastDeviceNode(Context& ctx, const CallArgs& args);
+Status broadcastDeviceStaged(Context& ctx, const CallArgs& args);
+Status allgatherDeviceNode(Context& ctx, const CallArgs& args);
+Status allgatherDeviceStaged(Context& ctx, const CallArgs& args);
+Status reduceScatterDeviceNode(Context& ctx, const CallArgs& args);
+Status reduceScatterDeviceStaged(Context& ctx, const CallArgs& args);
+// Runs a device call on `row`: the device's queue waits for args.after, the row queues the
+// call's work, and *end gets a fence after all of it (Task::deviceEnd()).
+Status runDeviceCall(Context& ctx, const CallArgs& args, const AlgorithmRow& row,
+                     std::shared_ptr<Fence>* end);
 
 // Compressed (compressed.cc): the inter-node leg under args.codec. Every rank of `ctx` is on a
 // node of its own (the flat rows, and the cross stage of the hierarchical ones).

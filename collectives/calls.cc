@@ -101,6 +101,56 @@ std::shared_ptr<Task> Communicator::allreduceWith(void* buf, size_t count, DataT
                        invalid);
 }
 
+std::shared_ptr<Task> Communicator::deviceCall(const DeviceCall& call) {
+  CallArgs a;
+  a.op = call.op;
+  a.dtype = call.dtype;
+  a.redop = call.redop;
+  a.premulFactor = call.premulFactor;
+  a.send = call.send != nullptr ? call.send : call.recv;
+  a.recv = call.recv;
+  a.count = call.count;
+  a.device = call.device;
+  a.after = call.after;
+  const int n = size();
+  const bool reduces = call.op == OpType::kAllreduce || call.op == OpType::kReduceScatter;
+  size_t total = call.count;  // the fingerprint's count: all ranks' elements where per rank
+  if (call.op == OpType::kAllgather || call.op == OpType::kReduceScatter) {
+    a.counts.assign(static_cast<size_t>(n), call.count);
+    total = call.count * static_cast<size_t>(n);
+  }
+  if (call.op == OpType::kBroadcast) a.root = call.root;
+  if (!reduces) a.redop = ReduceOp::kSum;
+  const Status invalid = firstError(
+      [&] {
+        if (!call.device) return invalidArgument("device call without a device");
+        switch (call.op) {
+          case OpType::kAllreduce:
+          case OpType::kBroadcast:
+          case OpType::kAllgather:
+          case OpType::kReduceScatter:
+            return Status::ok();
+          default:
+            return invalidArgument(std::string(opTypeName(call.op)) +
+                                   " is not a collective on device memory");
+        }
+      },
+      [&] { return checkDataType(call.dtype); },
+      [&] { return reduces ? checkReduction(call.redop, call.dtype) : Status::ok(); },
+      [&] {
+        if (!reduces || call.device->supports(call.dtype, call.redop)) return Status::ok();
+        return invalidArgument(std::string(reduceOpName(call.redop)) + " on " +
+                               dataTypeName(call.dtype) + " is not supported on the " +
+                               call.device->describe());
+      },
+      [&] { return call.op == OpType::kBroadcast ? checkRoot(call.root, n) : Status::ok(); },
+      [&] { return checkBuffer("receive", call.recv, call.count); },
+      [&] { return checkBuffer("send", a.send, call.count); });
+  OpFingerprint fp{call.op, call.dtype, a.redop, a.root, total, 0};
+  fp.device = 1;
+  return impl_->submit(fp, std::move(a), invalid);
+}
+
 Result<Communicator::Prediction> Communicator::predictAllreduce(size_t count, DataType dtype,
                                                                 const std::string& codec) const {
   CallArgs a;

@@ -453,6 +453,7 @@ void Communicator::runIfNext(const Task& task, const Deadline& waiter) {
 void Communicator::Impl::runCall(QueuedCall& call) {
   auto what = [&] { return who() + call.fingerprint.describe() + ": "; };  // for errors, traces
   Status s;
+  std::shared_ptr<Fence> deviceEnd;  // a device call's (Task::deviceEnd)
   {
     // The deadline counts from the issue, not from now: time spent queued behind earlier
     // calls counts.
@@ -462,7 +463,13 @@ void Communicator::Impl::runCall(QueuedCall& call) {
     ctx.setChunkBytes(call.args.chunkBytes);
     NANOCCL_TRACE(what() << "running " << (size == 1 ? "local" : call.algorithm->name));
     const Clock::time_point started = Clock::now();
-    s = size == 1 ? detail::runLocal(call.args) : call.algorithm->run(ctx, call.args);
+    if (call.args.device) {
+      rememberDevice(call.args.device);  // aborted with the communicator from now on
+      s = detail::runDeviceCall(ctx, call.args, *call.algorithm, &deviceEnd);
+    } else {
+      s = size == 1 ? detail::runLocal(call.args) : call.algorithm->run(ctx, call.args);
+    }
+    if (s.isOk() && deviceEnd) watchDevice(call, deviceEnd);
     if (s.isOk() && size > 1 && call.predictedSeconds != detail::kNoPrediction) {
       const double took = std::chrono::duration<double>(Clock::now() - started).count();
       recordTiming(call, took);
@@ -471,13 +478,14 @@ void Communicator::Impl::runCall(QueuedCall& call) {
     const auto op = static_cast<size_t>(call.fingerprint.op);
     sentPerOp[op] += ctx.bytesSent();
     receivedPerOp[op] += ctx.bytesReceived();
-    if (size > 1) ++callsPerRow[call.algorithm - detail::algorithmTable().data()];
+    if (size > 1 || call.args.device) ++callsPerRow[call.algorithm - detail::algorithmTable().data()];
     if (!s.isOk()) {
       s = Status(s.code(), what() + s.message());
       NANOCCL_WARN(s.toString());
       // Before ctx (and its scratch memory) goes away: requests that are still pending must
       // not write into freed memory, and the peers must stop waiting for this rank.
       fail(s);
+      if (call.args.device) call.args.device->abort(s);  // its queued work on the call's buffers
       keepLeftover(ctx.takeUnfinished(), *call.task, s);
     }
   }
@@ -491,6 +499,7 @@ void Communicator::Impl::runCall(QueuedCall& call) {
     call.task->scope_ = scope;
   }
   call.task->holdQuery_ = nullptr;
+  if (s.isOk()) call.task->deviceEnd_ = std::move(deviceEnd);
   finishTurn(scope, call.fingerprint.seq);
   completeTask(*call.task, s);
 }
@@ -627,16 +636,73 @@ void Communicator::Impl::finishP2p(uint64_t id, const Status& status, int source
 // Point-to-point requests have no deadline of their own in the transport, and a pending
 // receive can only be withdrawn by aborting the transport: so a p2p call that outlives the
 // timeout fails the communicator, as a collective would.
+//
+// A device call's work ends on the device after its Task completed: the watchdog polls its end
+// fence (every kDevicePoll) and, where the device has not passed it by the call's deadline or
+// reports an error, fails the communicator, which aborts the device (its queued work ends).
+void Communicator::Impl::rememberDevice(const std::shared_ptr<Device>& device) {
+  std::lock_guard<std::mutex> lock(mu);
+  for (auto it = devices.begin(); it != devices.end();) {
+    std::shared_ptr<Device> d = it->lock();
+    if (d == device) return;
+    it = d ? it + 1 : devices.erase(it);
+  }
+  devices.push_back(device);
+}
+
+void Communicator::Impl::watchDevice(const detail::QueuedCall& call, std::shared_ptr<Fence> end) {
+  if (size == 1) return;  // no peer to wait for
+  {
+    std::lock_guard<std::mutex> lock(mu);
+    onDevice.push_back(detail::DeviceInFlight{call.args.device, std::move(end), call.deadline,
+                                              who() + call.fingerprint.describe()});
+  }
+  watchCv.notify_all();
+}
+
+namespace {
+constexpr auto kDevicePoll = std::chrono::milliseconds(1);
+}  // namespace
+
 void Communicator::Impl::watchdogLoop() {
   std::unique_lock<std::mutex> lock(mu);
   while (!stopping) {
-    if (p2p.empty()) {
+    if (p2p.empty() && onDevice.empty()) {
       watchCv.wait(lock);
       continue;
     }
     Clock::time_point earliest = Clock::time_point::max();
     for (const auto& [id, call] : p2p) earliest = std::min(earliest, call.deadline.at());
+    if (!onDevice.empty()) earliest = std::min(earliest, Clock::now() + kDevicePoll);
     watchCv.wait_until(lock, earliest);
+    if (!onDevice.empty()) {
+      std::vector<detail::DeviceInFlight> watched = std::move(onDevice);
+      onDevice.clear();
+      lock.unlock();
+      Status problem;
+      std::vector<detail::DeviceInFlight> left;
+      for (detail::DeviceInFlight& d : watched) {
+        Result<bool> passed = d.device->passed(*d.end);
+        if (passed.isOk() && passed.value()) continue;
+        if (problem.isOk() && !passed.isOk()) {
+          problem = Status(passed.status().code(), d.what + ": on the " + d.device->describe() +
+                                                       ": " + passed.status().message());
+        } else if (problem.isOk() && d.deadline.expired()) {
+          problem = timeoutError(d.what + ": its work on the " + d.device->describe() +
+                                 " did not end within the timeout (" +
+                                 std::to_string(timeout.count()) +
+                                 " ms): a peer died or stopped calling? The device was aborted");
+        }
+        left.push_back(std::move(d));
+      }
+      if (!problem.isOk()) {
+        left.clear();
+        NANOCCL_WARN(problem.toString());
+        fail(problem);
+      }
+      lock.lock();
+      for (detail::DeviceInFlight& d : left) onDevice.push_back(std::move(d));
+    }
     std::vector<P2pCall> expired;
     for (auto it = p2p.begin(); it != p2p.end();) {
       if (it->second.deadline.expired()) {

@@ -55,6 +55,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/device/device.h"
 #include "collectives/store.h"
 #include "collectives/topology.h"
 #include "collectives/tuning.h"
@@ -186,6 +187,12 @@ class Task {
   // is over), or null. Set before the Task completes.
   std::shared_ptr<CallScope> scope() const { return scope_; }
 
+  // A device call (Communicator::deviceCall) that succeeded: a fence of its device after the
+  // call's last queued operation. The Task completes when the call's work is all queued (its
+  // host stages are over); the device is done with the call once it has passed this fence.
+  // Null otherwise. Set before the Task completes.
+  std::shared_ptr<Fence> deviceEnd() const { return deviceEnd_; }
+
  private:
   Completion done_;
   std::shared_ptr<KeptBuffers> keeper_;  // set before buffersInUse_
@@ -196,6 +203,7 @@ class Task {
   std::weak_ptr<Communicator> owner_;
   std::function<bool()> holdQuery_;   // ScopeRequest's; read by the thread that ran the call
   std::shared_ptr<CallScope> scope_;  // set by that thread before completing the Task
+  std::shared_ptr<Fence> deviceEnd_;  // likewise
 };
 
 struct CommunicatorOptions {
@@ -260,6 +268,28 @@ struct CompressionRequest {
   // Error feedback: `count` floats the caller owns and keeps between calls (zeros at first),
   // or null. Each rank's residual holds what its own encodings lost.
   float* residual = nullptr;
+};
+
+// A collective on device memory (collectives/device/device.h): the same call as on host memory,
+// run by the device rows of the table on the communicator's own transports.
+struct DeviceCall {
+  OpType op = OpType::kAllreduce;  // kAllreduce, kBroadcast, kAllgather or kReduceScatter
+  DataType dtype = DataType::kFloat32;
+  ReduceOp redop = ReduceOp::kSum;  // allreduce, reduce_scatter
+  double premulFactor = 1.0;
+  int root = 0;  // broadcast
+  // allreduce, broadcast: `count` elements, in place on `recv` (`send` null, `recv`, or the
+  // input; a broadcast reads it on the root only).
+  // allgather: `count` elements at `send`; `recv` gets size() x count, in rank order.
+  // reduce_scatter: size() x count elements at `send`; `recv` gets this rank's `count`.
+  const void* send = nullptr;
+  void* recv = nullptr;
+  size_t count = 0;
+  // Where the buffers live; kept alive by the call until it completes.
+  std::shared_ptr<Device> device;
+  // The device's queue waits for this fence before the call's first operation (the caller's
+  // position at the call's issue); may be null.
+  std::shared_ptr<Fence> after;
 };
 
 class Communicator : public std::enable_shared_from_this<Communicator> {
@@ -351,6 +381,12 @@ class Communicator : public std::enable_shared_from_this<Communicator> {
   // peer may be kAnySource; Task::source() tells who sent.
   std::shared_ptr<Task> recv(void* buf, size_t count, DataType dtype, int peer, uint32_t tag);
   std::shared_ptr<Task> barrier();
+  // A collective on device memory (DeviceCall), queued and ordered with every other call. The
+  // Task completes once its work is all queued on the device (Task::deviceEnd()); the caller
+  // keeps the buffers until the device has passed that fence. Compression settings do not
+  // apply (device calls are lossless). The communicator's watchdog fails the communicator, and
+  // aborts the device, when a call's device work has not ended by the call's deadline.
+  std::shared_ptr<Task> deviceCall(const DeviceCall& call);
   // Takes the place of a collective this rank refused before queueing it (an argument error
   // found locally, so no byte of it moved): a barrier that every rank refusing the same call
   // runs too, so that they stay in step and the communicator stays usable. A rank that queued

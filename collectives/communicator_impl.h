@@ -51,6 +51,15 @@ struct ScopeQueue {
   std::deque<QueuedCall> calls;
 };
 
+// A device call whose work is queued on its device (Task::deviceEnd()), in Impl::onDevice until
+// the device passes its end fence or the watchdog fails it at its deadline.
+struct DeviceInFlight {
+  std::shared_ptr<Device> device;
+  std::shared_ptr<Fence> end;
+  Deadline deadline = Deadline::never();
+  std::string what;  // "rank 0: allreduce #4 (float32 x 8, sum, on the device)"
+};
+
 // A posted send or receive, in Impl::p2p until it completes or the watchdog fails it.
 struct P2pCall {
   std::shared_ptr<Task> task;
@@ -72,7 +81,8 @@ inline bool validDataType(DataType t) {
 }  // namespace detail
 
 // Threads: the caller's (submit, p2p posting, stats), one worker (runs queued collectives in
-// order), one watchdog (p2p deadlines), and the transport's progress thread (p2p completions).
+// order), one watchdog (p2p deadlines, device calls' end fences), and the transport's progress
+// thread (p2p completions).
 // `mu` guards the queue, the failure state and the p2p table; it is never held while calling
 // into the transport or completing a Task.
 struct Communicator::Impl {
@@ -128,6 +138,10 @@ struct Communicator::Impl {
   Status failed;  // the first failure; OK while the communicator is healthy
   std::map<uint64_t, detail::P2pCall> p2p;
   uint64_t nextP2pId = 1;
+  // Device calls whose device work has not been seen to end (watchdogLoop polls them), and
+  // every device a call ran on, aborted with the communicator (fail()).
+  std::vector<detail::DeviceInFlight> onDevice;
+  std::vector<std::weak_ptr<Device>> devices;
   std::thread worker;
   std::thread watchdog;
 
@@ -181,14 +195,26 @@ struct Communicator::Impl {
 
   // Records the first failure and aborts every transport, so the peers fail fast too: a peer
   // waiting in a hierarchical stage hears it on the sub-communicator it waits on.
+  // The devices of its calls are aborted too, so that their queued work ends (NCCL's kernels
+  // return) and their fences report the failure.
   void fail(const Status& why) {
+    std::vector<std::shared_ptr<Device>> used;
     {
       std::lock_guard<std::mutex> lock(mu);
       if (failed.isOk()) failed = why;
+      for (const std::weak_ptr<Device>& d : devices) {
+        if (std::shared_ptr<Device> live = d.lock()) used.push_back(std::move(live));
+      }
     }
     for (Transport* t : transports()) t->abort(why);
+    for (const std::shared_ptr<Device>& d : used) d->abort(why);
     workBell.ring();
+    watchCv.notify_all();
   }
+  // A device call starts: its device is aborted with the communicator from now on.
+  void rememberDevice(const std::shared_ptr<Device>& device);
+  // A device call's work is queued: the watchdog watches its end fence.
+  void watchDevice(const detail::QueuedCall& call, std::shared_ptr<Fence> end);
 
   std::shared_ptr<Task> submit(OpFingerprint fingerprint, detail::CallArgs args,
                                const Status& invalid);

@@ -193,15 +193,6 @@ Status exchangeRuns(Context& local, const std::vector<Range>& have, const char* 
   return local.waitAll(ps);
 }
 
-// The flat allreduce the cross groups run on their shard: latency-optimal for small shards,
-// the ring otherwise (both give every member the same bits).
-Status crossAllreduce(Context& cross, const CallArgs& shard) {
-  if (shard.planBytes() <= cross.config().smallMessageBytes) {
-    return allreduceRecursiveDoubling(cross, shard);
-  }
-  return allreduceRing(cross, shard);
-}
-
 // Large allreduces run their three stages as a pipeline over blocks of about this size: while
 // block b crosses the node links, block b + 1 is reduced and block b - 1 gathered inside the
 // node, so the intra-node stages hide behind the inter-node one (the slow one) instead of
@@ -267,6 +258,18 @@ class BlockQueue {
   bool closed_ = false;
 };
 
+
+}  // namespace
+
+// The flat allreduce the cross groups run on their shard: latency-optimal for small shards,
+// the ring otherwise (both give every member the same bits).
+Status crossAllreduce(Context& cross, const CallArgs& shard) {
+  if (shard.planBytes() <= cross.config().smallMessageBytes) {
+    return allreduceRecursiveDoubling(cross, shard);
+  }
+  return allreduceRing(cross, shard);
+}
+
 // The ring allreduce of `count` elements at `buf` over `ctx`, with tags from `tagBase` (the
 // table's allreduceRing always starts at tag 0; the blocks of one call need their own tags).
 Status ringAllreduceAt(Context& ctx, char* buf, size_t count, DataType dtype, ReduceOp op,
@@ -279,8 +282,6 @@ Status ringAllreduceAt(Context& ctx, char* buf, size_t count, DataType dtype, Re
   return ringAllgather(ctx, counts, seg, es, chunkElems,
                        tagBase + ringTags(ctx, counts, chunkElems));
 }
-
-}  // namespace
 
 Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
   if (args.count == 0) return Status::ok();

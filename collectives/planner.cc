@@ -63,8 +63,24 @@ Status compressedFlat(const CallArgs& args, const Topology& topology) {
   return Status::ok();
 }
 
+// Device rows (collectives/device/rows.cc) run calls on device memory only, the others only
+// calls on host memory.
+bool forCall(const AlgorithmRow& row, const CallArgs& args) {
+  return row.op == args.op && row.device == (args.device != nullptr);
+}
+Status deviceOneNode(const CallArgs&, const Topology& topology) {
+  if (topology.numNodes() == 1) return Status::ok();
+  return invalidArgument("the ranks are on " + std::to_string(topology.numNodes()) + " nodes (" +
+                         topology.describe() + "): device_node is one node's stage");
+}
+Status deviceSeveralNodes(const CallArgs&, const Topology& topology) {
+  if (topology.numNodes() > 1) return Status::ok();
+  return invalidArgument("the ranks are on one node: device_staged crosses nodes");
+}
+
 constexpr bool kLossless = false;
 constexpr bool kLossy = true;
+constexpr bool kDevice = true;
 
 }  // namespace
 
@@ -136,6 +152,25 @@ const std::vector<AlgorithmRow>& algorithmTable() {
        autoBoard, barrierBoard, kLossless},
       {"dissemination", OpType::kBarrier, "ceil(log2(size)) rounds of 1-byte signals", anyCall,
        autoAlways, barrierDissemination, kLossless},
+      // Calls on device memory (CallArgs::device): one node stage on one node, staged through
+      // host memory across nodes.
+      {"device_node", OpType::kAllreduce, "one node stage (NCCL on CUDA)", deviceOneNode,
+       autoAlways, allreduceDeviceNode, kLossless, kDevice},
+      {"device_staged", OpType::kAllreduce,
+       "node reduce-scatter, each shard across nodes through host chunks, node allgather",
+       deviceSeveralNodes, autoAlways, allreduceDeviceStaged, kLossless, kDevice},
+      {"device_node", OpType::kBroadcast, "one node stage (NCCL on CUDA)", deviceOneNode,
+       autoAlways, broadcastDeviceNode, kLossless, kDevice},
+      {"device_staged", OpType::kBroadcast, "the root's bytes through host memory, host broadcast",
+       deviceSeveralNodes, autoAlways, broadcastDeviceStaged, kLossless, kDevice},
+      {"device_node", OpType::kAllgather, "one node stage (NCCL on CUDA)", deviceOneNode,
+       autoAlways, allgatherDeviceNode, kLossless, kDevice},
+      {"device_staged", OpType::kAllgather, "through host memory, host allgather",
+       deviceSeveralNodes, autoAlways, allgatherDeviceStaged, kLossless, kDevice},
+      {"device_node", OpType::kReduceScatter, "one node stage (NCCL on CUDA)", deviceOneNode,
+       autoAlways, reduceScatterDeviceNode, kLossless, kDevice},
+      {"device_staged", OpType::kReduceScatter, "through host memory, host reduce_scatter",
+       deviceSeveralNodes, autoAlways, reduceScatterDeviceStaged, kLossless, kDevice},
   };
   return table;
 }
@@ -165,7 +200,7 @@ Result<const AlgorithmRow*> planAlgorithm(const CallArgs& args, const Topology& 
     const AlgorithmRow* named = nullptr;
     for (const AlgorithmRow& row : table) {
       if (want == row.name) known = true;
-      if (row.op != args.op) continue;
+      if (!forCall(row, args)) continue;
       forOp += std::string(", ") + row.name;
       if (want == row.name) named = &row;
     }
@@ -183,11 +218,11 @@ Result<const AlgorithmRow*> planAlgorithm(const CallArgs& args, const Topology& 
   // applied already (NANOCCL_COMPRESSION_MIN_BYTES), so the small-message rows do not apply.
   if (args.codec != nullptr) {
     for (const AlgorithmRow& row : table) {
-      if (row.op == args.op && row.lossy && row.supports(args, topology).isOk()) return &row;
+      if (forCall(row, args) && row.lossy && row.supports(args, topology).isOk()) return &row;
     }
   }
   for (const AlgorithmRow& row : table) {
-    if (row.op == args.op && row.autoWhen(args, topology, config) &&
+    if (forCall(row, args) && row.autoWhen(args, topology, config) &&
         row.supports(args, topology).isOk()) {
       return &row;
     }
@@ -274,7 +309,7 @@ Result<Plan> plan(const CallArgs& args, const Topology& topology, const Config& 
     trial.codecParams = params;
     trial.lanes = plannedLanes(config, profile, codec != nullptr);
     for (const AlgorithmRow& row : algorithmTable()) {
-      if (row.op != args.op) continue;
+      if (!forCall(row, args)) continue;
       if ((forced || fixedCodec) && &row != ruled) continue;
       if (codec != nullptr && !row.lossy) continue;
       if (!row.supports(trial, topology).isOk()) continue;

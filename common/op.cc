@@ -31,6 +31,7 @@ std::string OpFingerprint::describe() const {
     s += " across nodes";
   }
   if (lanes != 0) s += ", " + std::to_string(lanes) + (lanes == 1 ? " socket" : " sockets") + " a peer";
+  if (device != 0) s += ", on the device";
   s += ")";
   return s;
 }

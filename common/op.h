@@ -52,14 +52,18 @@ struct OpFingerprint {
   // How many of a peer's connections on each rail the call's large messages are striped over
   // (tcp; the planner's socket count, collectives/planner.h); 0: all of them.
   uint8_t lanes = 0;
+  // 1 where the call's buffers are device memory (a GPU's: collectives/device/device.h), so that
+  // a rank calling on device tensors and one on host tensors meet a mismatch.
+  uint8_t device = 0;
 
   bool operator==(const OpFingerprint& o) const {
     return op == o.op && dtype == o.dtype && redop == o.redop && root == o.root &&
-           count == o.count && seq == o.seq && codec == o.codec && lanes == o.lanes;
+           count == o.count && seq == o.seq && codec == o.codec && lanes == o.lanes &&
+           device == o.device;
   }
   bool operator!=(const OpFingerprint& o) const { return !(*this == o); }
 
-  // "allreduce #7 (float32 x 1024, sum)", "broadcast #3 (int64 x 8, root 1)",
+  // "allreduce #7 (float32 x 1024, sum)", "broadcast #3 (int64 x 8, root 1, on the device)",
   // "allreduce #9 (float32 x 4096, sum, int8 across nodes)", "... 1 socket a peer)".
   std::string describe() const;
 };

@@ -41,7 +41,8 @@ struct FrameHeader {
   uint8_t lanes;  // OpFingerprint::lanes
   int32_t root;
   uint32_t tag;
-  uint32_t reserved1;
+  uint8_t device;  // OpFingerprint::device
+  uint8_t reserved1[3];
   uint64_t seq;     // collective: the call's sequence number; p2p: the sender's message number
   uint64_t count;   // fingerprint count
   uint64_t total;   // message bytes
@@ -63,6 +64,7 @@ inline FrameHeader dataFrameHeader(const OpFingerprint& fp, uint32_t tag, uint64
   h.redop = fp.redop;
   h.codec = fp.codec;
   h.lanes = fp.lanes;
+  h.device = fp.device;
   h.root = fp.root;
   h.tag = tag;
   h.seq = seq;
@@ -94,6 +96,7 @@ inline OpFingerprint fingerprintOf(const FrameHeader& h) {
   fp.seq = h.op == OpType::kSendRecv ? 0 : h.seq;
   fp.codec = h.codec;
   fp.lanes = h.lanes;
+  fp.device = h.device;
   return fp;
 }
 
@@ -116,6 +119,7 @@ inline Status validateFrameHeader(const FrameHeader& h) {
   }
   if (h.codec >= kNumCodecNames) return protocolError("bad codec in frame");
   if (h.lanes > kMaxFrameLanes) return protocolError("bad socket count in frame");
+  if (h.device > 1) return protocolError("bad device flag in frame");
   if (static_cast<uint32_t>(h.dtype) >= static_cast<uint32_t>(DataType::kNumTypes)) {
     return protocolError("bad dtype in frame");
   }

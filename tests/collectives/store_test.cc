@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <thread>
 
+#include "collectives/device/host_device.h"
 #include "collectives/planner.h"
 #include "tests/collectives/test_util.h"
 
@@ -197,6 +198,34 @@ TEST(Planner, TableCoversEveryOp) {
       }
     }
     EXPECT_GT(rows, 0) << opTypeName(op);
+  }
+}
+
+// Calls on device memory take the device rows, by topology, and host calls never do; the rows
+// are in the table under their names, for every op a device call can make.
+TEST(Planner, DeviceCallsTakeDeviceRows) {
+  detail::CallArgs call;
+  call.dtype = DataType::kFloat32;
+  call.count = 1 << 20;
+  Config c;
+  const Topology oneNode = Topology::singleNode(2);
+  const Topology twoNodes = Topology::fromNodeIds({"a", "a", "b", "b"});
+  for (OpType op : {OpType::kAllreduce, OpType::kBroadcast, OpType::kAllgather,
+                    OpType::kReduceScatter}) {
+    SCOPED_TRACE(opTypeName(op));
+    call.op = op;
+    call.device = nullptr;
+    EXPECT_STRNE(detail::planAlgorithm(call, twoNodes, c).value()->name, "device_staged");
+    call.device = std::make_shared<HostDevice>();
+    EXPECT_STREQ(detail::planAlgorithm(call, oneNode, c).value()->name, "device_node");
+    EXPECT_STREQ(detail::planAlgorithm(call, twoNodes, c).value()->name, "device_staged");
+    Config forced;
+    forced.algo = "ring";  // a host row: device calls stay on auto
+    EXPECT_STREQ(detail::planAlgorithm(call, twoNodes, forced).value()->name, "device_staged");
+    forced.algo = "device_node";
+    EXPECT_EQ(detail::planAlgorithm(call, twoNodes, forced).status().code(),
+              StatusCode::kInvalidArgument);
+    EXPECT_TRUE(detail::checkAlgorithmName("device_staged").isOk());
   }
 }
 
