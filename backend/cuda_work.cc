@@ -1,4 +1,5 @@
 #include "backend/cuda_work.h"
+#include "common/completion.h"
 #include "backend/work_deadline.h"
 #include "common/callback_runner.h"
 
@@ -31,25 +32,26 @@ const c10::impl::DeviceGuardImplInterface* cudaImpl() {
 class WorkCuda : public c10d::Work {
  public:
   WorkCuda(int rank, c10d::OpType type, std::string what, std::vector<at::Tensor> outputs,
-           c10::Device device, c10::Stream stream, std::shared_ptr<CudaJob> job,
-           std::weak_ptr<CudaGroup> group, std::chrono::milliseconds timeout)
+           c10::Device device, c10::Stream stream, std::shared_ptr<CudaDevice> cuda,
+           std::weak_ptr<Communicator> comm, std::function<void()> copyOut,
+           std::chrono::milliseconds timeout)
       : c10d::Work(rank, type),
         what_(std::move(what)),
         outputs_(std::move(outputs)),
         device_(device),
         stream_(stream),
-        job_(std::move(job)),
-        group_(std::move(group)),
+        cuda_(std::move(cuda)),
+        comm_(std::move(comm)),
+        copyOut_(std::move(copyOut)),
         timeout_(timeout),
         future_(c10::make_intrusive<c10::ivalue::Future>(
             c10::ListType::ofTensors(), std::vector<c10::Device>{device})) {}
 
   // Host stages over (or the error), then the caller's current stream waits for the call.
   bool wait(std::chrono::milliseconds timeout) override {
-    const Status s = job_->waitEnqueued(pg::workWaitDeadline(issued_, timeout_, timeout));
-    if (!s.isOk()) {
+    if (!queued_.wait(pg::workWaitDeadline(issued_, timeout_, timeout))) {
       C10_THROW_ERROR(DistBackendError, "nanoccl rank " + std::to_string(rank_) + ": " + what_ +
-                                            " failed: " + s.toString());
+                                            ": timed out waiting for the call");
     }
     blockCurrentStream();
     return true;
@@ -58,54 +60,87 @@ class WorkCuda : public c10d::Work {
   void synchronize() override { wait(kNoTimeout); }
 
   void blockCurrentStream() override {
-    const Status s = job_->blockStream(cudaImpl()->getStream(device_).native_handle());
+    Status s = queued_.status();
+    if (s.isOk()) s = cuda_->blockStream(*end_, cudaImpl()->getStream(device_).native_handle());
     if (!s.isOk()) {
       C10_THROW_ERROR(DistBackendError, "nanoccl rank " + std::to_string(rank_) + ": " + what_ +
-                                            ": " + s.toString());
+                                            " failed: " + s.toString());
     }
   }
 
-  bool isCompleted() override { return job_->finished(); }
+  bool isCompleted() override {
+    if (!queued_.done()) return false;
+    if (!queued_.status().isOk()) return true;
+    Result<bool> passed = cuda_->passed(*end_);
+    return !passed.isOk() || passed.value();
+  }
   std::vector<at::Tensor> result() override { return outputs_; }
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
 
   void abort() override {
-    if (auto group = group_.lock()) {
-      group->abort(abortedError("rank " + std::to_string(rank_) + " aborted " + what_));
+    if (auto comm = comm_.lock()) {
+      comm->abort(abortedError("rank " + std::to_string(rank_) + " aborted " + what_));
     }
   }
 
-  // On the callback runner, once the call's last operation is on the internal stream: the
-  // future completes with events recorded there (the StreamGuard makes it the current stream),
-  // so whoever uses the future's value waits for the call on the GPU, not on the host.
-  void enqueued(const Status& s) {
-    try {
-      if (s.isOk()) {
-        c10::StreamGuard guard(stream_);
-        future_->markCompleted(c10::IValue(outputs_));
-      } else {
-        future_->setErrorIfNeeded(makeError("nanoccl rank " + std::to_string(rank_) + ": " +
-                                            what_ + " failed: " + s.toString()));
+  // On the thread that ran the call, once its work is queued (or it failed): the list
+  // outputs' copies queued behind it, the end fence after them; then the future completes on
+  // the callback runner (user code), with events recorded on the internal stream (the
+  // StreamGuard makes it the current stream), so whoever uses the future's value waits for the
+  // call on the GPU, not on the host.
+  void queued(const Status& status, const std::shared_ptr<Fence>& callEnd) {
+    Status s = status;
+    if (s.isOk()) s = finishOnStream(callEnd);
+    queued_.complete(s);
+    finish(s.isOk() ? nullptr : makeError(message(s)));
+    c10::intrusive_ptr<WorkCuda> self = c10::intrusive_ptr<WorkCuda>::unsafe_reclaim_from_nonowning(this);
+    CallbackRunner::instance().post([self, s] {
+      try {
+        if (s.isOk()) {
+          c10::StreamGuard guard(self->stream_);
+          self->future_->markCompleted(c10::IValue(self->outputs_));
+        } else {
+          self->future_->setErrorIfNeeded(makeError(self->message(s)));
+        }
+      } catch (...) {
+        self->future_->setErrorIfNeeded(std::current_exception());
       }
-    } catch (...) {
-      future_->setErrorIfNeeded(std::current_exception());
-    }
-  }
-
-  // On the executor thread, once the GPU finished the call (or it failed).
-  void finished(const Status& s) {
-    finish(s.isOk() ? nullptr
-                    : makeError("nanoccl rank " + std::to_string(rank_) + ": " + what_ +
-                                " failed: " + s.toString()));
+    });
   }
 
  private:
+  std::string message(const Status& s) const {
+    return "nanoccl rank " + std::to_string(rank_) + ": " + what_ + " failed: " + s.toString();
+  }
+
+  // Torch work on the internal stream, outside autograd (the thread's grad mode is its own);
+  // no exception crosses into the engine.
+  Status finishOnStream(const std::shared_ptr<Fence>& callEnd) {
+    if (!copyOut_) {
+      end_ = callEnd;
+      return Status::ok();
+    }
+    try {
+      c10::StreamGuard guard(stream_);
+      c10::AutoGradMode noGrad(false);
+      copyOut_();
+    } catch (const std::exception& e) {
+      return internalError(std::string("copying the result out failed: ") + e.what());
+    }
+    copyOut_ = nullptr;
+    NANOCCL_ASSIGN_OR_RETURN(end_, cuda_->recordOn(stream_.native_handle()));
+    return Status::ok();
+  }
+
   const std::string what_;
   const std::vector<at::Tensor> outputs_;
   const c10::Device device_;
   const c10::Stream stream_;
-  const std::shared_ptr<CudaJob> job_;
-  const std::weak_ptr<CudaGroup> group_;
+  const std::shared_ptr<CudaDevice> cuda_;
+  const std::weak_ptr<Communicator> comm_;
+  std::function<void()> copyOut_;
+  std::shared_ptr<Fence> end_;  // set before queued_ completes
+  Completion queued_;
   const std::chrono::milliseconds timeout_;
   const Clock::time_point issued_ = Clock::now();
   c10::intrusive_ptr<c10::ivalue::Future> future_;
@@ -113,21 +148,23 @@ class WorkCuda : public c10d::Work {
 
 }  // namespace
 
-CudaCollectives::CudaCollectives(std::shared_ptr<CudaGroup> group,
-                                 const CudaGroupOptions& options, c10::Device device,
-                                 c10::Stream stream)
-    : group_(std::move(group)),
-      rank_(options.rank),
-      size_(options.size),
-      timeout_(options.timeout),
+CudaCollectives::CudaCollectives(std::shared_ptr<Communicator> comm,
+                                 std::shared_ptr<CudaDevice> cudaDevice, c10::Device device,
+                                 c10::Stream stream, std::chrono::milliseconds timeout)
+    : comm_(std::move(comm)),
+      cuda_(std::move(cudaDevice)),
+      rank_(comm_->rank()),
+      size_(comm_->size()),
+      timeout_(timeout),
       device_(device),
       stream_(stream) {}
 
 CudaCollectives::~CudaCollectives() = default;
 
-Result<std::unique_ptr<CudaCollectives>> CudaCollectives::create(CudaGroupOptions options,
-                                                                 const c10::Device& device) {
-  if (!CudaGroup::built()) return CudaGroup::create(options).status();  // says why not
+Result<std::unique_ptr<CudaCollectives>> CudaCollectives::create(
+    std::shared_ptr<Communicator> comm, const c10::Device& device,
+    std::chrono::milliseconds timeout) {
+  if (!CudaDevice::built()) return CudaDevice::create(0, nullptr).status();  // says why not
   if (!device.is_cuda() || !device.has_index()) {
     return invalidArgument("CUDA collectives on " + device.str());
   }
@@ -141,11 +178,9 @@ Result<std::unique_ptr<CudaCollectives>> CudaCollectives::create(CudaGroupOption
   } catch (const std::exception& e) {
     return unavailableError(std::string("no CUDA stream for ") + device.str() + ": " + e.what());
   }
-  options.device = device.index();
-  options.stream = stream->native_handle();
-  NANOCCL_ASSIGN_OR_RETURN(auto group, CudaGroup::create(options));
+  NANOCCL_ASSIGN_OR_RETURN(auto cuda, CudaDevice::create(device.index(), stream->native_handle()));
   return std::unique_ptr<CudaCollectives>(
-      new CudaCollectives(std::move(group), options, device, *stream));
+      new CudaCollectives(std::move(comm), std::move(cuda), device, *stream, timeout));
 }
 
 Status CudaCollectives::check(const at::Tensor& t, const char* what, bool contiguous) const {
@@ -185,7 +220,7 @@ void* address(const at::Tensor& t) { return t.numel() == 0 ? nullptr : t.data_pt
 CudaCollectives::WorkResult CudaCollectives::allreduce(const at::Tensor& tensor, DataType dtype,
                                                        ReduceOp op, double factor) {
   NANOCCL_CHECK(check(tensor, "allreduce", true));
-  CudaCall call;
+  DeviceCall call;
   call.op = OpType::kAllreduce;
   call.dtype = dtype;
   call.redop = op;
@@ -197,7 +232,7 @@ CudaCollectives::WorkResult CudaCollectives::allreduce(const at::Tensor& tensor,
 
 CudaCollectives::WorkResult CudaCollectives::broadcast(const at::Tensor& tensor, int root) {
   NANOCCL_CHECK(check(tensor, "broadcast", true));
-  CudaCall call;
+  DeviceCall call;
   call.op = OpType::kBroadcast;
   call.dtype = DataType::kUInt8;  // only moves bytes: every dtype goes
   call.root = root;
@@ -228,7 +263,7 @@ CudaCollectives::WorkResult CudaCollectives::allgather(const std::vector<at::Ten
   const at::Tensor in = input.contiguous();
   const at::Tensor flat =
       at::empty({static_cast<int64_t>(size_) * input.numel()}, input.options());
-  CudaCall call;
+  DeviceCall call;
   call.op = OpType::kAllgather;
   call.dtype = DataType::kUInt8;
   call.send = address(in);
@@ -257,7 +292,7 @@ CudaCollectives::WorkResult CudaCollectives::allgatherBase(const at::Tensor& out
                            std::to_string(input.numel()));
   }
   const at::Tensor in = input.contiguous();
-  CudaCall call;
+  DeviceCall call;
   call.op = OpType::kAllgather;
   call.dtype = DataType::kUInt8;
   call.send = address(in);
@@ -291,7 +326,7 @@ CudaCollectives::WorkResult CudaCollectives::reduceScatter(const at::Tensor& out
   const at::Tensor send = at::cat(flat);
   const bool direct = output.is_contiguous();
   const at::Tensor recv = direct ? output : at::empty(output.sizes(), output.options());
-  CudaCall call;
+  DeviceCall call;
   call.op = OpType::kReduceScatter;
   call.dtype = dtype;
   call.redop = op;
@@ -318,7 +353,7 @@ CudaCollectives::WorkResult CudaCollectives::reduceScatterBase(const at::Tensor&
                            std::to_string(output.numel()));
   }
   const at::Tensor in = input.contiguous();
-  CudaCall call;
+  DeviceCall call;
   call.op = OpType::kReduceScatter;
   call.dtype = dtype;
   call.redop = op;
@@ -329,43 +364,33 @@ CudaCollectives::WorkResult CudaCollectives::reduceScatterBase(const at::Tensor&
   return run(call, c10d::OpType::_REDUCE_SCATTER_BASE, what, {in, output}, {output});
 }
 
-CudaCollectives::WorkResult CudaCollectives::run(CudaCall call, c10d::OpType type,
+CudaCollectives::WorkResult CudaCollectives::run(DeviceCall call, c10d::OpType type,
                                                  const char* what,
                                                  std::vector<at::Tensor> tensors,
                                                  std::vector<at::Tensor> outputs,
-                                                 std::function<void()> epilogue) {
+                                                 std::function<void()> copyOut) {
   const auto* impl = cudaImpl();
-  if (epilogue) {
-    // Torch work on the executor thread: on the internal stream, outside autograd (the
-    // thread's grad mode is its own), and no exception crosses into the engine.
-    call.epilogue = [stream = stream_, fn = std::move(epilogue)]() -> Status {
-      try {
-        c10::StreamGuard guard(stream);
-        c10::AutoGradMode noGrad(false);
-        fn();
-        return Status::ok();
-      } catch (const std::exception& e) {
-        return internalError(std::string("copying the result out failed: ") + e.what());
-      }
-    };
-  }
   for (const auto& t : tensors) {
     if (t.defined() && t.has_storage()) {
       impl->recordDataPtrOnStream(t.storage().data_ptr(), stream_);
     }
   }
   const c10::Stream current = impl->getStream(device_);
-  NANOCCL_ASSIGN_OR_RETURN(auto job, group_->submit(call, current.native_handle()));
+  NANOCCL_ASSIGN_OR_RETURN(call.after, cuda_->recordOn(current.native_handle()));
+  call.device = cuda_;
   auto work = c10::make_intrusive<WorkCuda>(rank_, type, what, std::move(outputs), device_,
-                                            stream_, job, group_, timeout_);
-  // The future's callbacks are user code that may issue and wait on another CUDA call: they
-  // run on the callback runner, never on the executor that would run that call.
-  job->onEnqueued([work](const Status& s) {
-    CallbackRunner::instance().post([work, s] { work->enqueued(s); });
+                                            stream_, cuda_, comm_, std::move(copyOut), timeout_);
+  std::shared_ptr<Task> task = comm_->deviceCall(call);
+  // The tensors go once the call's work is queued (recordStream covers the rest).
+  task->onComplete([work, task = std::weak_ptr<Task>(task), held = std::move(tensors)](
+                       const Status& s) mutable {
+    std::shared_ptr<Fence> end;
+    if (auto t = task.lock()) end = t->deviceEnd();
+    work->queued(s, end);
+    held.clear();
   });
-  // The tensors go when the GPU is done with them (the lambda, and with it `held`, is dropped
-  // once it ran).
-  job->onFinished([work, held = std::move(tensors)](const Status& s) { work->finished(s); });
+  // Its caller waits on the Work, not on the Task: the worker runs it now.
+  comm_->handOver();
   return c10::intrusive_ptr<c10d::Work>(std::move(work));
 }
 

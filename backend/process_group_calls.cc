@@ -105,7 +105,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::reduce_scatter(
       if (inputs.size() != 1) reject("reduce_scatter: needs one input list");
       const DataType dt = reduceType(outputs[0], "reduce_scatter");
       const Reduction red = mapReduction(opts.reduceOp, dt, "reduce_scatter");
-      return cudaWork(cuda(comm, outputs[0], "reduce_scatter")
+      return cudaWork(cuda(owner, outputs[0], "reduce_scatter")
                           ->reduceScatter(outputs[0], inputs[0], dt, red.op, red.factor),
                       rank_, size_);
     }
@@ -145,7 +145,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::_reduce_scatter_base(
           const at::Tensor& any = onCuda(input) ? input : output;
           const DataType dt = reduceType(any, "_reduce_scatter_base");
           const Reduction red = mapReduction(opts.reduceOp, dt, "_reduce_scatter_base");
-          return cudaWork(cuda(comm, any, "_reduce_scatter_base")
+          return cudaWork(cuda(owner, any, "_reduce_scatter_base")
                               ->reduceScatterBase(output, input, dt, red.op, red.factor),
                           rank_, size_);
         }

@@ -182,40 +182,6 @@ void ProcessGroupNanoccl::shutdown() {
 
 // ---- stats ----------------------------------------------------------------------------------
 
-namespace {
-
-// `into` += `from`, peer by peer (both indexed by group rank).
-void addStats(CommStats& into, const CommStats& from) {
-  if (into.perPeer.size() < from.perPeer.size()) into.perPeer.resize(from.perPeer.size());
-  for (size_t r = 0; r < from.perPeer.size(); ++r) {
-    into.perPeer[r].bytesSent += from.perPeer[r].bytesSent;
-    into.perPeer[r].bytesReceived += from.perPeer[r].bytesReceived;
-    into.perPeer[r].messagesSent += from.perPeer[r].messagesSent;
-    into.perPeer[r].messagesReceived += from.perPeer[r].messagesReceived;
-  }
-  auto sum = [](std::vector<uint64_t>& a, const std::vector<uint64_t>& b) {
-    if (a.size() < b.size()) a.resize(b.size());
-    for (size_t i = 0; i < b.size(); ++i) a[i] += b[i];
-  };
-  sum(into.bytesSentPerOp, from.bytesSentPerOp);
-  sum(into.bytesReceivedPerOp, from.bytesReceivedPerOp);
-  into.intraNodeBytesSent += from.intraNodeBytesSent;
-  into.intraNodeBytesReceived += from.intraNodeBytesReceived;
-  into.interNodeBytesSent += from.interNodeBytesSent;
-  into.interNodeBytesReceived += from.interNodeBytesReceived;
-  into.callsPerAlgorithm.insert(into.callsPerAlgorithm.end(), from.callsPerAlgorithm.begin(),
-                                from.callsPerAlgorithm.end());
-  into.callsWithKeptBuffers += from.callsWithKeptBuffers;
-  for (const auto& [name, c] : from.perTransport) {
-    auto it = std::find_if(into.perTransport.begin(), into.perTransport.end(),
-                           [&](const auto& e) { return e.first == name; });
-    if (it == into.perTransport.end()) it = into.perTransport.insert(it, {name, PeerCounters{}});
-    it->second += c;
-  }
-  addRails(into.perRail, from.perRail);
-}
-
-}  // namespace
 
 std::shared_ptr<const LinkProfile> ProcessGroupNanoccl::linkProfile() const {
   std::lock_guard<std::mutex> lock(mu_);
@@ -241,16 +207,12 @@ BackendStats ProcessGroupNanoccl::stats() const {
   out.size = size_;
   out.node = rank_ < static_cast<int>(nodes_.size()) ? nodes_[rank_] : std::string();
   std::shared_ptr<Communicator> comm;
-  std::shared_ptr<CudaCollectives> cuda;
   {
     std::lock_guard<std::mutex> lock(mu_);
     comm = comm_;
-    cuda = cuda_;
   }
   if (!comm) return out;
   CommStats cs = comm->stats();
-  // The CUDA calls' host-staged bytes (their own communicators) count like any other.
-  if (cuda) addStats(cs, cuda->stats());
   out.calls = cs.calls;
   for (int r = 0; r < size_; ++r) {
     BackendStats::Peer p;
@@ -290,20 +252,12 @@ BackendStats ProcessGroupNanoccl::stats() const {
 
 // ---- calls ----------------------------------------------------------------------------------
 
-std::shared_ptr<CudaCollectives> ProcessGroupNanoccl::cuda(Communicator& comm,
+std::shared_ptr<CudaCollectives> ProcessGroupNanoccl::cuda(const CommPtr& comm,
                                                            const at::Tensor& t,
                                                            const char* what) {
   std::lock_guard<std::mutex> lock(mu_);
   if (cuda_) return cuda_;
-  CudaGroupOptions o;
-  o.rank = rank_;
-  o.size = size_;
-  o.topology = comm.topology();
-  o.store = store_;
-  o.commId = commId_;
-  o.config = comm.config();
-  o.timeout = options_->timeout;
-  auto created = CudaCollectives::create(o, t.device());
+  auto created = CudaCollectives::create(comm, t.device(), options_->timeout);
   if (!created.isOk()) reject(std::string(what) + ": " + created.status().message());
   cuda_ = std::move(created).value();
   return cuda_;
@@ -316,7 +270,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::broadcast(std::vector<at::Te
     if (tensors.size() == 1 && onCuda(tensors[0])) {
       const int root = checkRoot(opts.rootRank, size_, "broadcast");
       if (opts.rootTensor != 0) reject("broadcast: rootTensor must be 0");
-      return cudaWork(cuda(comm, tensors[0], "broadcast")->broadcast(tensors[0], root), rank_,
+      return cudaWork(cuda(owner, tensors[0], "broadcast")->broadcast(tensors[0], root), rank_,
                       size_);
     }
     checkOne(tensors, "broadcast");
@@ -338,7 +292,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allreduce(std::vector<at::Te
       const DataType dt = reduceType(tensors[0], "allreduce");
       const Reduction red = mapReduction(opts.reduceOp, dt, "allreduce");
       return cudaWork(
-          cuda(comm, tensors[0], "allreduce")->allreduce(tensors[0], dt, red.op, red.factor),
+          cuda(owner, tensors[0], "allreduce")->allreduce(tensors[0], dt, red.op, red.factor),
           rank_, size_);
     }
     checkOne(tensors, "allreduce");
@@ -573,7 +527,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allgather(
   return run("allgather", true, [&](Communicator& comm, const CommPtr& owner) -> WorkPtr {
     if (inputs.size() == 1 && onCuda(inputs[0])) {
       if (outputs.size() != 1) reject("allgather: takes one output list per rank");
-      return cudaWork(cuda(comm, inputs[0], "allgather")->allgather(outputs[0], inputs[0]), rank_,
+      return cudaWork(cuda(owner, inputs[0], "allgather")->allgather(outputs[0], inputs[0]), rank_,
                       size_);
     }
     checkOne(inputs, "allgather");
@@ -590,7 +544,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::_allgather_base(
   return run("_allgather_base", true, [&](Communicator& comm, const CommPtr& owner) -> WorkPtr {
     if (onCuda(input) || onCuda(output)) {
       const at::Tensor& any = onCuda(input) ? input : output;
-      return cudaWork(cuda(comm, any, "_allgather_base")->allgatherBase(output, input), rank_,
+      return cudaWork(cuda(owner, any, "_allgather_base")->allgatherBase(output, input), rank_,
                       size_);
     }
     auto work = NANOCCL_WORK(c10d::OpType::_ALLGATHER_BASE, "_allgather_base", {output});

@@ -27,7 +27,7 @@
 // - CUDA tensors (builds with CUDA and NCCL): allreduce, broadcast, allgather, reduce_scatter
 //   and their _base forms, on one device per rank (that of the first CUDA call), with
 //   ProcessGroupNCCL's stream semantics: NCCL inside a node, pinned-memory staging across nodes
-//   (backend/cuda_work.h, backend/cuda_staging.h). In-place and flat output tensors must be
+//   (backend/cuda_work.h; collectives/device/). In-place and flat output tensors must be
 //   contiguous; reductions take float32/64, float16, bfloat16, int8, uint8, int32 and int64
 //   with sum, product, min, max, avg or premul_sum (floating point). Other calls raise.
 // - Tensors passed to a call must stay untouched until its Work completes; the Work keeps them
@@ -240,10 +240,10 @@ class ProcessGroupNanoccl : public c10d::Backend {
  private:
   // The live communicator, or a throw naming `what` once shut down.
   std::shared_ptr<Communicator> live(const char* what) const;
-  // The group's CUDA side (backend/cuda_work.h), created at the first CUDA call on the device
-  // of `t`; rejects the call (naming `what`) where there is none.
-  std::shared_ptr<CudaCollectives> cuda(Communicator& comm, const at::Tensor& t,
-                                        const char* what);
+  // The group's CUDA side (backend/cuda_work.h) over `comm`, created at the first CUDA call on
+  // the device of `t`; rejects the call (naming `what`) where there is none.
+  std::shared_ptr<CudaCollectives> cuda(const std::shared_ptr<Communicator>& comm,
+                                        const at::Tensor& t, const char* what);
   template <typename Fn>
   c10::intrusive_ptr<c10d::Work> run(const char* what, bool collective, Fn&& fn);
 

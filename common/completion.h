@@ -1,6 +1,6 @@
 // Completion: the one "done once, waited on, called back" object that nanoccl's asynchronous
 // things are built on: a transport's Request (transports/request.h), a communicator's Task
-// (collectives/communicator.h) and a CUDA call's two stages (backend/cuda_staging.cc). The
+// (collectives/communicator.h) and a CUDA Work's queueing (backend/cuda_work.cc). The
 // torch Work inherits c10d::Work's own state and waits on it with the same waitUntil().
 //
 // - complete(status, source) is called exactly once by whoever finishes the thing; later calls

@@ -17,7 +17,8 @@ KINDS=("$@")
 # The transport and collective suites TSan runs (its build is slow and its runs 5-15x slower):
 # these binaries, each run whole.
 TSAN_TARGETS=(nanoccl_transports_test nanoccl_shm_test nanoccl_routed_test
-              nanoccl_collectives_test nanoccl_collectives_fault_test)
+              nanoccl_collectives_test nanoccl_collectives_fault_test
+              nanoccl_collectives_device_test)
 
 # Runs one gtest binary; adds its counts to passed/failed/skipped.
 run_binary() {

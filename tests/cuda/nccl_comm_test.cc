@@ -74,12 +74,10 @@ TEST(NcclCommTest, OneRankCollectives) {
   DeviceBuffer<float> gathered(n);
   ASSERT_TRUE(c.allgather(buf.get(), gathered.get(), n, DataType::kFloat32, nullptr, d).isOk());
   EXPECT_EQ(gathered.take(), x);
-  ASSERT_TRUE(c.groupStart().isOk());
   ASSERT_TRUE(c.reduce(buf.get(), buf.get(), n / 2, DataType::kFloat32, ReduceOp::kMax, 1.0, 0,
                        nullptr, d)
                   .isOk());
   ASSERT_TRUE(c.broadcast(buf.get(), buf.get(), n, DataType::kFloat32, 0, nullptr, d).isOk());
-  ASSERT_TRUE(c.groupEnd(d).isOk());
   EXPECT_EQ(buf.take(), x);
   EXPECT_TRUE(c.check().isOk());
   EXPECT_TRUE(c.close(d).isOk());
@@ -127,19 +125,15 @@ TEST(NcclCommTest, TwoRanksTwoDevices) {
       Status s = c.reduceScatter(buf.get(), mine, n / 2, DataType::kFloat32, ReduceOp::kSum, 1.0,
                                  nullptr, d);
       if (s.isOk()) s = c.allgather(mine, buf.get(), n / 2, DataType::kFloat32, nullptr, d);
-      // Grouped reduce to and broadcast from each shard's owner (the uneven-node form).
-      if (s.isOk()) s = c.groupStart();
+      // Reduce to and broadcast from each shard's owner (the uneven-node form).
       for (int root = 0; root < 2 && s.isOk(); ++root) {
         float* p = buf.get() + root * (n / 2);
         s = c.reduce(p, p, n / 2, DataType::kFloat32, ReduceOp::kSum, 1.0, root, nullptr, d);
       }
-      if (s.isOk()) s = c.groupEnd(d);
-      if (s.isOk()) s = c.groupStart();
       for (int root = 0; root < 2 && s.isOk(); ++root) {
         float* p = buf.get() + root * (n / 2);
         s = c.broadcast(p, p, n / 2, DataType::kFloat32, root, nullptr, d);
       }
-      if (s.isOk()) s = c.groupEnd(d);
       if (s.isOk()) s = c.close(d);
       errors[r] = s;
       results[r] = buf.take();

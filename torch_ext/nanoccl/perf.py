@@ -539,8 +539,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
         device = torch.device(args.device)
     if device.type == "cuda":
-        torch.cuda.set_device(local_rank)
-        device = torch.device("cuda", local_rank)
+        # More local ranks than GPUs (emulated nodes sharing one GPU): ranks share them in turn.
+        index = local_rank % max(torch.cuda.device_count(), 1)
+        torch.cuda.set_device(index)
+        device = torch.device("cuda", index)
     if args.ab and args.ab == backend and not args.encrypt and \
             args.compression in (None, "none"):
         notes.append(f"--ab {args.ab} equals --backend: both sides run {backend} "

@@ -81,10 +81,8 @@ class Backoff {
 
 struct NcclComm::Impl {
   ncclComm_t comm = nullptr;
-  bool inGroup = false;
   bool closed = false;
   Status failed;                      // sticky: the first error
-  std::vector<ncclRedOp_t> premulOps;  // created in a group, destroyed at its end
 
   // Aborts and remembers `why`; returns it.
   Status fail(const Status& why) {
@@ -92,7 +90,6 @@ struct NcclComm::Impl {
       (void)ncclCommAbort(comm);
       comm = nullptr;
     }
-    premulOps.clear();
     if (failed.isOk()) failed = why;
     return why;
   }
@@ -122,7 +119,6 @@ struct NcclComm::Impl {
   Status settle(const std::string& what, ncclResult_t r, const Deadline& deadline) {
     if (r == ncclSuccess) return Status::ok();
     if (r != ncclInProgress) return failNccl(what, r);
-    if (inGroup) return Status::ok();  // settled by groupEnd()
     Backoff backoff;
     for (;;) {
       ncclResult_t state = ncclSuccess;
@@ -139,18 +135,11 @@ struct NcclComm::Impl {
     }
   }
 
-  // settle() for a reduction, then frees a premul_sum operator NCCL created for it (at once,
-  // or at the end of the group the call is in).
+  // settle() for a reduction, then frees a premul_sum operator NCCL created for it.
   Status settleReduction(const std::string& what, ncclResult_t r, ncclRedOp_t op, bool created,
                          const Deadline& deadline) {
     Status s = settle(what, r, deadline);
-    if (created && comm != nullptr) {
-      if (inGroup) {
-        premulOps.push_back(op);
-      } else {
-        (void)ncclRedOpDestroy(op, comm);
-      }
-    }
+    if (created && comm != nullptr) (void)ncclRedOpDestroy(op, comm);
     return s;
   }
 };
@@ -323,31 +312,6 @@ Status NcclComm::broadcast(const void* send, void* recv, size_t count, DataType 
   const ncclResult_t r = ncclBroadcast(send, recv, count, *nt, root, impl_->comm,
                                        static_cast<cudaStream_t>(stream));
   return impl_->settle("ncclBroadcast", r, deadline);
-}
-
-Status NcclComm::groupStart() {
-  NANOCCL_NCCL_BEGIN();
-  if (impl_->inGroup) return invalidArgument("ncclGroupStart: already in a group");
-  const ncclResult_t r = ncclGroupStart();
-  if (r != ncclSuccess) return impl_->failNccl("ncclGroupStart", r);
-  impl_->inGroup = true;
-  return Status::ok();
-}
-
-Status NcclComm::groupEnd(const Deadline& deadline) {
-  if (!impl_->inGroup) return invalidArgument("ncclGroupEnd without ncclGroupStart");
-  // Leave the group even when the communicator failed inside it: NCCL's group depth is per
-  // thread and must return to zero.
-  impl_->inGroup = false;
-  const ncclResult_t r = ncclGroupEnd();
-  if (!impl_->failed.isOk()) return impl_->failed;
-  if (impl_->comm == nullptr) return abortedError("NCCL communicator closed");
-  Status s = impl_->settle("ncclGroupEnd", r, deadline);
-  for (ncclRedOp_t op : impl_->premulOps) {
-    if (impl_->comm != nullptr) (void)ncclRedOpDestroy(op, impl_->comm);
-  }
-  impl_->premulOps.clear();
-  return s;
 }
 
 Status NcclComm::check() {

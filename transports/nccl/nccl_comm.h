@@ -70,11 +70,6 @@ class NcclComm {
   Status reduce(const void* send, void* recv, size_t count, DataType dtype, ReduceOp op,
                 double premulFactor, int root, void* stream, const Deadline& deadline);
 
-  // Calls between groupStart() and groupEnd() are fused into one launch (ncclGroupStart/End);
-  // they are only checked, not settled, until groupEnd() settles them all.
-  Status groupStart();
-  Status groupEnd(const Deadline& deadline);
-
   // An asynchronous error of the communicator (a network failure, a peer's abort), or ok.
   // An error aborts the communicator.
   Status check();
