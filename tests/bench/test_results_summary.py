@@ -19,7 +19,7 @@ def test_results_hold_summaries_not_code() -> None:
         pytest.skip("not a git checkout")
     files = subprocess.run(["git", "ls-files", "results"], capture_output=True, text=True,
                            cwd=REPO, check=True).stdout.split()
-    assert len(files) <= 150, f"{len(files)} files under results/: keep raw runs out of git"
+    assert len(files) <= 160, f"{len(files)} files under results/: keep raw runs out of git"
     assert not [f for f in files if f.endswith(CODE)], "code belongs in bench/"
     for topic in {Path(f).parts[1] for f in files if len(Path(f).parts) > 2}:
         assert (REPO / "results" / topic / "README.md").is_file(), topic
