@@ -381,6 +381,10 @@ CudaCollectives::WorkResult CudaCollectives::run(DeviceCall call, c10d::OpType t
   auto work = c10::make_intrusive<WorkCuda>(rank_, type, what, std::move(outputs), device_,
                                             stream_, cuda_, comm_, std::move(copyOut), timeout_);
   std::shared_ptr<Task> task = comm_->deviceCall(call);
+  // Refused on this rank before it was queued: the caller's error now, as for host calls.
+  if (task->test() && task->status().code() == StatusCode::kInvalidArgument) {
+    return task->status();
+  }
   // The tensors go once the call's work is queued (recordStream covers the rest).
   task->onComplete([work, task = std::weak_ptr<Task>(task), held = std::move(tensors)](
                        const Status& s) mutable {
