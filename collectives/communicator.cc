@@ -484,8 +484,7 @@ void Communicator::Impl::runCall(QueuedCall& call) {
       NANOCCL_WARN(s.toString());
       // Before ctx (and its scratch memory) goes away: requests that are still pending must
       // not write into freed memory, and the peers must stop waiting for this rank.
-      fail(s);
-      if (call.args.device) call.args.device->abort(s);  // its queued work on the call's buffers
+      fail(s);  // aborts the call's device too (rememberDevice): its queued work ends
       keepLeftover(ctx.takeUnfinished(), *call.task, s);
     }
   }
@@ -633,13 +632,6 @@ void Communicator::Impl::finishP2p(uint64_t id, const Status& status, int source
   }
 }
 
-// Point-to-point requests have no deadline of their own in the transport, and a pending
-// receive can only be withdrawn by aborting the transport: so a p2p call that outlives the
-// timeout fails the communicator, as a collective would.
-//
-// A device call's work ends on the device after its Task completed: the watchdog polls its end
-// fence (every kDevicePoll) and, where the device has not passed it by the call's deadline or
-// reports an error, fails the communicator, which aborts the device (its queued work ends).
 void Communicator::Impl::rememberDevice(const std::shared_ptr<Device>& device) {
   std::lock_guard<std::mutex> lock(mu);
   for (auto it = devices.begin(); it != devices.end();) {
@@ -664,6 +656,13 @@ namespace {
 constexpr auto kDevicePoll = std::chrono::milliseconds(1);
 }  // namespace
 
+// Point-to-point requests have no deadline of their own in the transport, and a pending
+// receive can only be withdrawn by aborting the transport: so a p2p call that outlives the
+// timeout fails the communicator, as a collective would.
+//
+// A device call's work ends on the device after its Task completed: the watchdog polls its end
+// fence (every kDevicePoll) and, where the device has not passed it by the call's deadline or
+// reports an error, fails the communicator, which aborts the device (its queued work ends).
 void Communicator::Impl::watchdogLoop() {
   std::unique_lock<std::mutex> lock(mu);
   while (!stopping) {
