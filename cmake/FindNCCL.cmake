@@ -1,4 +1,4 @@
-# Finds NCCL (nccl.h and libnccl.so.2) for the NCCL intra-node transport (transports/nccl/).
+# Finds NCCL (nccl.h and libnccl.so.2) for the CUDA device's node stage (collectives/device/cuda_device.cc).
 #
 # Looked for, first match wins:
 #   1. NCCL_ROOT or NCCL_HOME (CMake variable or environment): <root>/include, <root>/lib[64]

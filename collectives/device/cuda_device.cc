@@ -1,16 +1,24 @@
 // CudaDevice (cuda_device.h): a CUDA stream as the device queue, events as fences, pinned
 // staging memory, NCCL as the node stage.
+//
+// NCCL runs non-blocking (ncclConfig_t::blocking = 0): every NCCL call returns at once and is
+// settled by polling ncclCommGetAsyncError against the call's deadline, so nothing waits on
+// NCCL without a bound. Any NCCL failure fails the device: the communicator is aborted (its
+// kernels return) and every later operation reports the first error.
 #include "collectives/device/cuda_device.h"
 
 #include <cuda_runtime_api.h>
+#include <nccl.h>
 
+#include <algorithm>
+#include <chrono>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collectives/algorithm.h"
 #include "common/logging.h"
-#include "transports/nccl/nccl_comm.h"
 
 namespace nanoccl {
 namespace {
@@ -51,6 +59,75 @@ Result<cudaEvent_t> eventOf(const Fence& fence) {
   return f->event;
 }
 
+// NCCL's type for `t`; false where NCCL has none.
+bool ncclType(DataType t, ncclDataType_t* out) {
+  switch (t) {
+    case DataType::kFloat32: *out = ncclFloat32; return true;
+    case DataType::kFloat64: *out = ncclFloat64; return true;
+    case DataType::kFloat16: *out = ncclFloat16; return true;
+    case DataType::kBFloat16: *out = ncclBfloat16; return true;
+    case DataType::kInt8: *out = ncclInt8; return true;
+    case DataType::kUInt8: *out = ncclUint8; return true;
+    case DataType::kInt32: *out = ncclInt32; return true;
+    case DataType::kInt64: *out = ncclInt64; return true;
+    default: return false;
+  }
+}
+
+// NCCL's built-in operator for `op`; false for premul_sum (made per call) and the others.
+bool ncclOp(ReduceOp op, ncclRedOp_t* out) {
+  switch (op) {
+    case ReduceOp::kSum: *out = ncclSum; return true;
+    case ReduceOp::kProduct: *out = ncclProd; return true;
+    case ReduceOp::kMin: *out = ncclMin; return true;
+    case ReduceOp::kMax: *out = ncclMax; return true;
+    case ReduceOp::kAvg: *out = ncclAvg; return true;
+    default: return false;
+  }
+}
+
+Status ncclFailed(const std::string& what, ncclResult_t r, ncclComm_t comm) {
+  std::string message = what + ": " + ncclGetErrorString(r);
+  const char* last = ncclGetLastError(comm);
+  if (last != nullptr && *last != '\0') message += " (" + std::string(last) + ")";
+  if (r == ncclInvalidArgument || r == ncclInvalidUsage) return invalidArgument(message);
+  if (r == ncclRemoteError || r == ncclSystemError) return peerError(message);
+  return internalError(message);
+}
+
+// Settles an NCCL call that returned `r`: a non-blocking call may return ncclInProgress, and the
+// communicator takes no other call until its state leaves ncclInProgress. Polls get slower the
+// longer a call takes (most settle within microseconds; a peer still joining must not keep a
+// core busy).
+Status settle(ncclComm_t comm, const std::string& what, ncclResult_t r, const Deadline& deadline) {
+  int pauseUs = 5;
+  while (r == ncclInProgress) {
+    if (deadline.expired()) {
+      return timeoutError(what + " did not complete within its deadline (a peer that never "
+                                 "joined or died?)");
+    }
+    std::this_thread::sleep_for(std::chrono::microseconds(pauseUs));
+    pauseUs = std::min(pauseUs * 2, 1000);
+    const ncclResult_t q = ncclCommGetAsyncError(comm, &r);
+    if (q != ncclSuccess) r = q;
+  }
+  return r == ncclSuccess ? Status::ok() : ncclFailed(what, r, comm);
+}
+
+// premul_sum's operator: NCCL multiplies each rank's input by `factor` (in the data's type;
+// ncclScalarHostImmediate reads it before returning). The caller destroys it.
+Status makePremulSum(ncclComm_t comm, DataType t, ncclDataType_t nt, double factor,
+                     ncclRedOp_t* op) {
+  float f = static_cast<float>(factor);
+  double d = factor;
+  uint16_t h = t == DataType::kFloat16 ? floatToHalf(f) : floatToBFloat16(f);
+  void* scalar = t == DataType::kFloat64 ? static_cast<void*>(&d)
+                 : t == DataType::kFloat32 ? static_cast<void*>(&f)
+                                           : static_cast<void*>(&h);
+  const ncclResult_t r = ncclRedOpCreatePreMulSum(op, scalar, nt, ncclScalarHostImmediate, comm);
+  return r == ncclSuccess ? Status::ok() : ncclFailed("ncclRedOpCreatePreMulSum", r, comm);
+}
+
 }  // namespace
 
 struct CudaDevice::Impl {
@@ -59,8 +136,8 @@ struct CudaDevice::Impl {
   std::mutex mu;  // failed, abortPending, staging
   Status failed;
   bool abortPending = false;  // abort() came while a node stage held NCCL
-  std::mutex ncclMu;          // NcclComm is driven by one thread at a time
-  std::unique_ptr<NcclComm> nccl;
+  std::mutex ncclMu;          // NCCL takes one thread at a time; guards comm
+  ncclComm_t comm = nullptr;  // made at the first node stage
   struct Pinned {
     char* p = nullptr;
     size_t bytes = 0;
@@ -71,13 +148,51 @@ struct CudaDevice::Impl {
     std::lock_guard<std::mutex> lock(mu);
     return failed;
   }
+  // Fails the device with `why` (the first failure stays); the caller holds ncclMu.
+  Status failLocked(const Status& why) {
+    if (comm != nullptr) (void)ncclCommAbort(comm);
+    comm = nullptr;
+    std::lock_guard<std::mutex> lock(mu);
+    if (failed.isOk()) failed = why;
+    return why;
+  }
+  // The node's NCCL communicator: local rank 0 makes the unique id and sends it to the others
+  // over the node's transport (tags tagBase). The caller holds ncclMu.
+  Status join(detail::Context& node, uint32_t tagBase) {
+    std::string id(NCCL_UNIQUE_ID_BYTES, '\0');
+    if (node.rank() == 0) {
+      ncclUniqueId u;
+      const ncclResult_t r = ncclGetUniqueId(&u);
+      if (r != ncclSuccess) return ncclFailed("ncclGetUniqueId", r, nullptr);
+      id.assign(reinterpret_cast<const char*>(&u), sizeof(u));
+    }
+    std::vector<detail::Pending> ps;
+    for (int peer = 1; peer < node.size() && node.rank() == 0; ++peer) {
+      ps.push_back(node.isend(peer, tagBase, id.data(), id.size()));
+    }
+    if (node.rank() != 0) ps.push_back(node.irecv(0, tagBase, id.data(), id.size()));
+    NANOCCL_CHECK(node.waitAll(ps));
+    ncclUniqueId u;
+    std::copy(id.begin(), id.end(), reinterpret_cast<char*>(&u));
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    const ncclResult_t r = ncclCommInitRankConfig(&comm, node.size(), u, node.rank(), &config);
+    const std::string what = "ncclCommInitRankConfig (local rank " + std::to_string(node.rank()) +
+                             " of " + std::to_string(node.size()) + ", cuda:" +
+                             std::to_string(device) + ")";
+    if (comm == nullptr) return ncclFailed(what, r, nullptr);
+    return settle(comm, what, r, node.deadline());
+  }
 };
 
 bool CudaDevice::built() { return true; }
 
 bool CudaDevice::reduces(DataType dtype, ReduceOp op) {
+  ncclDataType_t nt;
+  ncclRedOp_t no;
   if (op == ReduceOp::kNumOps) return true;
-  return NcclComm::supports(dtype, op) && reduceOpSupported(op, dtype);
+  if (!ncclType(dtype, &nt) || !reduceOpSupported(op, dtype)) return false;
+  return op == ReduceOp::kPremulSum ? isFloatingPoint(dtype) : ncclOp(op, &no);
 }
 
 CudaDevice::CudaDevice(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
@@ -97,8 +212,7 @@ Result<std::shared_ptr<CudaDevice>> CudaDevice::create(int device, void* stream)
 
 CudaDevice::~CudaDevice() {
   (void)cudaSetDevice(impl_->device);
-  if (impl_->nccl) impl_->nccl->abort(abortedError("the CUDA device was destroyed"));
-  impl_->nccl.reset();
+  if (impl_->comm != nullptr) (void)ncclCommAbort(impl_->comm);
   // Nothing may still copy from or to the staging memory: wait for the stream (bounded: the
   // NCCL kernels were aborted), else leave the memory allocated.
   const bool drained = cudaStreamSynchronize(impl_->stream) == cudaSuccess;
@@ -148,9 +262,14 @@ Result<bool> CudaDevice::passed(const Fence& fence) {
   const cudaError_t q = cudaEventQuery(e);
   if (q == cudaSuccess) return true;
   if (q != cudaErrorNotReady) return cudaFailed("cudaEventQuery", q);
+  // NCCL's asynchronous error (a network failure, a peer's abort), where no stage holds NCCL.
   std::unique_lock<std::mutex> lock(impl_->ncclMu, std::try_to_lock);
-  if (lock.owns_lock() && impl_->nccl) NANOCCL_CHECK(impl_->nccl->check());
-  return false;
+  if (!lock.owns_lock() || impl_->comm == nullptr) return false;
+  ncclResult_t state = ncclSuccess;
+  const ncclResult_t asked = ncclCommGetAsyncError(impl_->comm, &state);
+  if (asked != ncclSuccess) state = asked;
+  if (state == ncclSuccess || state == ncclInProgress) return false;
+  return impl_->failLocked(ncclFailed(describe() + " NCCL communicator", state, impl_->comm));
 }
 
 Result<char*> CudaDevice::staging(int slot, size_t bytes) {
@@ -171,72 +290,69 @@ Result<char*> CudaDevice::staging(int slot, size_t bytes) {
   return s.p;
 }
 
+// One NCCL collective on the stream, in NCCL's buffer rules: in place (allreduce, reduce,
+// broadcast on recv), reduce_scatter from send into this rank's part, allgather from this
+// rank's part. Data movement of a type NCCL lacks moves bytes.
 Status CudaDevice::nodeStage(detail::Context& node, const detail::CallArgs& call,
                              uint32_t tagBase) {
   NANOCCL_CHECK(impl_->failedStatus());
   NANOCCL_CUDA("cudaSetDevice", cudaSetDevice(impl_->device));
-  std::lock_guard<std::mutex> lock(impl_->ncclMu);
-  const Deadline& d = node.deadline();
-  if (!impl_->nccl) {
-    // The unique id from local rank 0, over the node's transport.
-    std::string id;
-    if (node.rank() == 0) {
-      NANOCCL_ASSIGN_OR_RETURN(id, NcclComm::newUniqueId());
-    }
-    id.resize(128);  // NCCL_UNIQUE_ID_BYTES
-    std::vector<detail::Pending> ps;
-    for (int peer = 1; peer < node.size() && node.rank() == 0; ++peer) {
-      ps.push_back(node.isend(peer, tagBase, id.data(), id.size()));
-    }
-    if (node.rank() != 0) ps.push_back(node.irecv(0, tagBase, id.data(), id.size()));
-    NANOCCL_CHECK(node.waitAll(ps));
-    NANOCCL_ASSIGN_OR_RETURN(impl_->nccl,
-                             NcclComm::create(id, node.rank(), node.size(), impl_->device, d));
+  const bool movement = call.op == OpType::kAllgather || call.op == OpType::kBroadcast;
+  ncclDataType_t nt = ncclUint8;
+  size_t count = call.count;
+  if (!ncclType(call.dtype, &nt)) {
+    if (!movement) return invalidArgument(std::string("NCCL has no ") + dataTypeName(call.dtype));
+    nt = ncclUint8;
+    count *= call.elemSize();
   }
-  NcclComm& nc = *impl_->nccl;
-  const size_t es = call.elemSize();
-  const bool nativeType = NcclComm::supports(call.dtype, ReduceOp::kSum);
-  auto equalCounts = [&]() -> Status {
-    for (size_t c : call.counts) {
-      if (c != call.counts[0]) return invalidArgument("NCCL takes equal counts per rank");
-    }
-    return Status::ok();
-  };
-  Status s;
+  for (size_t c : call.counts) {
+    if (c != call.counts[0]) return invalidArgument("NCCL takes equal counts per rank");
+  }
+  std::lock_guard<std::mutex> lock(impl_->ncclMu);
+  if (impl_->comm == nullptr) {
+    const Status joined = impl_->join(node, tagBase);
+    if (!joined.isOk()) return impl_->failLocked(joined);
+  }
+  ncclComm_t comm = impl_->comm;
+  ncclRedOp_t op = ncclSum;
+  const bool premul = !movement && call.redop == ReduceOp::kPremulSum;
+  if (premul) {
+    const Status made = makePremulSum(comm, call.dtype, nt, call.premulFactor, &op);
+    if (!made.isOk()) return impl_->failLocked(made);
+  } else if (!movement && !ncclOp(call.redop, &op)) {
+    return invalidArgument(std::string("NCCL has no reduction ") + reduceOpName(call.redop));
+  }
+  cudaStream_t st = impl_->stream;
+  ncclResult_t r = ncclSuccess;
   switch (call.op) {
     case OpType::kAllreduce:
-      s = nc.allreduce(call.recv, call.recv, call.count, call.dtype, call.redop,
-                       call.premulFactor, impl_->stream, d);
+      r = ncclAllReduce(call.recv, call.recv, count, nt, op, comm, st);
       break;
     case OpType::kReduceScatter:
-      NANOCCL_CHECK(equalCounts());
-      s = nc.reduceScatter(call.send, call.recv, call.counts[0], call.dtype, call.redop,
-                           call.premulFactor, impl_->stream, d);
+      r = ncclReduceScatter(call.send, call.recv, call.counts[0], nt, op, comm, st);
       break;
     case OpType::kReduce:
-      s = nc.reduce(call.recv, call.recv, call.count, call.dtype, call.redop, call.premulFactor,
-                    call.root, impl_->stream, d);
+      r = ncclReduce(call.recv, call.recv, count, nt, op, call.root, comm, st);
       break;
-    case OpType::kAllgather:  // data movement: as bytes where NCCL lacks the type
-      NANOCCL_CHECK(equalCounts());
-      s = nativeType ? nc.allgather(call.send, call.recv, call.count, call.dtype, impl_->stream, d)
-                     : nc.allgather(call.send, call.recv, call.count * es, DataType::kUInt8,
-                                    impl_->stream, d);
+    case OpType::kAllgather:
+      r = ncclAllGather(call.send, call.recv, count, nt, comm, st);
       break;
     case OpType::kBroadcast:
-      s = nc.broadcast(call.recv, call.recv, call.count * es, DataType::kUInt8, call.root,
-                       impl_->stream, d);
+      r = ncclBroadcast(call.recv, call.recv, count, nt, call.root, comm, st);
       break;
     default:
       return invalidArgument(std::string("CUDA device: no node stage for ") + opTypeName(call.op));
   }
+  Status s = settle(comm, std::string("NCCL ") + opTypeName(call.op), r, node.deadline());
+  if (premul) (void)ncclRedOpDestroy(op, comm);
   bool abortNow = false;
   {
     std::lock_guard<std::mutex> l(impl_->mu);
     abortNow = impl_->abortPending;
     impl_->abortPending = false;
   }
-  if (abortNow) nc.abort(impl_->failedStatus());
+  if (!s.isOk()) return impl_->failLocked(s);
+  if (abortNow) (void)impl_->failLocked(impl_->failedStatus());
   return s;
 }
 
@@ -252,20 +368,28 @@ void CudaDevice::abort(const Status& why) {
     impl_->abortPending = true;  // the node stage holding NCCL aborts it when its call returns
     return;
   }
-  if (impl_->nccl) impl_->nccl->abort(why);
+  (void)cudaSetDevice(impl_->device);
+  (void)impl_->failLocked(why);
 }
 
 void CudaDevice::shutdown(const Deadline& deadline) {
   (void)cudaSetDevice(impl_->device);
   std::lock_guard<std::mutex> lock(impl_->ncclMu);
-  if (!impl_->nccl) return;
-  if (impl_->failedStatus().isOk()) {
-    const Status s = impl_->nccl->close(deadline);
-    if (!s.isOk()) NANOCCL_WARN(describe() << ": closing NCCL: " << s.toString());
-  } else {
-    impl_->nccl->abort(impl_->failedStatus());
+  if (impl_->comm == nullptr) return;
+  if (!impl_->failedStatus().isOk()) {
+    (void)impl_->failLocked(impl_->failedStatus());
+    return;
   }
-  impl_->nccl.reset();
+  // Finalize waits (settled by polling) until every enqueued operation is done and the peers are
+  // quiescent; destroy then only frees local memory.
+  const Status s = settle(impl_->comm, "ncclCommFinalize", ncclCommFinalize(impl_->comm), deadline);
+  if (!s.isOk()) {
+    NANOCCL_WARN(describe() << ": closing NCCL: " << s.toString());
+    (void)impl_->failLocked(s);
+    return;
+  }
+  (void)ncclCommDestroy(impl_->comm);
+  impl_->comm = nullptr;
 }
 
 }  // namespace nanoccl

@@ -6,7 +6,9 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdint>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -163,6 +165,64 @@ TEST(CudaDeviceTest, NodeStagesOnNccl) {
       ASSERT_EQ(got.back(), want);
     }
   }
+}
+
+// A one-rank node on one GPU: every call is one NCCL node stage (a one-rank communicator runs
+// every collective), so NCCL's calls, its premul_sum and avg operators, the byte form of a type
+// it lacks and the device's shutdown run on one GPU; and the node stage's bad arguments.
+TEST(CudaDeviceTest, NcclNodeStagesOneRank) {
+  NANOCCL_SKIP_WITHOUT_DEVICES(1);
+  CudaWorld w;
+  makeWorld({"a"}, &w, 1);
+  const size_t n = 1000;
+  std::vector<float> x(n);
+  for (size_t i = 0; i < n; ++i) x[i] = static_cast<float>(i + 1);
+  DeviceBuffer<float> in(n), out(n);
+  auto run = [&](DeviceCall call) {
+    call.device = w.devices[0];
+    return finish(w, {w.comms[0]->deviceCall(call)})[0];
+  };
+  struct Case {
+    OpType op;
+    ReduceOp redop;
+    float scale;
+  };
+  for (const Case& c : {Case{OpType::kAllreduce, ReduceOp::kSum, 1.0f},
+                        Case{OpType::kAllreduce, ReduceOp::kPremulSum, 0.5f},
+                        Case{OpType::kAllreduce, ReduceOp::kAvg, 1.0f},
+                        Case{OpType::kReduceScatter, ReduceOp::kMax, 1.0f},
+                        Case{OpType::kAllgather, ReduceOp::kSum, 1.0f},
+                        Case{OpType::kBroadcast, ReduceOp::kSum, 1.0f}}) {
+    SCOPED_TRACE(std::string(opTypeName(c.op)) + " " + reduceOpName(c.redop));
+    in.put(x);
+    out.put(std::vector<float>(n, -1.0f));
+    DeviceCall call;
+    call.op = c.op;
+    call.redop = c.redop;
+    call.premulFactor = 0.5;
+    call.send = in.get();
+    call.recv = out.get();
+    call.count = n;
+    const Status s = run(call);
+    ASSERT_TRUE(s.isOk()) << s.toString();
+    std::vector<float> want = x;
+    for (float& v : want) v *= c.scale;
+    EXPECT_EQ(out.take(), want);
+  }
+  // int16: NCCL has no such type; broadcast moves its bytes, a sum is refused at the call.
+  DeviceBuffer<int16_t> shorts(n);
+  shorts.put(std::vector<int16_t>(n, 7));
+  DeviceCall call;
+  call.op = OpType::kBroadcast;
+  call.dtype = DataType::kInt16;
+  call.recv = shorts.get();
+  call.count = n;
+  const Status moved = run(call);
+  ASSERT_TRUE(moved.isOk()) << moved.toString();
+  EXPECT_EQ(shorts.take(), std::vector<int16_t>(n, 7));
+  call.op = OpType::kAllreduce;
+  EXPECT_EQ(run(call).code(), StatusCode::kInvalidArgument);
+  w.devices[0]->shutdown(Deadline::after(milliseconds(30000)));
 }
 
 // A stream that stalls after the call's host stages (a host function sleeping on it, longer
