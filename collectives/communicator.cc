@@ -469,8 +469,9 @@ void Communicator::Impl::runCall(QueuedCall& call) {
     } else {
       s = size == 1 ? detail::runLocal(call.args) : call.algorithm->run(ctx, call.args);
     }
-    if (s.isOk() && deviceEnd) watchDevice(call, deviceEnd);
-    if (s.isOk() && size > 1 && call.predictedSeconds != detail::kNoPrediction) {
+    if (s.isOk() && deviceEnd) watchDevice(call, deviceEnd, started);
+    if (s.isOk() && size > 1 && call.predictedSeconds != detail::kNoPrediction &&
+        !call.args.device) {
       const double took = std::chrono::duration<double>(Clock::now() - started).count();
       recordTiming(call, took);
     }
@@ -642,12 +643,18 @@ void Communicator::Impl::rememberDevice(const std::shared_ptr<Device>& device) {
   devices.push_back(device);
 }
 
-void Communicator::Impl::watchDevice(const detail::QueuedCall& call, std::shared_ptr<Fence> end) {
+void Communicator::Impl::watchDevice(const detail::QueuedCall& call, std::shared_ptr<Fence> end,
+                                     Clock::time_point started) {
   if (size == 1) return;  // no peer to wait for
+  detail::QueuedCall timed;  // what recordTiming reads
+  timed.fingerprint = call.fingerprint;
+  timed.algorithm = call.algorithm;
+  timed.predictedSeconds = call.predictedSeconds;
   {
     std::lock_guard<std::mutex> lock(mu);
     onDevice.push_back(detail::DeviceInFlight{call.args.device, std::move(end), call.deadline,
-                                              who() + call.fingerprint.describe()});
+                                              who() + call.fingerprint.describe(),
+                                              std::move(timed), started});
   }
   watchCv.notify_all();
 }
@@ -682,7 +689,12 @@ void Communicator::Impl::watchdogLoop() {
       std::vector<detail::DeviceInFlight> left;
       for (detail::DeviceInFlight& d : watched) {
         Result<bool> passed = d.device->passed(*d.end);
-        if (passed.isOk() && passed.value()) continue;
+        if (passed.isOk() && passed.value()) {
+          if (d.call.predictedSeconds != detail::kNoPrediction) {
+            recordTiming(d.call, std::chrono::duration<double>(Clock::now() - d.started).count());
+          }
+          continue;
+        }
         if (problem.isOk() && !passed.isOk()) {
           problem = Status(passed.status().code(), d.what + ": on the " + d.device->describe() +
                                                        ": " + passed.status().message());

@@ -58,6 +58,8 @@ struct DeviceInFlight {
   std::shared_ptr<Fence> end;
   Deadline deadline = Deadline::never();
   std::string what;  // "rank 0: allreduce #4 (float32 x 8, sum, on the device)"
+  QueuedCall call;   // for its measured time beside the cost model's (its args: not used)
+  Clock::time_point started;
 };
 
 // A posted send or receive, in Impl::p2p until it completes or the watchdog fails it.
@@ -213,8 +215,10 @@ struct Communicator::Impl {
   }
   // A device call starts: its device is aborted with the communicator from now on.
   void rememberDevice(const std::shared_ptr<Device>& device);
-  // A device call's work is queued: the watchdog watches its end fence.
-  void watchDevice(const detail::QueuedCall& call, std::shared_ptr<Fence> end);
+  // A device call's work is queued: the watchdog watches its end fence (and records its time
+  // from `started` to the fence, where the cost model priced it).
+  void watchDevice(const detail::QueuedCall& call, std::shared_ptr<Fence> end,
+                   Clock::time_point started);
 
   std::shared_ptr<Task> submit(OpFingerprint fingerprint, detail::CallArgs args,
                                const Status& invalid);

@@ -318,6 +318,104 @@ double boardAllreduce(const CallArgs& args, const Topology& t, const LinkProfile
   return l.alpha + (n - 1) * (s / l.bw + cpu(p, s, p.reduceMBps));
 }
 
+// ---- device rows (collectives/device/rows.cc) ---------------------------------------------
+
+// The staged allreduce's chunk of the cross stage (rows.cc's kChunkBytes).
+constexpr double kDeviceChunkBytes = 4.0 * (1 << 20);
+
+// A staging copy of `bytes` at the device's rate.
+double stagingCopy(const CallArgs& args, double bytes) {
+  return bytes / (std::max(args.device->copyMBps(), 1.0) * 1e6);
+}
+
+// The node stage's links: the device's own (NCCL on the GPUs' bus) or the node's transport.
+Link nodeStageLink(const CallArgs& args, const LinkProfile& p) {
+  const double mbps = args.device->nodeMBps();
+  return mbps > 0 ? Link{p.intra.alphaUs * 1e-6, mbps * 1e6} : intraLink(p);
+}
+
+// A node stage's reduction: on the device itself where it has its own links (NCCL's kernels,
+// not priced), else the host's.
+double nodeStageReduce(const CallArgs& args, const LinkProfile& p, double bytes) {
+  return args.device->nodeMBps() > 0 ? 0 : cpu(p, bytes, p.reduceMBps);
+}
+
+// One node stage of `op` over `ranks` ranks of `bytes` in all (per rank for a reduction's
+// segment: bytes / ranks).
+double nodeStage(OpType op, const CallArgs& args, const LinkProfile& p, int ranks, double bytes,
+                 double chunk) {
+  if (ranks < 2) return 0;
+  const Link l = nodeStageLink(args, p);
+  const double seg = bytes / ranks;
+  switch (op) {
+    case OpType::kAllreduce:
+      return 2 * ringPass(ranks, seg, chunk, l) + nodeStageReduce(args, p, (ranks - 1) * seg);
+    case OpType::kReduceScatter:
+      return ringPass(ranks, seg, chunk, l) + nodeStageReduce(args, p, (ranks - 1) * seg);
+    case OpType::kAllgather:
+      return ringPass(ranks, seg, chunk, l);
+    case OpType::kBroadcast:
+      return chainPass(ranks, bytes, chunk, l);
+    default:
+      return kNoPrediction;
+  }
+}
+
+// The host path's fastest row for a whole-buffer host stage (what the staged rows run on the
+// staged copy).
+double hostStage(const CallArgs& args, const Topology& t, const LinkProfile& p, double chunk) {
+  double best = kNoPrediction;
+  auto consider = [&](double x) { best = std::min(best, x); };
+  if (args.op == OpType::kBroadcast) {
+    consider(treeBroadcast(args, t, p));
+    consider(ringBroadcast(args, t, p, chunk));
+    if (t.hierarchical()) consider(hierarchicalBroadcast(args, t, p, chunk));
+  } else if (args.op == OpType::kAllgather) {
+    consider(ringAllgather(args, t, p, chunk));
+    if (t.hierarchical()) consider(hierarchicalAllgather(args, t, p, chunk));
+  } else if (args.op == OpType::kReduceScatter) {
+    consider(ringReduceScatter(args, t, p, chunk));
+    if (t.hierarchical()) consider(hierarchicalReduceScatter(args, t, p, chunk, chunk));
+  }
+  return best;
+}
+
+// device_node: one node stage. device_staged: the allreduce's node reduce-scatter, its shards'
+// chunks down, across nodes and back up overlapping, the node allgather; the other ops' whole
+// buffer down, the host path's row, back up.
+double deviceRow(const AlgorithmRow& row, const CallArgs& args, const Topology& t,
+                 const LinkProfile& p, double chunk) {
+  if (!args.device) return kNoPrediction;
+  const double es = args.elemSize();
+  const double total = args.counts.empty() ? static_cast<double>(args.count) * es : totalBytes(args);
+  if (std::string_view(row.name) == "device_node") {
+    return nodeStage(row.op, args, p, t.size(), total, chunk);
+  }
+  const double piece = static_cast<double>(args.count) * es;
+  switch (row.op) {
+    case OpType::kAllreduce: {
+      const int shards = t.minLocalSize();
+      const int nodes = t.numNodes();
+      const double shard = total / shards;
+      const double seg = shard / nodes;
+      const double across = 2 * ringPass(nodes, seg, chunk, interLink(p, args.lanes, shards)) +
+                            cpu(p, (nodes - 1) * seg, p.reduceMBps);
+      const int chunks = static_cast<int>(std::max(1.0, std::ceil(shard / kDeviceChunkBytes)));
+      const double copy = stagingCopy(args, shard);
+      const double inNode = nodeStage(OpType::kReduceScatter, args, p, t.maxLocalSize(), total, chunk) +
+                            nodeStage(OpType::kAllgather, args, p, t.maxLocalSize(), total, chunk);
+      return inNode + pipelined({copy, across, copy}, chunks);
+    }
+    case OpType::kBroadcast:
+      return 2 * stagingCopy(args, total) + hostStage(args, t, p, chunk);
+    case OpType::kAllgather:
+    case OpType::kReduceScatter:
+      return stagingCopy(args, total + piece) + hostStage(args, t, p, chunk);
+    default:
+      return kNoPrediction;
+  }
+}
+
 }  // namespace
 
 double predictMovementSeconds(const AlgorithmRow& row, const CallArgs& args, const Topology& t,
@@ -353,6 +451,7 @@ double predictSeconds(const AlgorithmRow& row, const CallArgs& args, const Topol
   const double codecChunk =
       args.codecChunkBytes != 0 ? static_cast<double>(args.codecChunkBytes) : chunk;
   if (args.codec != nullptr && !row.lossy) return kNoPrediction;
+  if (row.device) return deviceRow(row, args, t, p, chunk);
   if (row.op == OpType::kAllreduce) {
     if (name == "ring") return ringAllreduce(args, t, p, chunk);
     if (name == "recursive_doubling") return recursiveDoubling(args, t, p);

@@ -17,6 +17,12 @@
 //   a compressed stage            the wire and the codec overlap over chunks likewise; each
 //                                 chunk message pays alpha, and each round's turn (the owner's
 //                                 work on its last chunk before the sums go back) is exposed
+//   a device row (rows.cc)        staging copies at the device's copy rate (Device::copyMBps,
+//                                 measured when the device is made: the profile is measured
+//                                 before any device exists), node stages as rings on the
+//                                 device's node links (Device::nodeMBps: NCCL on the GPUs'
+//                                 bus) or the intra-node class; the staged allreduce's copies
+//                                 down, cross-node ring and copies up overlap over 4 MB chunks
 // It is a model, not a measurement: it ranks the rows, and nanoccl.stats() shows its
 // predictions beside the measured times so that drift is visible.
 #pragma once

@@ -128,11 +128,46 @@ Status makePremulSum(ncclComm_t comm, DataType t, ncclDataType_t nt, double fact
   return r == ncclSuccess ? Status::ok() : ncclFailed("ncclRedOpCreatePreMulSum", r, comm);
 }
 
+// A pinned 16 MB copy to the device and back on a stream of its own (the second round of two:
+// the first pays for setup), timed with events: MB/s each way.
+Result<double> measureCopyMBps(int device) {
+  constexpr size_t kBytes = size_t{16} << 20;
+  NANOCCL_CUDA("cudaSetDevice", cudaSetDevice(device));
+  void* host = nullptr;
+  void* dev = nullptr;
+  cudaStream_t st = nullptr;
+  cudaEvent_t ev[2] = {nullptr, nullptr};
+  float ms = 0;
+  cudaError_t e = cudaHostAlloc(&host, kBytes, cudaHostAllocDefault);
+  if (e == cudaSuccess) e = cudaMalloc(&dev, kBytes);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  for (cudaEvent_t& x : ev) {
+    if (e == cudaSuccess) e = cudaEventCreate(&x);
+  }
+  for (int round = 0; round < 2 && e == cudaSuccess; ++round) {
+    e = cudaEventRecord(ev[0], st);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(dev, host, kBytes, cudaMemcpyHostToDevice, st);
+    if (e == cudaSuccess) e = cudaMemcpyAsync(host, dev, kBytes, cudaMemcpyDeviceToHost, st);
+    if (e == cudaSuccess) e = cudaEventRecord(ev[1], st);
+    if (e == cudaSuccess) e = cudaEventSynchronize(ev[1]);
+    if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, ev[0], ev[1]);
+  }
+  for (cudaEvent_t x : ev) {
+    if (x != nullptr) (void)cudaEventDestroy(x);
+  }
+  if (st != nullptr) (void)cudaStreamDestroy(st);
+  if (dev != nullptr) (void)cudaFree(dev);
+  if (host != nullptr) (void)cudaFreeHost(host);
+  if (e != cudaSuccess) return cudaFailed("measuring the staging copy rate", e);
+  return 2.0 * kBytes / (std::max(ms, 1e-3f) * 1e-3) / 1e6;
+}
+
 }  // namespace
 
 struct CudaDevice::Impl {
   int device = 0;
   cudaStream_t stream = nullptr;
+  double copyMBps = 0;  // measured at create()
   std::mutex mu;  // failed, abortPending, staging
   Status failed;
   bool abortPending = false;  // abort() came while a node stage held NCCL
@@ -207,8 +242,11 @@ Result<std::shared_ptr<CudaDevice>> CudaDevice::create(int device, void* stream)
   auto impl = std::make_unique<Impl>();
   impl->device = device;
   impl->stream = static_cast<cudaStream_t>(stream);
+  NANOCCL_ASSIGN_OR_RETURN(impl->copyMBps, measureCopyMBps(device));
   return std::shared_ptr<CudaDevice>(new CudaDevice(std::move(impl)));
 }
+
+double CudaDevice::copyMBps() const { return impl_->copyMBps; }
 
 CudaDevice::~CudaDevice() {
   (void)cudaSetDevice(impl_->device);

@@ -45,6 +45,10 @@ class CudaDevice : public Device {
 
   std::string describe() const override;
   bool supports(DataType dtype, ReduceOp op) const override { return reduces(dtype, op); }
+  // A pinned copy's rate, each way, timed at create(); NCCL's node stage on PCIe GPUs (no
+  // NVLink) moves at about the same rate.
+  double copyMBps() const override;
+  double nodeMBps() const override { return copyMBps(); }
   Status queueWait(const Fence& fence) override;
   Status copy(void* dst, const void* src, size_t bytes) override;
   Result<std::shared_ptr<Fence>> record() override;

@@ -24,6 +24,7 @@ Result<std::shared_ptr<Fence>> CudaDevice::recordOn(void*) { return notBuilt(); 
 Status CudaDevice::blockStream(const Fence&, void*) { return notBuilt(); }
 void CudaDevice::shutdown(const Deadline&) {}
 std::string CudaDevice::describe() const { return "CUDA (not built)"; }
+double CudaDevice::copyMBps() const { return 0; }
 Status CudaDevice::queueWait(const Fence&) { return notBuilt(); }
 Status CudaDevice::copy(void*, const void*, size_t) { return notBuilt(); }
 Result<std::shared_ptr<Fence>> CudaDevice::record() { return notBuilt(); }

@@ -53,6 +53,11 @@ class Device {
   virtual std::string describe() const = 0;
   // Whether the node stage reduces `dtype` with `op` (kNumOps: data movement, every type).
   virtual bool supports(DataType dtype, ReduceOp op) const = 0;
+  // What the cost model prices the device rows with (cost_model.h), measured when the device
+  // was made: one copy between device and staging memory (MB/s), and the node stage's rate a
+  // rank (MB/s; 0: the node's transport, the link profile's intra-node class).
+  virtual double copyMBps() const = 0;
+  virtual double nodeMBps() const = 0;
 
   // Work queued after this waits until the device has passed `fence` (a fence of this device,
   // e.g. the caller's position at the call's issue).

@@ -31,6 +31,8 @@ class HostDevice : public Device {
 
   std::string describe() const override { return "host device"; }
   bool supports(DataType dtype, ReduceOp op) const override;
+  double copyMBps() const override;  // memcpy's, measured at construction
+  double nodeMBps() const override { return 0; }  // the node's shm transport
   Status queueWait(const Fence& fence) override;
   Status copy(void* dst, const void* src, size_t bytes) override;
   Result<std::shared_ptr<Fence>> record() override;

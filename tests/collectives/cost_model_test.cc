@@ -6,10 +6,13 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <iterator>
+#include <thread>
 
 #include "collectives/codec/codec.h"
+#include "collectives/device/host_device.h"
 #include "collectives/planner.h"
 #include "tests/collectives/test_util.h"
 
@@ -207,6 +210,77 @@ TEST(CostModel, OpsTheModelDoesNotCoverKeepTheRules) {
   EXPECT_FALSE(std::isfinite(plan.predictedSeconds));
 }
 
+// ---- device rows ----------------------------------------------------------------------------
+
+// A host device that reports the rates of a GPU: copies of `copy` MB/s each way, node stages on
+// links of `node` MB/s (0: the node's transport).
+class RatedDevice : public HostDevice {
+ public:
+  RatedDevice(double copy, double node) : copy_(copy), node_(node) {}
+  double copyMBps() const override { return copy_; }
+  double nodeMBps() const override { return node_; }
+
+ private:
+  double copy_;
+  double node_;
+};
+
+CallArgs onDevice(OpType op, size_t bytes, std::shared_ptr<Device> device, int ranks) {
+  CallArgs a;
+  a.op = op;
+  a.dtype = DataType::kFloat32;
+  a.redop = ReduceOp::kSum;
+  a.count = bytes / 4;
+  a.device = std::move(device);
+  if (op == OpType::kAllgather || op == OpType::kReduceScatter) {
+    a.counts.assign(static_cast<size_t>(ranks), a.count);
+  }
+  return a;
+}
+
+TEST(CostModel, DeviceRowsArePricedWithTheDevicesRates) {
+  const LinkProfile p = slowLinks();
+  auto pcie = std::make_shared<RatedDevice>(20000, 20000);
+  auto slowBus = std::make_shared<RatedDevice>(50, 50);
+  for (OpType op :
+       {OpType::kAllreduce, OpType::kBroadcast, OpType::kAllgather, OpType::kReduceScatter}) {
+    SCOPED_TRACE(opTypeName(op));
+    const Plan fast = planned(onDevice(op, 64 << 20, pcie, 4), &p);
+    ASSERT_NE(fast.row, nullptr);
+    EXPECT_STREQ(fast.row->name, "device_staged");
+    EXPECT_TRUE(std::isfinite(fast.predictedSeconds));
+    EXPECT_GT(fast.predictedSeconds, 0);
+    // Copies slower than the link set the pace.
+    const Plan slow = planned(onDevice(op, 64 << 20, slowBus, 4), &p);
+    EXPECT_GT(slow.predictedSeconds, 2 * fast.predictedSeconds);
+  }
+  // Fast copies hide behind the link: the staged allreduce costs about the host path's
+  // hierarchical one (the same stages, plus a copy of one chunk each way).
+  const Plan host = planned(allreduce(64 << 20), &p);
+  const Plan staged = planned(onDevice(OpType::kAllreduce, 64 << 20, pcie, 4), &p);
+  EXPECT_STREQ(host.row->name, "hierarchical");
+  EXPECT_GT(staged.predictedSeconds, 0.7 * host.predictedSeconds);
+  EXPECT_LT(staged.predictedSeconds, 1.5 * host.predictedSeconds);
+  // 32 MB shards at 50 MB/s down and up: a copy's time at least.
+  const Plan choked = planned(onDevice(OpType::kAllreduce, 64 << 20, slowBus, 4), &p);
+  EXPECT_GT(choked.predictedSeconds, (32 << 20) / 50e6);
+
+  // One node: device_node, on the device's own links (NCCL) or the node transport's.
+  const Topology oneNode = Topology::fromNodeIds({"a", "a"});
+  LinkProfile q = slowLinks();
+  q.shape = "1x2";
+  auto nccl = std::make_shared<RatedDevice>(20000, 20000);
+  auto shm = std::make_shared<RatedDevice>(20000, 0);  // the profile's intra: 4000 MB/s
+  Result<Plan> onNccl = detail::plan(onDevice(OpType::kAllreduce, 64 << 20, nccl, 2), oneNode,
+                                     Config(), &q);
+  Result<Plan> onShm = detail::plan(onDevice(OpType::kAllreduce, 64 << 20, shm, 2), oneNode,
+                                    Config(), &q);
+  ASSERT_TRUE(onNccl.isOk() && onShm.isOk());
+  EXPECT_STREQ(onNccl.value().row->name, "device_node");
+  EXPECT_TRUE(std::isfinite(onNccl.value().predictedSeconds));
+  EXPECT_GT(onShm.value().predictedSeconds, 2 * onNccl.value().predictedSeconds);
+}
+
 // ---- a world under compression "auto" ----------------------------------------------------------
 
 class AutoWorld : public ::testing::Test {
@@ -270,6 +344,46 @@ TEST_F(AutoWorld, SlowLinksCompressAndStatsShowPredictedAndMeasured) {
     const CommStats s = comm->stats();
     ASSERT_EQ(s.modelled.size(), 1u);
     EXPECT_EQ(s.modelled[0].what, "allreduce/hierarchical/int8");
+    EXPECT_EQ(s.modelled[0].calls, 1u);
+    EXPECT_GT(s.modelled[0].predictedSeconds, 0);
+    EXPECT_GT(s.modelled[0].measuredSeconds, 0);
+  }
+}
+
+// Device calls (host devices) are priced too: stats show the prediction beside the time from
+// the call's start to the device passing its end fence.
+TEST_F(AutoWorld, DeviceCallsShowPredictedAndMeasured) {
+  std::vector<std::shared_ptr<Communicator>> comms;
+  makeWorld(slowLinks(), comms);
+  if (comms.empty()) return;
+  const size_t count = size_t{1} << 20;
+  std::vector<std::vector<float>> bufs(comms.size(), std::vector<float>(count, 1.0f));
+  std::vector<std::shared_ptr<HostDevice>> devices;
+  std::vector<std::shared_ptr<Task>> tasks;
+  for (size_t r = 0; r < comms.size(); ++r) {
+    devices.push_back(std::make_shared<HostDevice>());
+    DeviceCall call;
+    call.recv = bufs[r].data();
+    call.count = count;
+    call.device = devices[r];
+    tasks.push_back(comms[r]->deviceCall(call));
+  }
+  colltest::expectAllOk(tasks);
+  for (size_t r = 0; r < comms.size(); ++r) {
+    ASSERT_TRUE(waitFence(*devices[r], *tasks[r]->deviceEnd(), Deadline::after(std::chrono::seconds(30)),
+                          "the call's end")
+                    .isOk());
+    EXPECT_EQ(bufs[r][count - 1], 4.0f);
+  }
+  for (const auto& comm : comms) {
+    // The watchdog records the time once it sees the end fence passed (it polls every ms).
+    CommStats s = comm->stats();
+    for (int i = 0; i < 5000 && s.modelled.empty(); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      s = comm->stats();
+    }
+    ASSERT_EQ(s.modelled.size(), 1u);
+    EXPECT_EQ(s.modelled[0].what, "allreduce/device_staged");
     EXPECT_EQ(s.modelled[0].calls, 1u);
     EXPECT_GT(s.modelled[0].predictedSeconds, 0);
     EXPECT_GT(s.modelled[0].measuredSeconds, 0);
