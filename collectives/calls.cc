@@ -145,7 +145,9 @@ std::shared_ptr<Task> Communicator::deviceCall(const DeviceCall& call) {
       },
       [&] { return call.op == OpType::kBroadcast ? checkRoot(call.root, n) : Status::ok(); },
       [&] { return checkBuffer("receive", call.recv, call.count); },
-      [&] { return checkBuffer("send", a.send, call.count); });
+      [&] { return checkBuffer("send", a.send, call.count); },
+      // NANOCCL_COMPRESSION: the staged allreduce's cross-node leg, as the host path's.
+      [&] { return call.op == OpType::kAllreduce ? impl_->chooseCodec(a, nullptr) : Status::ok(); });
   OpFingerprint fp{call.op, call.dtype, a.redop, a.root, total, 0};
   fp.device = 1;
   return impl_->submit(fp, std::move(a), invalid);

@@ -384,7 +384,7 @@ double hostStage(const CallArgs& args, const Topology& t, const LinkProfile& p, 
 // chunks down, across nodes and back up overlapping, the node allgather; the other ops' whole
 // buffer down, the host path's row, back up.
 double deviceRow(const AlgorithmRow& row, const CallArgs& args, const Topology& t,
-                 const LinkProfile& p, double chunk) {
+                 const LinkProfile& p, double chunk, double codecChunk) {
   if (!args.device) return kNoPrediction;
   const double es = args.elemSize();
   const double total = args.counts.empty() ? static_cast<double>(args.count) * es : totalBytes(args);
@@ -398,9 +398,14 @@ double deviceRow(const AlgorithmRow& row, const CallArgs& args, const Topology& 
       const int nodes = t.numNodes();
       const double shard = total / shards;
       const double seg = shard / nodes;
-      const double across = 2 * ringPass(nodes, seg, chunk, interLink(p, args.lanes, shards)) +
-                            cpu(p, (nodes - 1) * seg, p.reduceMBps);
+      const Link link = interLink(p, args.lanes, shards);
       const int chunks = static_cast<int>(std::max(1.0, std::ceil(shard / kDeviceChunkBytes)));
+      double across = 2 * ringPass(nodes, seg, chunk, link) + cpu(p, (nodes - 1) * seg, p.reduceMBps);
+      if (args.codec != nullptr) {  // each chunk one compressed exchange, in float32
+        const double wide = shard / es * 4;
+        across = compressedExchange(p, args, wide, nodes, link, true, chunks, codecChunk, shards);
+        if (args.dtype != DataType::kFloat32) across += cpu(p, 2 * wide, p.reduceMBps);
+      }
       const double copy = stagingCopy(args, shard);
       const double inNode = nodeStage(OpType::kReduceScatter, args, p, t.maxLocalSize(), total, chunk) +
                             nodeStage(OpType::kAllgather, args, p, t.maxLocalSize(), total, chunk);
@@ -451,7 +456,7 @@ double predictSeconds(const AlgorithmRow& row, const CallArgs& args, const Topol
   const double codecChunk =
       args.codecChunkBytes != 0 ? static_cast<double>(args.codecChunkBytes) : chunk;
   if (args.codec != nullptr && !row.lossy) return kNoPrediction;
-  if (row.device) return deviceRow(row, args, t, p, chunk);
+  if (row.device) return deviceRow(row, args, t, p, chunk, codecChunk);
   if (row.op == OpType::kAllreduce) {
     if (name == "ring") return ringAllreduce(args, t, p, chunk);
     if (name == "recursive_doubling") return recursiveDoubling(args, t, p);

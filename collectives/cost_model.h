@@ -22,7 +22,8 @@
 //                                 before any device exists), node stages as rings on the
 //                                 device's node links (Device::nodeMBps: NCCL on the GPUs'
 //                                 bus) or the intra-node class; the staged allreduce's copies
-//                                 down, cross-node ring and copies up overlap over 4 MB chunks
+//                                 down, cross-node leg (a ring, or under a codec a compressed
+//                                 exchange a chunk) and copies up overlap over 4 MB chunks
 // It is a model, not a measurement: it ranks the rows, and nanoccl.stats() shows its
 // predictions beside the measured times so that drift is visible.
 #pragma once

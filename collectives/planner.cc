@@ -157,8 +157,9 @@ const std::vector<AlgorithmRow>& algorithmTable() {
       {"device_node", OpType::kAllreduce, "one node stage (NCCL on CUDA)", deviceOneNode,
        autoAlways, allreduceDeviceNode, kLossless, kDevice},
       {"device_staged", OpType::kAllreduce,
-       "node reduce-scatter, each shard across nodes through host chunks, node allgather",
-       deviceSeveralNodes, autoAlways, allreduceDeviceStaged, kLossless, kDevice},
+       "node reduce-scatter, each shard across nodes through host chunks (under a codec: "
+       "compressed there only), node allgather",
+       deviceSeveralNodes, autoAlways, allreduceDeviceStaged, kLossy, kDevice},
       {"device_node", OpType::kBroadcast, "one node stage (NCCL on CUDA)", deviceOneNode,
        autoAlways, broadcastDeviceNode, kLossless, kDevice},
       {"device_staged", OpType::kBroadcast, "the root's bytes through host memory, host broadcast",

@@ -191,7 +191,9 @@ Status reduceScatterDeviceNode(Context& ctx, const CallArgs& args) { return onNo
 // local rank through the chunk slots, gathered in the node (node stage). As the host path's
 // hierarchical allreduce: S = the smallest node's size shards, local ranks >= S carry none;
 // kPremulSum scales each input once, in the first stage that reduces it; kAvg divides once,
-// by the group's size, on the host.
+// by the group's size, on the host. Under a codec (args.codec) each chunk crosses nodes
+// compressed (CompressedAllreduce, float16/bfloat16 widened to float32 on the host for it):
+// lossy across nodes only, every rank ending with the same bits.
 Status allreduceDeviceStaged(Context& ctx, const CallArgs& args) {
   Device& dev = *args.device;
   const size_t es = args.elemSize();
@@ -238,9 +240,24 @@ Status allreduceDeviceStaged(Context& ctx, const CallArgs& args) {
     const std::vector<size_t> split = evenSplit(std::min(per, mine), x.size());
     const size_t chunkElems = chunkElements(x, es, split[0], static_cast<int>(2 * chunks));
     const uint32_t tags = ringTags(x, split, chunkElems);
+    const bool lossy = args.codec != nullptr;
+    const uint32_t codecTags =
+        lossy ? CompressedAllreduce::tags(x, *args.codec, args.codecParams, std::min(per, mine)) : 0;
+    float* wide = nullptr;  // float16/bfloat16 under a codec: a chunk widened to float32
+    if (lossy && args.dtype != DataType::kFloat32) {
+      wide = reinterpret_cast<float*>(x.scratch(std::min(per, mine) * sizeof(float)));
+    }
     auto acrossNodes = [&](char* host, size_t len, size_t c) -> Status {
       if (scaleHere) NANOCCL_CHECK(scaleInPlace(host, len, args.dtype, args.premulFactor));
-      if (chunks == 1) {
+      if (lossy) {
+        float* f = wide != nullptr ? wide : reinterpret_cast<float*>(host);
+        if (wide != nullptr) NANOCCL_CHECK(widenToFloat32(wide, host, len, args.dtype));
+        float* residual = args.residual != nullptr ? args.residual + at[st.local] + c * per : nullptr;
+        NANOCCL_CHECK(inGroup("cross-node stage",
+                              compressedAllreduce(x, *args.codec, args.codecParams, f, len,
+                                                  residual, static_cast<uint32_t>(c) * codecTags)));
+        if (wide != nullptr) NANOCCL_CHECK(narrowFromFloat32(host, wide, len, args.dtype));
+      } else if (chunks == 1) {
         CallArgs one = nodeCall(args, OpType::kAllreduce, crossOp, host, len, -1);
         NANOCCL_CHECK(inGroup("cross-node stage", crossAllreduce(x, one)));
       } else {

@@ -265,6 +265,15 @@ TEST(CostModel, DeviceRowsArePricedWithTheDevicesRates) {
   const Plan choked = planned(onDevice(OpType::kAllreduce, 64 << 20, slowBus, 4), &p);
   EXPECT_GT(choked.predictedSeconds, (32 << 20) / 50e6);
 
+  // Under compression "auto" the staged allreduce takes the codec the host path would.
+  CallArgs big = onDevice(OpType::kAllreduce, 256 << 20, pcie, 4);
+  big.codecAuto = true;
+  const Plan compressed = planned(big, &p);
+  EXPECT_STREQ(compressed.row->name, "device_staged");
+  EXPECT_EQ(codecName(compressed), "int8");
+  big.codecAuto = false;
+  EXPECT_LT(compressed.predictedSeconds, planned(big, &p).predictedSeconds);
+
   // One node: device_node, on the device's own links (NCCL) or the node transport's.
   const Topology oneNode = Topology::fromNodeIds({"a", "a"});
   LinkProfile q = slowLinks();
@@ -350,8 +359,9 @@ TEST_F(AutoWorld, SlowLinksCompressAndStatsShowPredictedAndMeasured) {
   }
 }
 
-// Device calls (host devices) are priced too: stats show the prediction beside the time from
-// the call's start to the device passing its end fence.
+// Device calls (host devices) are planned and priced too: on slow links under "auto" the staged
+// allreduce takes int8 across nodes, and stats show the prediction beside the time from the
+// call's start to the device passing its end fence.
 TEST_F(AutoWorld, DeviceCallsShowPredictedAndMeasured) {
   std::vector<std::shared_ptr<Communicator>> comms;
   makeWorld(slowLinks(), comms);
@@ -383,7 +393,7 @@ TEST_F(AutoWorld, DeviceCallsShowPredictedAndMeasured) {
       s = comm->stats();
     }
     ASSERT_EQ(s.modelled.size(), 1u);
-    EXPECT_EQ(s.modelled[0].what, "allreduce/device_staged");
+    EXPECT_EQ(s.modelled[0].what, "allreduce/device_staged/int8");  // slow links: as a host call
     EXPECT_EQ(s.modelled[0].calls, 1u);
     EXPECT_GT(s.modelled[0].predictedSeconds, 0);
     EXPECT_GT(s.modelled[0].measuredSeconds, 0);
