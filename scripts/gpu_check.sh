@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The GPU check, as one command (docs/development.md, "The GPU check"): on a machine with a GPU,
 # torch with CUDA and NCCL, builds only what the CUDA tests and nanoccl-perf need (16 jobs),
-# runs every CUDA test (the CUDA device's C++ suite, NCCL, the CUDA codec kernels, torch's CUDA
-# collectives through the backend), the host-device suite, then a short `nanoccl-perf --ab nccl`
-# on two emulated nodes sharing the one GPU (each rank its own NCCL_HOSTID and node id, over
-# loopback: the summary says so), and writes results/gpu/ (summary.md, the logs, the test XML). Sized for
-# under 8 minutes there. On a machine without a GPU it builds and runs the host-device suite,
-# says that no GPU is present and exits 0.
+# runs every CUDA test (the CUDA device's C++ suite with NCCL as its node stage, the CUDA codec
+# kernels, torch's CUDA collectives through the backend), the host-device suite, then a short
+# `nanoccl-perf --ab nccl` on an emulated 2x2 cluster sharing the one GPU (network namespaces and
+# tc tbf at 1 Gbit/s where the machine allows them, else loopback: the summary says which), and
+# writes results/gpu/ (summary.md, perf.txt/perf.json, the logs, the test XML). Sized for under
+# 8 minutes there. On a machine without a GPU it builds and runs the host-device suite and the
+# same perf launch on CPU tensors against Gloo, says that no GPU is present and exits 0 when
+# those pass.
 #
 #   bash scripts/gpu_check.sh                  # results in results/gpu/ (OUT=... elsewhere)
 #
@@ -85,17 +87,54 @@ gtest() {  # gtest NAME BINARY LIMIT
   step "$1" "$3" "$bin" --gtest_brief=1 --gtest_output="xml:$OUT/$2.xml"
 }
 gtest "host-device suite (ctest -R Device)" nanoccl_collectives_device_test 180
+# ---- nanoccl-perf --ab nccl: an emulated 2x2 cluster on the one GPU --------------------------
+# Two nodes of two ranks (bench/emucluster.py): network namespaces joined by tc-shaped 1 Gbit/s
+# links where this machine allows them (root, ip netns, tc tbf), else the same launch on
+# loopback with a node id per node (the summary says which). All four ranks share the one GPU:
+# each rank is its own NCCL host (NCCL_HOSTID), since stock NCCL refuses two ranks of one host on
+# one GPU, so nanoccl's node stage (NCCL between the two ranks of a node) and stock NCCL's
+# every leg go over NCCL's sockets.
+cat >"$BUILD/perf_rank.py" <<'EOF_RANK'
+import os, runpy, sys
+os.environ["NCCL_HOSTID"] = "gpucheck-rank" + os.environ.get("RANK", "0")
+os.environ.setdefault("NCCL_SOCKET_IFNAME", os.environ.get("NANOCCL_SOCKET_IFNAME", "lo").split(",")[0])
+sys.argv[0] = "nanoccl-perf"
+runpy.run_module("nanoccl.perf", run_name="__main__", alter_sys=True)
+EOF_RANK
+shaping=(--rate 1gbit)
+link="2 nodes in network namespaces, tc tbf at 1 Gbit/s"
+probe="gpucheck$$"
+if ! { ip netns add "$probe" && ip netns exec "$probe" tc qdisc add dev lo root tbf rate 1gbit burst 64kb latency 50ms; } >>"$LOG" 2>&1; then
+  shaping=(--no-shaping)
+  link="loopback, unshaped (no network namespaces or tc tbf here): 2 nodes by node id only"
+fi
+ip netns del "$probe" >/dev/null 2>&1 || true
+say "nanoccl-perf link: $link"
+emu_perf() {  # emu_perf NAME LIMIT PERF_ARGS...
+  local name="$1" limit="$2"
+  shift 2
+  step "$name" "$limit" "$PY" bench/emucluster.py --nodes 2 --procs-per-node 2 "${shaping[@]}" \
+    --timeout "$((limit - 10))" -- "$BUILD/perf_rank.py" "$@"
+}
 if ((gpus == 0)); then
+  # The perf launch itself on CPU tensors (nanoccl against Gloo): the wrapper, the emulated
+  # cluster and the A/B work here, so that the GPU's minutes go to the GPU.
+  if "$PY" -c 'import nanoccl' 2>>"$LOG"; then
+    emu_perf "perf launch on CPU tensors (2x2, --ab gloo)" 240 -c allreduce -b 1M -e 4M -f 4 \
+      -n 5 -w 2 --ab gloo --device cpu
+  else
+    ROWS+=("| perf launch on CPU tensors | NOT RUN (import nanoccl failed: scripts/setup.sh first) | |")
+  fi
   say "no GPU present: the CUDA tests, the torch CUDA collectives and the perf A/B need one"
   {
     echo "# GPU check: no GPU present"
     echo
-    echo "$(date -u +%F) on $(hostname): torch.cuda.device_count() = 0. The host-device suite ran; nothing needed a GPU."
+    echo "$(date -u +%F) on $(hostname): torch.cuda.device_count() = 0. The host-device suite and the perf launch on CPU tensors ran; nothing needed a GPU. Link: $link."
     echo
     echo "| step | result | time |"; echo "|---|---|---|"
     printf '%s\n' "${ROWS[@]}"
   } >"$SUMMARY"
-  exit 0
+  exit $FAILED
 fi
 gtest "CUDA device (C++)" nanoccl_cuda_device_test 120
 gtest "CUDA codec kernels (C++)" nanoccl_codec_cuda_test 60
@@ -114,23 +153,9 @@ else
   ROWS+=("| torch CUDA collectives | NOT RUN (no pytest here) | |")
 fi
 
-# ---- nanoccl-perf --ab nccl: two emulated nodes on the one GPU --------------------------------
-# Each rank is its own node (NANOCCL_NODE_ID) and its own NCCL host (NCCL_HOSTID: stock NCCL
-# refuses two ranks of one host on one GPU, two "hosts" talk over NET/Socket).
-cat >"$BUILD/rank.sh" <<'EOF'
-#!/usr/bin/env bash
-export NCCL_HOSTID="gpucheck-node${LOCAL_RANK}" NANOCCL_NODE_ID="gpucheck-node${LOCAL_RANK}"
-exec "$PY" -m nanoccl.perf "$@"
-EOF
-chmod +x "$BUILD/rank.sh"
-export PY
-# Loopback: one torchrun on one host (bench/emucluster.py's namespace cluster with tc links is
-# the CPU study's; a later check may move this A/B there).
-link="loopback, unshaped"
-perf_args=(-c allreduce -b 1M -e 64M -f 4 -n 10 -w 3 --ab nccl --device cuda)
-step "nanoccl-perf --ab nccl (2 emulated nodes, 1 GPU)" 150 env NANOCCL_SOCKET_IFNAME=lo NCCL_SOCKET_IFNAME=lo \
-  "$PY" -m torch.distributed.run --nproc-per-node 2 --no-python "$BUILD/rank.sh" "${perf_args[@]}"
-grep -E '^#|^ *[0-9]' "$LOG" | tail -n 20 >"$OUT/perf.txt" || true
+emu_perf "nanoccl-perf --ab nccl (2x2 emulated, 1 GPU)" 300 -c allreduce -b 1M -e 64M -f 4 -n 10 \
+  -w 3 --ab nccl --device cuda -J "$OUT/perf.json"
+grep -E '\] *(#|[0-9])' "$LOG" | tail -n 24 >"$OUT/perf.txt" || true
 
 {
   echo "# GPU check"
@@ -140,7 +165,7 @@ grep -E '^#|^ *[0-9]' "$LOG" | tail -n 20 >"$OUT/perf.txt" || true
   echo "| step | result | time |"; echo "|---|---|---|"
   printf '%s\n' "${ROWS[@]}"
   echo
-  echo "nanoccl-perf link: $link. Output: perf.txt; every step's output: gpu_check.log; tests: *.xml."
+  echo "nanoccl-perf link: $link; stock NCCL sees four hosts (each rank its own NCCL_HOSTID), so its intra-node legs go over sockets too. Output: perf.txt, perf.json; every step's output: gpu_check.log; tests: *.xml."
 } >"$SUMMARY"
 say "summary in $SUMMARY"
 exit $FAILED
