@@ -90,7 +90,9 @@ def config_key(cfg: Any) -> tuple[Any, ...]:
     """What makes two configurations the same run, whatever model they are for: DDP's tuned
     bucket size depends on the model, so it counts only as tuned or not."""
     return (cfg.strategy, cfg.codec, cfg.gather_codec, cfg.bucket_mb is not None,
-            cfg.microbatches, cfg.schedule if cfg.strategy == "pp" else "")
+            cfg.microbatches, cfg.schedule if cfg.strategy == "pp" else "",
+            getattr(cfg, "sync_every", 0), getattr(cfg, "fragments", 1),
+            getattr(cfg, "overlap_steps", 0))
 
 
 def trainer_args(cfg: Any) -> tuple[str, list[str]]:
@@ -107,12 +109,16 @@ def trainer_args(cfg: Any) -> tuple[str, list[str]]:
         extra += ["--bucket-cap-mb", f"{cfg.bucket_mb:g}"]
     if cfg.strategy == "pp":
         extra += ["--microbatches", str(cfg.microbatches), "--schedule", cfg.schedule]
+    if cfg.strategy == "diloco":
+        extra += ["--sync-every", str(cfg.sync_every), "--fragments", str(cfg.fragments),
+                  "--overlap-steps", str(cfg.overlap_steps)]
     return backend, extra
 
 
 def pick(advised: Sequence[Any], top: int) -> list[Any]:
-    """The `top` best runnable configurations of the advice, and stock DP after them."""
-    chosen = [c for c in advised if not c.refused][:top]
+    """The `top` best runnable configurations of the advice that train as DP does (not DiLoCo:
+    a few steps show nothing of its outer steps), and stock DP after them."""
+    chosen = [c for c in advised if not c.refused and c.strategy != "diloco"][:top]
     stock = advise.stock_dp(advised)
     if stock is not None and all(config_key(c) != config_key(stock) for c in chosen):
         chosen.append(stock)

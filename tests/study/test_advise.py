@@ -554,7 +554,7 @@ def test_check_picks_the_best_and_stock_dp_once() -> None:
     import advise_check as check  # bench/advise_check.py (bench/ is on sys.path)
     spec = advise.model_spec("gpt2-small", 16)
     ranked = advise.advise(spec, advise.parse_cluster("2x2"), PROFILE, 0.556, 48 * 2**30)
-    runnable = [c for c in ranked if not c.refused]
+    runnable = [c for c in ranked if not c.refused and c.strategy != "diloco"]
     chosen = check.pick(ranked, 2)
     assert [c.label for c in chosen[:2]] == [c.label for c in runnable[:2]]
     assert chosen[-1].label == "DP (DDP buckets)" and len(chosen) == 3
@@ -743,3 +743,95 @@ def test_check_runs_the_best_and_stock_dp_on_the_emulated_cluster(
             doc["t1_shared_s"] / (2 * row["measured_step_s"]))
     assert (out / "link_profile.txt").is_file() and "step s measured" in text
     assert (out / "check.md").read_text().count("\n| ") == len(labels) + 1
+
+
+# ---- DiLoCo ------------------------------------------------------------------------------------
+
+def diloco(codec: str, h: int, f: int = 1, tau: int = 0, cluster: str = "2x2",
+           run_steps: int = 0) -> advise.Config:
+    spec = advise.model_spec("gpt2-small", 16)
+    c = advise.parse_cluster(cluster)
+    cfg = advise.Config("diloco", codec, sync_every=h, fragments=f, overlap_steps=tau)
+    return advise.evaluate(spec, c, advise.Predictor(c, PROFILE), cfg, 0.556, math.inf,
+                           run_steps=run_steps)
+
+
+def test_diloco_rows_are_advised_across_nodes_only() -> None:
+    spec = advise.model_spec("gpt2-small", 16)
+    two = advise.advise(spec, advise.parse_cluster("2x2"), PROFILE, 0.556, 48 * 2**30)
+    rows = [c for c in two if c.strategy == "diloco"]
+    assert {(c.sync_every, c.fragments, c.overlap_steps) for c in rows} == set(
+        advise.DILOCO_SETTINGS)
+    assert all(not c.refused and c.note for c in rows)  # step time only: said beside each
+    assert "DiLoCo H=10 streaming F=2 tau=1 +int4" in {c.label for c in rows}
+    one = advise.advise(spec, advise.parse_cluster("1x4"), PROFILE, 0.556, 48 * 2**30)
+    assert not [c for c in one if c.strategy == "diloco"]  # one node: it is DP
+    assert "several nodes" in diloco("int4", 10, cluster="1x4").refused
+
+
+def test_diloco_sends_a_fragments_encoded_bytes_once_every_h_steps() -> None:
+    h10, h50 = diloco("int4", 10), diloco("int4", 50)
+    assert h10.inter_bytes == pytest.approx(5 * h50.inter_bytes)
+    dp = advise.evaluate(
+        advise.model_spec("gpt2-small", 16), advise.parse_cluster("2x2"),
+        advise.Predictor(advise.parse_cluster("2x2"), PROFILE), advise.Config("dp", "int4"),
+        0.556, math.inf)
+    # Every step DP's int4 buckets cross; DiLoCo's outer gradient, the same bytes, every H.
+    assert h10.inter_bytes == pytest.approx(dp.inter_bytes / 10, rel=0.1)
+    assert dp.step_s > h10.step_s > h50.step_s
+    # Lossless: four to eight times the int4 bytes (plus the codec's block scales).
+    assert 6 < diloco("none", 10).inter_bytes / h10.inter_bytes < 8.5
+    # Fragments move the same bytes a cycle, in F pieces.
+    assert diloco("int4", 50, f=5, tau=2).inter_bytes == pytest.approx(h50.inter_bytes, rel=0.02)
+
+
+def test_diloco_step_exposes_what_the_overlap_does_not_cover() -> None:
+    step = advise.diloco_step
+    assert step(0.1, [2.0], 10, 0) == pytest.approx(0.1 + 0.2)  # blocking: exchange / H
+    assert step(0.1, [0.05, 0.05], 10, 1) == pytest.approx(0.1)  # hidden under one step
+    assert step(0.1, [0.3, 0.3], 10, 2) == pytest.approx(0.1 + 0.2 / 10)  # 0.1 of each shows
+    assert step(0.1, [3.0, 3.0], 10, 9) == pytest.approx(0.6)  # the link sets the pace
+    streaming = diloco("int4", 50, f=5, tau=2)
+    assert streaming.step_s < diloco("int4", 50).step_s
+
+
+def test_diloco_refuses_what_the_run_or_the_model_cannot_take() -> None:
+    short = diloco("int4", 50, run_steps=80)
+    assert "H=50" in short.refused and "80 steps" in short.refused
+    assert not diloco("int4", 10, run_steps=80).refused
+    assert "fragments" in diloco("int4", 10, f=10_000).refused
+    spec = advise.model_spec("gpt2-small", 16)
+    with pytest.raises(advise.AdviseError):
+        advise.advise(spec, advise.parse_cluster("2x2"), PROFILE, 0.556, 48 * 2**30,
+                      run_steps=-1)
+
+
+def test_diloco_memory_holds_the_snapshot_and_the_outer_momentum() -> None:
+    dp = advise.memory_bytes(advise.model_spec("gpt2-small", 16), advise.parse_cluster("2x2"),
+                             advise.Config("dp"))
+    params = advise.model_spec("gpt2-small", 16).params
+    assert diloco("none", 10).memory_bytes == pytest.approx(dp + 8.0 * params)
+    assert diloco("int4", 10).memory_bytes == pytest.approx(dp + 8.0 * params + 2.0 * params)
+
+
+def test_check_maps_diloco_to_the_trainers_flags() -> None:
+    import advise_check as check  # bench/advise_check.py (bench/ is on sys.path)
+    C = advise.Config
+    cfg = C("diloco", "int4", sync_every=10, fragments=2, overlap_steps=1)
+    assert check.trainer_args(cfg) == (
+        "nanoccl+int4", ["--sync-every", "10", "--fragments", "2", "--overlap-steps", "1"])
+    assert check.config_key(cfg) != check.config_key(C("diloco", "int4", sync_every=50))
+    # The check trains a few steps: not DiLoCo's, whose outer steps they would not reach.
+    spec = advise.model_spec("gpt2-small", 16)
+    ranked = advise.advise(spec, advise.parse_cluster("2x2"), PROFILE, 0.556, 48 * 2**30)
+    assert ranked[0].strategy == "diloco"
+    assert all(c.strategy != "diloco" for c in check.pick(ranked, 3))
+
+
+def test_the_cli_recommends_among_dp_like_rows_and_names_diloco_beside(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    assert advise.main(["--model", "gpt2-small", "--batch", "16", "--cluster", "2x2",
+                        "--inter-gbps", "1", "--step-seconds", "0.556", "--top", "3"]) == 0
+    out = capsys.readouterr().out
+    assert "recommended: DiLoCo" not in out
+    assert "low-communication: DiLoCo" in out and "results/study/long" in out

@@ -4,7 +4,8 @@
         --step-seconds 0.556 --png advice.png
 
 For every strategy the reference trainers run (trainers/strategies.py: DP, ZeRO-1, ZeRO-2/3 as
-FSDP2, HSDP, PP with GPipe or 1F1B, TP), each with the codecs nanoccl would apply to its calls, the
+FSDP2, HSDP, PP with GPipe or 1F1B, TP, and across nodes DiLoCo: nanoccl.diloco), each with the
+codecs nanoccl would apply to its calls, the
 advisor predicts the step time, the scaling factor S = T_1 / (n x step), the bytes a step puts
 on each link class and the memory a device needs, and ranks the configurations that fit.
 
@@ -62,7 +63,8 @@ from nanoccl.advise_probe import (FRAMEWORK_PROBED, framework_seconds, framework
                                   parse_framework_seconds, probe_framework_seconds,
                                   probe_one_rank_steps, probe_step_seconds, repository)
 from nanoccl.advise_traffic import (REFERENCE_STACK, STUDY_STACK, AdviseError, Call, Cluster,
-                                    ModelSpec, Stack, ddp_buckets, fsdp_calls, gpt_by_hand,
+                                    ModelSpec, Stack, ddp_buckets, diloco_calls, fsdp_calls,
+                                    gpt_by_hand,
                                     hsdp_calls, link_bytes, model_spec, parse_cluster,
                                     pp_tied_embedding_call, strategy_refusal, tp_calls,
                                     tree_edges, zero1_broadcasts)
@@ -77,6 +79,8 @@ __all__ = ["REFERENCE_STACK", "STUDY_STACK", "AdviseError", "Call", "Cluster", "
            "tp_compute_share"]
 
 CODECS = ("none", "bf16", "int8", "int4")
+# DiLoCo's (H, F, tau) the advisor predicts: the study's long profile's rows.
+DILOCO_SETTINGS = ((10, 1, 0), (50, 1, 0), (10, 2, 1), (50, 5, 2))
 # The group's codec applies to calls of at least this many bytes (NANOCCL_COMPRESSION_MIN_BYTES'
 # default); DDP's error-feedback hook, FSDP2's compress_fsdp and HSDP's replicate group (as the
 # trainers set them up) compress every call (Call.hook).
@@ -240,6 +244,9 @@ class Config:
     gather_codec: str = "none"  # zero2, zero3: parameters all-gathered by this codec (+qwz)
     microbatches: int = 0  # pp
     schedule: str = "1f1b"  # pp
+    sync_every: int = 0  # diloco: H inner steps between a fragment's outer steps
+    fragments: int = 1  # diloco: F (streaming where > 1)
+    overlap_steps: int = 0  # diloco: tau, the inner steps a fragment's exchange overlaps
     step_s: float = math.inf
     comm_s: float = 0.0  # every call's predicted time, summed
     inter_bytes: float = 0.0  # sent over all ranks, a step
@@ -253,15 +260,26 @@ class Config:
     calls: list[Priced] = field(default_factory=list)
 
     @property
+    def note(self) -> str:
+        """What the table says beside a row that runs."""
+        if self.strategy == "diloco":
+            return "step time only: its loss at equal tokens is not DP's (results/study/long)"
+        return ""
+
+    @property
     def label(self) -> str:
         name = {"dp": "DP", "zero1": "ZeRO-1", "zero2": "ZeRO-2 (FSDP2)",
                 "zero3": "ZeRO-3 (FSDP2)", "zero3-hpz": "ZeRO-3 hpZ (FSDP2)",
                 "hsdp": "HSDP (FSDP2)", "tp": "TP",
-                "pp": "PP"}[self.strategy]
+                "pp": "PP", "diloco": "DiLoCo"}[self.strategy]
         if self.strategy in ("dp", "zero1"):
             name += f" bucket {self.bucket_mb:g} MB" if self.bucket_mb else " (DDP buckets)"
         if self.strategy == "pp":
             name += f" {self.schedule} m={self.microbatches}"
+        if self.strategy == "diloco":
+            name += f" H={self.sync_every}"
+            if self.fragments > 1 or self.overlap_steps:
+                name += f" streaming F={self.fragments} tau={self.overlap_steps}"
         return (name + ("" if self.codec == "none" else f" +{self.codec}")
                 + ("" if self.gather_codec == "none" else f" +qwz ({self.gather_codec} "
                    "parameters)"))
@@ -277,6 +295,10 @@ def memory_bytes(spec: ModelSpec, cluster: Cluster, cfg: Config) -> float:
     local = spec.batch / n
     if cfg.strategy == "dp":
         return BYTES_PER_PARAM * P + act * local
+    if cfg.strategy == "diloco":  # DP's, the global snapshot and the outer momentum, and the
+        # residual of the rank's slice under a quantizing codec
+        residual = 4.0 * P / cluster.per_node if cfg.codec in ("int8", "int4") else 0.0
+        return (BYTES_PER_PARAM + 8.0) * P + residual + act * local
     if cfg.strategy == "zero1":
         return 8.0 * P + 8.0 * P / n + act * local
     if cfg.strategy == "zero2":  # whole parameters, a unit's gradients before its shard
@@ -311,7 +333,7 @@ def optimizer_share(spec: ModelSpec, cluster: Cluster, strategy: str) -> float:
     over the world, HSDP over a node's ranks; TP over its split blocks (tp_compute_share);
     the pipeline's busiest stage its own parameters."""
     n = cluster.world
-    if strategy == "dp":
+    if strategy in ("dp", "diloco"):
         return 1.0
     if strategy == "hsdp":
         return 1.0 / cluster.per_node
@@ -323,10 +345,22 @@ def optimizer_share(spec: ModelSpec, cluster: Cluster, strategy: str) -> float:
     return 1.0 / n
 
 
+def diloco_step(inner_s: float, exchanges: Sequence[float], sync_every: int,
+                overlap_steps: int) -> float:
+    """A DiLoCo step: the inner step, plus each fragment's outer exchange (`exchanges`, one a
+    fragment: each local rank's slice across nodes, then the node's allgather) once every H
+    steps. Without overlap (tau 0) an exchange stops the ranks; with it, it runs under the
+    next tau inner steps and only what they do not cover is exposed. Either way the link
+    carries every fragment's exchange once every H steps: where they take longer than H
+    inner steps, the link sets the pace."""
+    exposed = sum(max(0.0, e - overlap_steps * inner_s) for e in exchanges)
+    return max(inner_s + exposed / sync_every, sum(exchanges) / sync_every)
+
+
 def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Config,
              one_device_s: float, device_bytes: float,
              framework_s: Mapping[str, float] | None = None,
-             optimizer_s: float = 0.0, fixed_s: float = 0.0) -> Config:
+             optimizer_s: float = 0.0, fixed_s: float = 0.0, run_steps: int = 0) -> Config:
     """Fills in cfg's predictions: `one_device_s` is one device's step on the whole global
     batch (compute only), `device_bytes` a device's memory, `framework_s` the strategies'
     framework time a step (framework_seconds()), `optimizer_s` the part of `one_device_s`
@@ -335,9 +369,15 @@ def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Confi
     forward and backward pass that does not shrink with the batch (each operator's dispatch
     and launch, work that does not grow with the samples): every rank runs it whole, a
     pipeline stage its layers' share once a microbatch. The rest is split as the batch is;
-    with both 0 the whole step is."""
+    with both 0 the whole step is. `run_steps` (0: not known): the run's length, which DiLoCo's
+    H must fit at least twice."""
     n = cluster.world
     cfg.refused = strategy_refusal(spec, cluster, cfg.strategy, cfg.microbatches)
+    if not cfg.refused and cfg.strategy == "diloco" and run_steps and run_steps < 2 * cfg.sync_every:
+        cfg.refused = (f"H={cfg.sync_every} leaves a run of {run_steps} steps "
+                       f"{run_steps // cfg.sync_every} outer step(s): the nodes would train apart")
+    if not cfg.refused and cfg.strategy == "diloco" and cfg.fragments > len(spec.grads):
+        cfg.refused = f"{cfg.fragments} fragments of {len(spec.grads)} parameter tensors"
     if cfg.refused:
         return cfg
     cfg.memory_bytes = memory_bytes(spec, cluster, cfg)
@@ -383,6 +423,24 @@ def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Confi
                                                       hidden_seconds(allreduces))])
         priced = gathers + scatters + allreduces
         cfg.step_s += cfg.optimizer_s + exposed_seconds(priced)
+    elif cfg.strategy == "diloco":
+        inner, cross, gather = diloco_calls(spec, cluster.per_node, cfg.fragments)
+        buckets = ddp_buckets(spec, None)
+        ddp = [predictor.price(c, "none") for c in inner]  # inside the node: lossless
+        total = sum(nbytes for nbytes, _ in spec.grads)
+        end = ddp_step_seconds(hidden_seconds(ddp), [r for _, r in buckets][:len(ddp)], total,
+                               bwd)
+        inner_s = fwd + max(bwd, end) + cfg.optimizer_s + exposed_seconds(ddp)
+        outer = [price(c) for c in cross] + [predictor.price(c, "none") for c in gather]
+        per_fragment = [p.seconds for p in outer[:len(cross)]]
+        for i, p in enumerate(outer[len(cross):]):
+            per_fragment[i] += p.seconds
+        cfg.step_s = diloco_step(inner_s, per_fragment, cfg.sync_every, cfg.overlap_steps)
+        # A step's share: the inner calls every step, a fragment's exchange every H / F steps.
+        priced = ddp + [dataclasses.replace(p, seconds=p.seconds / cfg.sync_every,
+                                            intra_bytes=p.intra_bytes / cfg.sync_every,
+                                            inter_bytes=p.inter_bytes / cfg.sync_every)
+                        for p in outer]
     elif cfg.strategy == "tp":
         priced = [price(c) for c in tp_calls(spec)]
         cfg.step_s = (batch_s * tp_compute_share(spec, n) + fixed_s + cfg.optimizer_s
@@ -398,7 +456,8 @@ def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Confi
         if tied is not None:  # after the flush, before the optimizer step: exposed
             priced.append(price(tied))
             cfg.step_s += priced[-1].seconds
-    cfg.framework_s = framework_seconds(cfg.strategy, framework_s)
+    cfg.framework_s = framework_seconds("dp" if cfg.strategy == "diloco" else cfg.strategy,
+                                        framework_s)
     cfg.step_s += cfg.framework_s
     cfg.calls = priced
     cfg.comm_s = sum(p.seconds for p in priced)
@@ -441,6 +500,9 @@ def candidates(spec: ModelSpec, cluster: Cluster, predictor: Predictor,
                     for s in ("zero2", "zero3", "zero3-hpz")]
         if spec.gpt or codec == "none":
             out.append(Config("tp", codec))
+        if cluster.nodes > 1:  # the study's DiLoCo rows: H 10 and 50, streaming and not
+            out += [Config("diloco", codec, sync_every=h, fragments=f, overlap_steps=tau)
+                    for h, f, tau in DILOCO_SETTINGS]
     # The pipeline's sends go as they are; a tied embedding's gradient allreduce (between the
     # first and the last stage) takes the group's codec.
     pp_codecs = usable if pp_tied_embedding_call(spec) is not None else ["none"]
@@ -456,7 +518,8 @@ def advise(spec: ModelSpec, cluster: Cluster, profile: str, one_device_s: float,
            device_bytes: float, settings: dict[str, str] | None = None,
            codecs: Sequence[str] = CODECS,
            framework_s: Mapping[str, float] | None = None,
-           optimizer_s: float = 0.0, fixed_s: float = 0.0) -> list[Config]:
+           optimizer_s: float = 0.0, fixed_s: float = 0.0,
+           run_steps: int = 0) -> list[Config]:
     """Every candidate predicted; those that can run ranked fastest first (ties by label, so
     the order is the same at every call), the others after them. `optimizer_s`, `fixed_s`:
     the parts of `one_device_s` that are the optimizer's step and that do not shrink with
@@ -477,8 +540,10 @@ def advise(spec: ModelSpec, cluster: Cluster, profile: str, one_device_s: float,
         if not framework_time_ok(name, v):
             raise AdviseError(f"framework time {name}={v!r}: a strategy of "
                               f"{', '.join(FRAMEWORK_PROBED)} and seconds >= 0")
+    if run_steps < 0:
+        raise AdviseError(f"run of {run_steps} steps: must be >= 0 (0: not known)")
     done = [evaluate(spec, cluster, predictor, c, one_device_s, device_bytes, framework_s,
-                     optimizer_s, fixed_s)
+                     optimizer_s, fixed_s, run_steps)
             for c in candidates(spec, cluster, predictor, one_device_s, codecs)]
     unique: dict[str, Config] = {}
     for c in done:
@@ -514,7 +579,7 @@ def table(ranked: Sequence[Config], spec: ModelSpec, cluster: Cluster,
         lines.append(
             f"| {'-' if c.refused else i} | {c.label} | {c.step_s:.3f} | {c.scaling:.3f} | "
             f"{speed} | {c.comm_s:.3f} | {c.inter_bytes / 1e6:.1f} | {c.intra_bytes / 1e6:.1f} | "
-            f"{c.memory_bytes / 2**30:.2f} | {c.refused or ''} |")
+            f"{c.memory_bytes / 2**30:.2f} | {c.refused or c.note} |")
     return "\n".join(lines)
 
 
@@ -542,8 +607,9 @@ def plot(ranked: Sequence[Config], path: Path, title: str) -> str | None:
 def build_parser() -> argparse.ArgumentParser:
     p = OneLineParser(
         prog="nanoccl-advise",
-        description="Predict and rank DP, ZeRO-1/2/3, PP and TP (with nanoccl's codecs) for a "
-                    "model on a cluster, from a link profile and one device's step time.")
+        description="Predict and rank DP, ZeRO-1/2/3, HSDP, PP, TP and DiLoCo (with nanoccl's "
+                    "codecs) for a model on a cluster, from a link profile and one device's "
+                    "step time.")
     m = p.add_argument_group("model (a reference trainer's, or a GPT by hand)")
     m.add_argument("--model", help="a name of trainers/models.py (gpt2-small, resnet18, ...)")
     m.add_argument("--params", type=int, help="by hand: parameters in all")
@@ -592,6 +658,9 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--probe-framework", action="store_true",
                    help="measure --framework-seconds here: the reference trainer on one rank "
                    "with each strategy, less its plain step (a reference model only)")
+    t.add_argument("--steps", type=int, default=0,
+                   help="the run's length in steps: DiLoCo rows whose H it fits less than "
+                   "twice are refused with that reason (default 0: not known)")
     t.add_argument("--device-memory-gb", type=float, default=48.0,
                    help="memory of one device, GiB (default 48: an A40)")
     o = p.add_argument_group("output")
@@ -693,7 +762,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                      if args.framework_seconds else {})
         codecs = [c.strip() for c in args.codecs.split(",") if c.strip()]
         ranked = advise(spec, cluster, profile, step, args.device_memory_gb * 2**30, settings,
-                        codecs, framework, optimizer, fixed)
+                        codecs, framework, optimizer, fixed, args.steps)
     except AdviseError as exc:
         print(f"nanoccl-advise: {exc}", file=sys.stderr)
         return 2
@@ -712,8 +781,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         print("\nnothing fits: every configuration needs more memory than a device has, or "
               "cannot run here (see the notes)")
     else:
-        best = runnable[0]
+        # DiLoCo trains with another optimizer (its loss at equal tokens differs): the
+        # recommendation is among the configurations that train as DP does, DiLoCo beside it.
+        same = [c for c in runnable if c.strategy != "diloco"]
+        best = same[0] if same else runnable[0]
         print(f"\nrecommended: {best.label} (S {best.scaling:.3f}, {best.step_s:.3f} s a step)")
+        outer = next((c for c in runnable if c.strategy == "diloco"), None)
+        if outer is not None and same:
+            print(f"low-communication: {outer.label} (S {outer.scaling:.3f}, {outer.step_s:.3f} "
+                  "s a step; another optimizer: time to a loss is in results/study/long)")
         tuned = next((c for c in runnable if c.strategy == "dp" and c.bucket_mb), None)
         if tuned:
             print(f"DDP bucket_cap_mb predicted fastest: {tuned.bucket_mb:g} (for {tuned.label}; "

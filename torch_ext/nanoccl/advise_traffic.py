@@ -9,6 +9,7 @@ counts per op; results/advise/ against the study's runs.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -304,6 +305,25 @@ def hsdp_calls(spec: ModelSpec, per_node: int) -> tuple[list[Call], list[Call], 
     return forward, reduce, cross
 
 
+def diloco_calls(spec: ModelSpec, per_node: int, fragments: int
+                 ) -> tuple[list[Call], list[Call], list[Call]]:
+    """DiLoCo (nanoccl.diloco, the trainers' diloco): DDP's buckets within the node every step
+    (lossless; none with one rank a node), and for each fragment's outer step (fragments as
+    nanoccl.diloco.split_fragments cuts the parameters) each local rank's slice of it across
+    nodes (allreduce_compressed whatever its size: `hook`; the node's local ranks at once) and
+    the node's allgather of the slices: one call a fragment in each list."""
+    from nanoccl.diloco import split_fragments
+
+    inner = ([dataclasses.replace(c, group="shard") for c, _ in ddp_buckets(spec, None)]
+             if per_node > 1 else [])
+    sizes = [nbytes // 4 for nbytes, _ in spec.grads]
+    frags = [sum(sizes[i] for i in idx) for idx in split_fragments(sizes, fragments)]
+    cross = [Call("allreduce", -(-f // per_node), "step", group="replicate", hook=True)
+             for f in frags]
+    gather = [Call("allgather", f, "step", group="shard") for f in frags] if per_node > 1 else []
+    return inner, cross, gather
+
+
 def tp_calls(spec: ModelSpec) -> list[Call]:
     """DTensor TP per block: the row-wise attention and MLP projections' allreduce in forward,
     and in backward one allreduce of the input gradient of each column-wise layer (q, k, v,
@@ -330,6 +350,10 @@ def strategy_refusal(spec: ModelSpec, cluster: Cluster, strategy: str,
         return "one device: no parallelism"
     if strategy in ("dp", "zero1", "zero2", "zero3", "zero3-hpz", "hsdp") and spec.batch % n:
         return f"global batch {spec.batch} does not split over {n} ranks"
+    if strategy == "diloco" and spec.batch % n:
+        return f"global batch {spec.batch} does not split over {n} ranks"
+    if strategy == "diloco" and cluster.nodes < 2:
+        return "DiLoCo needs several nodes (on one node it is DP)"
     if strategy == "hsdp" and (cluster.nodes < 2 or cluster.per_node < 2):
         return ("HSDP needs several nodes of several ranks (on one node it is ZeRO-2, with one "
                 "rank a node DP)")
