@@ -230,6 +230,25 @@ CudaCollectives::WorkResult CudaCollectives::allreduce(const at::Tensor& tensor,
   return run(call, c10d::OpType::ALLREDUCE, "allreduce", {tensor}, {tensor});
 }
 
+CudaCollectives::WorkResult CudaCollectives::allreduceCompressed(
+    const at::Tensor& tensor, const at::Tensor& residual,
+    std::shared_ptr<CompressionRequest> request, DataType dtype, ReduceOp op, double factor) {
+  NANOCCL_CHECK(check(tensor, "allreduce_compressed", true));
+  DeviceCall call;
+  call.dtype = dtype;
+  call.redop = op;
+  call.premulFactor = factor;
+  call.recv = address(tensor);
+  call.count = static_cast<size_t>(tensor.numel());
+  std::vector<at::Tensor> held{tensor};
+  if (residual.defined()) {
+    request->residual = residual.data_ptr<float>();
+    held.push_back(residual);
+  }
+  call.compression = std::move(request);
+  return run(call, c10d::OpType::ALLREDUCE, "allreduce_compressed", std::move(held), {tensor});
+}
+
 CudaCollectives::WorkResult CudaCollectives::broadcast(const at::Tensor& tensor, int root) {
   NANOCCL_CHECK(check(tensor, "broadcast", true));
   DeviceCall call;
@@ -371,7 +390,7 @@ CudaCollectives::WorkResult CudaCollectives::run(DeviceCall call, c10d::OpType t
                                                  std::function<void()> copyOut) {
   const auto* impl = cudaImpl();
   for (const auto& t : tensors) {
-    if (t.defined() && t.has_storage()) {
+    if (t.defined() && t.has_storage() && t.is_cuda()) {  // not a host residual
       impl->recordDataPtrOnStream(t.storage().data_ptr(), stream_);
     }
   }

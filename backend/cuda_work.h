@@ -69,6 +69,11 @@ class CudaCollectives {
   // the internal stream.
   using WorkResult = Result<c10::intrusive_ptr<c10d::Work>>;
   WorkResult allreduce(const at::Tensor& tensor, DataType dtype, ReduceOp op, double factor);
+  // allreduce_compressed: `request`'s codec on the cross-node leg; `residual` (undefined: none)
+  // a float32 CPU tensor of the tensor's size, held until the call ends.
+  WorkResult allreduceCompressed(const at::Tensor& tensor, const at::Tensor& residual,
+                                 std::shared_ptr<CompressionRequest> request, DataType dtype,
+                                 ReduceOp op, double factor);
   WorkResult broadcast(const at::Tensor& tensor, int root);
   WorkResult allgather(const std::vector<at::Tensor>& outputs, const at::Tensor& input);
   WorkResult allgatherBase(const at::Tensor& output, const at::Tensor& input);

@@ -364,8 +364,27 @@ void checkFloatTensor(const at::Tensor& t, const char* what) {
 c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allreduceCompressed(
     at::Tensor& tensor, at::Tensor& residual, const std::string& codec, int64_t blockSize,
     const c10d::ReduceOp& op) {
-  return run("allreduce_compressed", true, [&](Communicator& comm, const CommPtr& owner) {
+  return run("allreduce_compressed", true, [&](Communicator& comm, const CommPtr& owner) -> WorkPtr {
     const char* what = "allreduce_compressed";
+    if (onCuda(tensor)) {  // the residual in host memory: the host encodes the staged copy
+      const DataType dt = reduceType(tensor, what);
+      checkBlockSize(blockSize, what);
+      if (residual.defined() && (residual.is_cuda() || residual.scalar_type() != at::kFloat ||
+                                 !residual.is_contiguous() || residual.numel() != tensor.numel())) {
+        reject(std::string(what) + ": a CUDA tensor's residual is a contiguous float32 CPU "
+               "tensor of " + std::to_string(tensor.numel()) + " elements (the cross-node leg "
+               "encodes a host copy), got " + std::string(c10::toString(residual.scalar_type())) +
+               " x " + std::to_string(residual.numel()) + " on " + residual.device().str());
+      }
+      const Reduction red = mapReduction(op, dt, what);
+      auto request = std::make_shared<CompressionRequest>();
+      request->codec = codec;
+      request->blockSize = static_cast<uint32_t>(blockSize);
+      return cudaWork(cuda(owner, tensor, what)
+                          ->allreduceCompressed(tensor, residual, std::move(request), dt, red.op,
+                                                red.factor),
+                      rank_, size_);
+    }
     checkFloatTensor(tensor, what);
     const DataType dt = reduceType(tensor, what);
     checkResidual(residual, tensor, what);

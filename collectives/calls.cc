@@ -146,8 +146,13 @@ std::shared_ptr<Task> Communicator::deviceCall(const DeviceCall& call) {
       [&] { return call.op == OpType::kBroadcast ? checkRoot(call.root, n) : Status::ok(); },
       [&] { return checkBuffer("receive", call.recv, call.count); },
       [&] { return checkBuffer("send", a.send, call.count); },
-      // NANOCCL_COMPRESSION: the staged allreduce's cross-node leg, as the host path's.
-      [&] { return call.op == OpType::kAllreduce ? impl_->chooseCodec(a, nullptr) : Status::ok(); });
+      // NANOCCL_COMPRESSION, or the caller's request: the staged allreduce's cross-node leg, as
+      // the host path's.
+      [&] {
+        if (call.op == OpType::kAllreduce) return impl_->chooseCodec(a, call.compression.get());
+        if (call.compression) return invalidArgument("compression is for allreduce only");
+        return Status::ok();
+      });
   OpFingerprint fp{call.op, call.dtype, a.redop, a.root, total, 0};
   fp.device = 1;
   return impl_->submit(fp, std::move(a), invalid);

@@ -290,6 +290,9 @@ struct DeviceCall {
   // The device's queue waits for this fence before the call's first operation (the caller's
   // position at the call's issue); may be null.
   std::shared_ptr<Fence> after;
+  // allreduce: compression asked for by the caller, as allreduceCompressed's (its residual is
+  // host memory: the cross-node leg encodes the staged host copy); null: NANOCCL_COMPRESSION.
+  std::shared_ptr<const CompressionRequest> compression;
 };
 
 class Communicator : public std::enable_shared_from_this<Communicator> {

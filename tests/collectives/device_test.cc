@@ -366,6 +366,84 @@ TEST(DeviceCompressed, StagedAllreduceCompressesTheCrossNodeLegOnly) {
   }
 }
 
+// allreduce_compressed on device memory (DeviceCall::compression) with a host residual: error
+// feedback. The same inputs K times: without a residual each call loses the same rounding, so
+// the running sum drifts K times one call's error; with it, what a call drops the next one
+// sends, and the running sum stays within about one call's error.
+TEST(DeviceCompressed, ErrorFeedbackKeepsTheRunningSumClose) {
+  const size_t count = 100003;
+  const int calls = 16;
+  for (const char* topo : {"2x1", "2x2"}) {
+    SCOPED_TRACE(topo);
+    double drift[2] = {0, 0};  // without, with a residual
+    for (int feedback = 0; feedback < 2; ++feedback) {
+      DeviceWorld w;
+      ASSERT_TRUE(makeDeviceWorld(topo, &w, milliseconds(30000), "auto",
+                                  std::chrono::microseconds(0))
+                      .isOk());
+      const int n = w.size();
+      std::vector<std::vector<float>> x(n, std::vector<float>(count));
+      std::vector<double> exact(count, 0.0), sum(count, 0.0);
+      for (int r = 0; r < n; ++r) {
+        for (size_t i = 0; i < count; ++i) {
+          x[r][i] = std::sin(static_cast<float>(i) * 0.37f + static_cast<float>(r)) * 0.3f;
+          exact[i] += x[r][i];
+        }
+      }
+      std::vector<std::vector<float>> residual(n, std::vector<float>(count, 0.0f));
+      for (int k = 0; k < calls; ++k) {
+        std::vector<std::vector<float>> buf = x;
+        std::vector<std::shared_ptr<Task>> tasks;
+        for (int r = 0; r < n; ++r) {
+          auto request = std::make_shared<CompressionRequest>();
+          request->codec = "int4";
+          request->residual = feedback ? residual[r].data() : nullptr;
+          DeviceCall call;
+          call.recv = buf[r].data();
+          call.count = count;
+          call.device = w.devices[r];
+          call.compression = request;
+          tasks.push_back(w.comms[r]->deviceCall(call));
+        }
+        for (const Status& s : finishAll(w, tasks)) ASSERT_TRUE(s.isOk()) << s.toString();
+        for (int r = 1; r < n; ++r) ASSERT_EQ(buf[r], buf[0]) << "rank " << r;
+        for (size_t i = 0; i < count; ++i) sum[i] += buf[0][i];
+      }
+      for (size_t i = 0; i < count; ++i) {
+        drift[feedback] = std::max(drift[feedback], std::fabs(sum[i] - calls * exact[i]));
+      }
+      if (feedback) {
+        double held = 0;
+        for (const auto& res : residual) {
+          for (float v : res) held = std::max(held, static_cast<double>(std::fabs(v)));
+        }
+        EXPECT_GT(held, 0);  // the residuals hold what the last encodings dropped
+      }
+    }
+    EXPECT_GT(drift[0], 0);
+    EXPECT_LT(drift[1], 0.25 * drift[0]) << "without " << drift[0] << ", with " << drift[1];
+  }
+}
+
+// A request on a call other than allreduce is an argument error on the rank that made it.
+TEST(DeviceCompressed, RequestOnAnotherOpIsRejected) {
+  DeviceWorld w;
+  ASSERT_TRUE(makeDeviceWorld("2x1", &w).isOk());
+  std::vector<float> buf(64, 1.0f);
+  DeviceCall call;
+  call.op = OpType::kBroadcast;
+  call.recv = buf.data();
+  call.count = buf.size();
+  call.device = w.devices[0];
+  call.compression = std::make_shared<CompressionRequest>();
+  const Status s = w.comms[0]->deviceCall(call)->wait(Deadline::after(milliseconds(5000)));
+  EXPECT_EQ(s.code(), StatusCode::kInvalidArgument) << s.toString();
+  call.op = OpType::kAllreduce;
+  call.dtype = DataType::kInt32;  // compressed allreduce takes floating point
+  const Status t = w.comms[0]->deviceCall(call)->wait(Deadline::after(milliseconds(5000)));
+  EXPECT_EQ(t.code(), StatusCode::kInvalidArgument) << t.toString();
+}
+
 // Work queued on the device before the call (a kernel writing the gradients) is what the call
 // reads: the device's queue runs the call after it.
 TEST(DeviceCalls, ReadInputsQueuedBeforeThem) {

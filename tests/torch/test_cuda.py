@@ -327,6 +327,46 @@ def _rank_main(a: argparse.Namespace, ck: Checks, out: dict[str, Any]) -> None:
 
     ck.run("streams", streams)
 
+    def compressed() -> None:
+        # allreduce_compressed on CUDA tensors with the residual in (pinned) host memory, and
+        # DDP's error-feedback hook on a CUDA model: the same bits on every rank, within int8's
+        # error of the sum across nodes (lossless on one node), the residual filled.
+        g = torch.Generator().manual_seed(7 + rank)
+        x = torch.randn(100_003, generator=g)
+        want = x.double().clone()
+        dist.all_reduce(want)
+        t = x.to(dev)
+        residual = torch.zeros(x.numel(), dtype=torch.float32, pin_memory=True)
+        nanoccl.allreduce_compressed(t, residual, codec="int8")
+        outs = [torch.empty_like(t) for _ in range(world)]
+        dist.all_gather(outs, t)
+        for r in range(world):
+            ck.same(f"allreduce_compressed bits of rank {r}", outs[r], outs[0])
+        err = (t.double().cpu() - want).abs().max().item()
+        if err > 0.05 * want.abs().max().item():
+            ck.failures.append(f"allreduce_compressed: error {err} off a sum of "
+                               f"|max| {want.abs().max().item()}")
+        from nanoccl import hooks
+        model = torch.nn.Linear(64, 8).to(dev)
+        ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
+        state = hooks.ErrorFeedbackState(codec="int8")
+        ddp.register_comm_hook(state, hooks.error_feedback_hook)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        for step in range(3):
+            inp = torch.randn(16, 64, generator=g).to(dev)
+            ddp(inp).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+        flat = torch.cat([p.detach().flatten() for p in model.parameters()])
+        views = [torch.empty_like(flat) for _ in range(world)]
+        dist.all_gather(views, flat)
+        for r in range(world):
+            ck.same(f"DDP with the error-feedback hook: parameters of rank {r}", views[r], views[0])
+        if not all(r.device.type == "cpu" for r in state.residuals.values()):
+            ck.failures.append("the hook's residuals of CUDA buckets are not in host memory")
+
+    ck.run("compressed", compressed)
+
     # (Rejected calls are checked in tests/cuda/: a rejection aborts the group.)
     timings: list[dict[str, float]] = []
     for nbytes in (1 << 20, 1 << 22, 1 << 24, 1 << 26):

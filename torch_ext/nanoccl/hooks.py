@@ -17,9 +17,9 @@ what compression drops is delayed, not lost (EF-SGD). The residuals differ per r
 load them per rank, next to the optimizer state.
 
 float32, bfloat16 and float16 buckets are compressed (the reduction in float32, the residual
-float32 whatever the bucket's type). Buckets the codec cannot take (other types, or on a
-device the backend has no compressed path for) are averaged losslessly with
-``dist.all_reduce``.
+float32 whatever the bucket's type; a CUDA bucket's residual in pinned host memory, where
+nanoccl encodes what crosses nodes). Buckets the codec cannot take (other types, or on a
+device other than CPU and CUDA) are averaged losslessly with ``dist.all_reduce``.
 
 Small buckets: each allreduce pays a fixed cost (round trips inside and across nodes, the
 codec's set-up) that dominates below some size. With ``fuse_bytes=N`` the hook holds
@@ -88,11 +88,15 @@ class ErrorFeedbackState:
         ready; a residual whose bucket changed cannot be mapped onto the new one and starts
         over (counted in ``resets``).
         """
+        # A CUDA bucket's residual is host memory: nanoccl encodes the staged host copy of
+        # what crosses nodes (pinned, so the group's copies of it are fast).
+        on = torch.device("cpu") if like.is_cuda else like.device
         r = self.residuals.get(index)
-        if r is None or r.shape != like.shape or r.device != like.device:
+        if r is None or r.shape != like.shape or r.device != on:
             if r is not None:
                 self.resets += 1
-            r = torch.zeros_like(like, dtype=torch.float32, memory_format=torch.contiguous_format)
+            r = torch.zeros(like.shape, dtype=torch.float32, device=on,
+                            pin_memory=like.is_cuda)
             self.residuals[index] = r
         return r
 
@@ -211,7 +215,7 @@ def error_feedback_hook(
     """
     group = state.process_group
     buf = bucket.buffer()
-    if buf.dtype not in _COMPRESSIBLE or buf.device.type != "cpu":
+    if buf.dtype not in _COMPRESSIBLE or buf.device.type not in ("cpu", "cuda"):
         _flush(state)  # held buckets go first: DDP's buckets are reduced in order
         world = dist.get_world_size(group)
         buf.div_(world)
