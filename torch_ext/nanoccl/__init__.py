@@ -362,7 +362,9 @@ def allreduce_compressed(
     in float32 and rounded back once. `residual` is this rank's error feedback: a float32
     tensor (whatever the tensor's dtype) shaped like `tensor`, zeros at first, that the caller keeps
     and passes again with the next call of the same shape (what this rank's encodings lose is
-    added back next time). ``block_size`` is int8/int4's elements per scale (0: the group's
+    added back next time); for a CUDA tensor the residual is a CPU tensor (host memory, pinned
+    for speed: nanoccl encodes a host copy of what crosses nodes). ``block_size`` is int8/int4's
+    elements per scale (0: the group's
     ``compression_block``, else 256 for int8 and 64 for int4). A group on one node runs it
     lossless and leaves the residual alone. Every rank must pass the same codec and block size.
     """
