@@ -401,8 +401,8 @@ namespace nanoccl {
 // communicator's Tasks; a rejected call (CallError) fails on this rank at once. A rejected
 // collective leaves a refused call in its place (Communicator::refusedCall): ranks that all
 // refused it stay in step and the group stays usable; a peer that made the call meets a
-// mismatch now rather than waiting for the timeout. The CUDA side, where there is one, is
-// aborted as before (its calls run on communicators of their own).
+// mismatch now rather than waiting for the timeout. CUDA calls are calls of the same
+// communicator, so this holds for them too (a rejected call queued nothing on the device).
 template <typename Fn>
 c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::run(const char* what, bool collective,
                                                         Fn&& fn) {
@@ -424,12 +424,6 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::run(const char* what, bool c
     if (collective) {
       // The peers have queued (or will queue) their side of this call, or refused it too.
       comm->refusedCall();
-      std::shared_ptr<CudaCollectives> cuda;
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        cuda = cuda_;
-      }
-      if (cuda) cuda->abort(invalidArgument(message));
     }
     TORCH_CHECK(false, message);
   }

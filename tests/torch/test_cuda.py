@@ -367,7 +367,20 @@ def _rank_main(a: argparse.Namespace, ck: Checks, out: dict[str, Any]) -> None:
 
     ck.run("compressed", compressed)
 
-    # (Rejected calls are checked in tests/cuda/: a rejection aborts the group.)
+    def rejected() -> None:
+        # A call this rank rejects (an output of the wrong size) leaves a refused call in its
+        # place on every rank: the group goes on, CUDA calls included.
+        try:
+            dist.all_gather_into_tensor(torch.empty(3, device=dev), torch.ones(2, device=dev))
+            ck.failures.append("a wrong-sized all_gather_into_tensor was not rejected")
+        except (RuntimeError, ValueError):
+            pass
+        t = torch.ones(10, device=dev)
+        dist.all_reduce(t)
+        ck.same("all_reduce after a rejected call", t, torch.full((10,), float(world), device=dev))
+
+    ck.run("rejected", rejected)
+
     timings: list[dict[str, float]] = []
     for nbytes in (1 << 20, 1 << 22, 1 << 24, 1 << 26):
         n = nbytes // 4
