@@ -369,13 +369,8 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::allreduceCompressed(
     if (onCuda(tensor)) {  // the residual in host memory: the host encodes the staged copy
       const DataType dt = reduceType(tensor, what);
       checkBlockSize(blockSize, what);
-      if (residual.defined() && (residual.is_cuda() || residual.scalar_type() != at::kFloat ||
-                                 !residual.is_contiguous() || residual.numel() != tensor.numel())) {
-        reject(std::string(what) + ": a CUDA tensor's residual is a contiguous float32 CPU "
-               "tensor of " + std::to_string(tensor.numel()) + " elements (the cross-node leg "
-               "encodes a host copy), got " + std::string(c10::toString(residual.scalar_type())) +
-               " x " + std::to_string(residual.numel()) + " on " + residual.device().str());
-      }
+      checkResidual(residual, tensor,
+                    "allreduce_compressed: the residual (host memory, also for a CUDA tensor)");
       const Reduction red = mapReduction(op, dt, what);
       auto request = std::make_shared<CompressionRequest>();
       request->codec = codec;

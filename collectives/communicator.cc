@@ -473,7 +473,7 @@ void Communicator::Impl::runCall(QueuedCall& call) {
     if (s.isOk() && size > 1 && call.predictedSeconds != detail::kNoPrediction &&
         !call.args.device) {
       const double took = std::chrono::duration<double>(Clock::now() - started).count();
-      recordTiming(call, took);
+      recordTiming(call.algorithm, call.fingerprint.codec, call.predictedSeconds, took);
     }
     // Stages on the sub-communicators count here too (child Contexts add to ctx).
     const auto op = static_cast<size_t>(call.fingerprint.op);
@@ -646,15 +646,11 @@ void Communicator::Impl::rememberDevice(const std::shared_ptr<Device>& device) {
 void Communicator::Impl::watchDevice(const detail::QueuedCall& call, std::shared_ptr<Fence> end,
                                      Clock::time_point started) {
   if (size == 1) return;  // no peer to wait for
-  detail::QueuedCall timed;  // what recordTiming reads
-  timed.fingerprint = call.fingerprint;
-  timed.algorithm = call.algorithm;
-  timed.predictedSeconds = call.predictedSeconds;
   {
     std::lock_guard<std::mutex> lock(mu);
-    onDevice.push_back(detail::DeviceInFlight{call.args.device, std::move(end), call.deadline,
-                                              who() + call.fingerprint.describe(),
-                                              std::move(timed), started});
+    onDevice.push_back(detail::DeviceInFlight{
+        call.args.device, std::move(end), call.deadline, who() + call.fingerprint.describe(),
+        call.algorithm, call.fingerprint.codec, call.predictedSeconds, started});
   }
   watchCv.notify_all();
 }
@@ -690,8 +686,9 @@ void Communicator::Impl::watchdogLoop() {
       for (detail::DeviceInFlight& d : watched) {
         Result<bool> passed = d.device->passed(*d.end);
         if (passed.isOk() && passed.value()) {
-          if (d.call.predictedSeconds != detail::kNoPrediction) {
-            recordTiming(d.call, std::chrono::duration<double>(Clock::now() - d.started).count());
+          if (d.predictedSeconds != detail::kNoPrediction) {
+            recordTiming(d.algorithm, d.codec, d.predictedSeconds,
+                         std::chrono::duration<double>(Clock::now() - d.started).count());
           }
           continue;
         }

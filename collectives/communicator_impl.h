@@ -58,7 +58,10 @@ struct DeviceInFlight {
   std::shared_ptr<Fence> end;
   Deadline deadline = Deadline::never();
   std::string what;  // "rank 0: allreduce #4 (float32 x 8, sum, on the device)"
-  QueuedCall call;   // for its measured time beside the cost model's (its args: not used)
+  // For its measured time beside the cost model's (Impl::recordTiming).
+  const AlgorithmRow* algorithm = nullptr;
+  uint8_t codec = 0;
+  double predictedSeconds = kNoPrediction;
   Clock::time_point started;
 };
 
@@ -222,18 +225,19 @@ struct Communicator::Impl {
 
   std::shared_ptr<Task> submit(OpFingerprint fingerprint, detail::CallArgs args,
                                const Status& invalid);
-  // Adds a finished call's measured time beside the cost model's prediction.
-  void recordTiming(const detail::QueuedCall& call, double seconds) {
-    const size_t row = static_cast<size_t>(call.algorithm - detail::algorithmTable().data());
-    const uint8_t codecId = call.fingerprint.codec;
+  // Adds a finished call's measured time beside the cost model's prediction: the call ran on
+  // `algorithm` with codec `codecId` (OpFingerprint::codec).
+  void recordTiming(const detail::AlgorithmRow* algorithm, uint8_t codecId,
+                    double predictedSeconds, double seconds) {
+    const size_t row = static_cast<size_t>(algorithm - detail::algorithmTable().data());
     std::lock_guard<std::mutex> lock(timingMu);
     CommStats::Timing& t = timings[{row, codecId}];
     if (t.what.empty()) {
-      t.what = std::string(opTypeName(call.algorithm->op)) + "/" + call.algorithm->name +
+      t.what = std::string(opTypeName(algorithm->op)) + "/" + algorithm->name +
                (codecId != 0 ? std::string("/") + kCodecNames[codecId] : "");
     }
     ++t.calls;
-    t.predictedSeconds += call.predictedSeconds;
+    t.predictedSeconds += predictedSeconds;
     t.measuredSeconds += seconds;
     // A profile of other links (the network changed, or a copied file) shows as drift.
     if (t.calls == kDriftCalls && !driftWarned) {

@@ -237,15 +237,16 @@ Status allreduceDeviceStaged(Context& ctx, const CallArgs& args) {
     const ReduceOp crossOp = kernelOp(args.redop);
     const size_t per = std::max<size_t>(1, kChunkBytes / es);
     const size_t chunks = (mine + per - 1) / per;
-    const std::vector<size_t> split = evenSplit(std::min(per, mine), x.size());
+    const size_t firstChunk = std::min(per, mine);  // the largest
+    const std::vector<size_t> split = evenSplit(firstChunk, x.size());
     const size_t chunkElems = chunkElements(x, es, split[0], static_cast<int>(2 * chunks));
     const uint32_t tags = ringTags(x, split, chunkElems);
     const bool lossy = args.codec != nullptr;
     const uint32_t codecTags =
-        lossy ? CompressedAllreduce::tags(x, *args.codec, args.codecParams, std::min(per, mine)) : 0;
+        lossy ? CompressedAllreduce::tags(x, *args.codec, args.codecParams, firstChunk) : 0;
     float* wide = nullptr;  // float16/bfloat16 under a codec: a chunk widened to float32
     if (lossy && args.dtype != DataType::kFloat32) {
-      wide = reinterpret_cast<float*>(x.scratch(std::min(per, mine) * sizeof(float)));
+      wide = reinterpret_cast<float*>(x.scratch(firstChunk * sizeof(float)));
     }
     auto acrossNodes = [&](char* host, size_t len, size_t c) -> Status {
       if (scaleHere) NANOCCL_CHECK(scaleInPlace(host, len, args.dtype, args.premulFactor));

@@ -425,11 +425,9 @@ def evaluate(spec: ModelSpec, cluster: Cluster, predictor: Predictor, cfg: Confi
         cfg.step_s += cfg.optimizer_s + exposed_seconds(priced)
     elif cfg.strategy == "diloco":
         inner, cross, gather = diloco_calls(spec, cluster.per_node, cfg.fragments)
-        buckets = ddp_buckets(spec, None)
-        ddp = [predictor.price(c, "none") for c in inner]  # inside the node: lossless
+        ddp = [predictor.price(c, "none") for c, _ in inner]  # inside the node: lossless
         total = sum(nbytes for nbytes, _ in spec.grads)
-        end = ddp_step_seconds(hidden_seconds(ddp), [r for _, r in buckets][:len(ddp)], total,
-                               bwd)
+        end = ddp_step_seconds(hidden_seconds(ddp), [r for _, r in inner], total, bwd)
         inner_s = fwd + max(bwd, end) + cfg.optimizer_s + exposed_seconds(ddp)
         outer = [price(c) for c in cross] + [predictor.price(c, "none") for c in gather]
         per_fragment = [p.seconds for p in outer[:len(cross)]]

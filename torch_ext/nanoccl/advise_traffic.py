@@ -306,16 +306,17 @@ def hsdp_calls(spec: ModelSpec, per_node: int) -> tuple[list[Call], list[Call], 
 
 
 def diloco_calls(spec: ModelSpec, per_node: int, fragments: int
-                 ) -> tuple[list[Call], list[Call], list[Call]]:
+                 ) -> tuple[list[tuple[Call, int]], list[Call], list[Call]]:
     """DiLoCo (nanoccl.diloco, the trainers' diloco): DDP's buckets within the node every step
-    (lossless; none with one rank a node), and for each fragment's outer step (fragments as
+    (lossless; none with one rank a node), with the gradient bytes ready at each as
+    ddp_buckets gives them, and for each fragment's outer step (fragments as
     nanoccl.diloco.split_fragments cuts the parameters) each local rank's slice of it across
     nodes (allreduce_compressed whatever its size: `hook`; the node's local ranks at once) and
     the node's allgather of the slices: one call a fragment in each list."""
     from nanoccl.diloco import split_fragments
 
-    inner = ([dataclasses.replace(c, group="shard") for c, _ in ddp_buckets(spec, None)]
-             if per_node > 1 else [])
+    inner = ([(dataclasses.replace(c, group="shard"), ready)
+              for c, ready in ddp_buckets(spec, None)] if per_node > 1 else [])
     sizes = [nbytes // 4 for nbytes, _ in spec.grads]
     frags = [sum(sizes[i] for i in idx) for idx in split_fragments(sizes, fragments)]
     cross = [Call("allreduce", -(-f // per_node), "step", group="replicate", hook=True)
@@ -348,9 +349,8 @@ def strategy_refusal(spec: ModelSpec, cluster: Cluster, strategy: str,
     n = cluster.world
     if n < 2:
         return "one device: no parallelism"
-    if strategy in ("dp", "zero1", "zero2", "zero3", "zero3-hpz", "hsdp") and spec.batch % n:
-        return f"global batch {spec.batch} does not split over {n} ranks"
-    if strategy == "diloco" and spec.batch % n:
+    if (strategy in ("dp", "zero1", "zero2", "zero3", "zero3-hpz", "hsdp", "diloco")
+            and spec.batch % n):
         return f"global batch {spec.batch} does not split over {n} ranks"
     if strategy == "diloco" and cluster.nodes < 2:
         return "DiLoCo needs several nodes (on one node it is DP)"
