@@ -24,7 +24,7 @@
 
 #include "transports/shm/segment.h"
 #include "transports/transport.h"
-#include "transports/transport_common.h"
+#include "transports/engine.h"
 
 namespace nanoccl::shm {
 

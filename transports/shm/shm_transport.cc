@@ -10,38 +10,20 @@
 #include <vector>
 
 #include "common/logging.h"
-#include "common/spin.h"
-#include "common/thread_name.h"
-#include "transports/matcher.h"
-#include "transports/transport_common.h"
-#include "transports/request.h"
+#include "transports/engine.h"
+#include "transports/frame.h"
 #include "transports/shm/board.h"
 #include "transports/shm/segment.h"
-#include "transports/frame.h"
 
 namespace nanoccl::shm {
 namespace {
 
-// How long an idle progress thread polls its doorbell before it sleeps on it (with a call in
-// flight, or up to NANOCCL_SPIN_US after the last one moved: that long, yielding).
+// How long the progress thread polls its doorbell before it sleeps on it (with a call in
+// flight, or up to NANOCCL_SPIN_US after the last one moved, the engine first polls that long,
+// yielding).
 constexpr auto kSpin = std::chrono::microseconds(5);
 
-class ShmTransport;
-
-class ShmRequest : public BasicRequest {
- public:
-  ShmRequest(ShmTransport* transport, bool isSend, int peer, const Envelope& env, char* buf,
-             size_t bytes)
-      : BasicRequest(isSend, peer, env, buf, bytes), transport_(transport) {}
-  // Drives the transport's progress on this thread first (ShmTransport::drive), then sleeps.
-  // Must not race with the transport's destruction (the communicator's calls do not).
-  Status wait(const Deadline& deadline) override;
-  uint64_t wireSeq = 0;  // send: the header's seq (the call's, or the p2p message number)
-
- private:
-  ShmTransport* const transport_;
-};
-using RequestPtr = std::shared_ptr<ShmRequest>;
+using RequestPtr = EngineRequestPtr;
 
 struct Peer {
   std::unique_ptr<Segment> seg;  // the peer's segment: our ring to it and its doorbell
@@ -58,13 +40,6 @@ struct Peer {
   bool closed = false;
 };
 
-enum class CommandKind { kSend, kRecv, kAbort, kStop };
-struct Command {
-  CommandKind kind;
-  RequestPtr req;
-  Status why;
-};
-
 inline void cpuRelax() {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -73,20 +48,14 @@ inline void cpuRelax() {
 #endif
 }
 
-class ShmTransport : public Transport {
+class ShmTransport : public Transport, private Mover {
  public:
   explicit ShmTransport(const TransportOptions& o)
-      : o_(o),
-        peers_(static_cast<size_t>(o.size)),
-        counters_(o.size),
-        matcher_(matcherOptions()) {}
+      : o_(o), peers_(static_cast<size_t>(o.size)),
+        engine_(o, {.name = "shm", .drivable = true}, *this) {}
 
   ~ShmTransport() override {
-    if (thread_.joinable()) {
-      post({CommandKind::kStop, nullptr,
-            abortedError("rank " + std::to_string(o_.rank) + ": communicator destroyed")});
-      thread_.join();
-    }
+    engine_.stop(abortedError("rank " + std::to_string(o_.rank) + ": communicator destroyed"));
     if (own_) {
       // Peers that still read from us (or wait for us in connect) learn we are gone.
       uint32_t open = static_cast<uint32_t>(SegmentState::kOpen);
@@ -107,7 +76,7 @@ class ShmTransport : public Transport {
   }
 
   Status connect(const std::vector<std::string>& addresses, const Deadline& deadline) override {
-    if (thread_.joinable()) return invalidArgument("connect() called twice");
+    if (started_) return invalidArgument("connect() called twice");
     if (o_.size > 1) {
       if (!own_) {
         return invalidArgument("rank " + std::to_string(o_.rank) + ": connect() before listen()");
@@ -135,52 +104,29 @@ class ShmTransport : public Transport {
     }
     NANOCCL_INFO("rank " << o_.rank << ": " << describe() << " connected to " << o_.size - 1
                          << " peers");
-    thread_ = namedThread("shm", [this] { progressLoop(); });
-    connected_.store(true, std::memory_order_release);
+    started_ = true;
+    // One lane per peer (its ring), which carries every message whole, chunk by chunk in order.
+    engine_.start(oneOrderedLane());
+    engine_.open();
     return Status::ok();
   }
 
   std::shared_ptr<Request> isend(int peer, const Envelope& env, const void* buf,
                                  size_t bytes) override {
     noteMessageCall(env);
-    auto req = std::make_shared<ShmRequest>(
-        this, true, peer, env, const_cast<char*>(static_cast<const char*>(buf)), bytes);
-    return startRequest(std::move(req), o_.rank, o_.size,
-                        connected_.load(std::memory_order_acquire),
-                        [&](const auto& r) { post({CommandKind::kSend, r, {}}); });
+    return engine_.isend(peer, env, buf, bytes);
   }
-
   std::shared_ptr<Request> irecv(int peer, const Envelope& env, void* buf,
                                  size_t bytes) override {
     noteMessageCall(env);
-    auto req =
-        std::make_shared<ShmRequest>(this, false, peer, env, static_cast<char*>(buf), bytes);
-    return startRequest(std::move(req), o_.rank, o_.size,
-                        connected_.load(std::memory_order_acquire),
-                        [&](const auto& r) { post({CommandKind::kRecv, r, {}}); });
+    return engine_.irecv(peer, env, buf, bytes);
   }
+  // The progress thread (or a waiter driving it) handles the abort between two chunk copies:
+  // copies touch callers' buffers only there, so once it has, none is touched.
+  void abort(const Status& why) override { engine_.abort(why); }
+  std::vector<PeerCounters> counters() const override { return engine_.counters(); }
 
-  void abort(const Status& why) override {
-    if (!thread_.joinable()) return;
-    if (holdsProgress()) {
-      fail(why, true);  // from a completion callback, which runs with progressMu_ held
-      return;
-    }
-    post({CommandKind::kAbort, nullptr, why});
-    // The progress thread (or a waiter driving it) handles the command between two chunk
-    // copies: copies touch callers' buffers only there, so once it has, none is touched.
-    if (!drained_.waitFor(std::chrono::seconds(5))) {
-      NANOCCL_WARN("rank " << o_.rank << ": shm: abort is not handled after 5 s (the progress "
-                   "thread is stuck, in a callback say); the pending requests stay pending "
-                   "until it is, so their buffers are not released early");
-    }
-  }
-
-  std::vector<PeerCounters> counters() const override { return counters_.snapshot(); }
-
-  Board* board() override {
-    return o_.size > 1 && connected_.load(std::memory_order_acquire) ? &board_ : nullptr;
-  }
+  Board* board() override { return o_.size > 1 && engine_.isOpen() ? &board_ : nullptr; }
 
   std::string describe() const override {
     return "shm " + std::to_string(kRingChunks) + "x" + std::to_string(kChunkBytes >> 10) + "KiB";
@@ -189,62 +135,6 @@ class ShmTransport : public Transport {
  private:
   Segment::Identity identity() const {
     return Segment::Identity{o_.rank, o_.size, CommIdentity(o_.secret, o_.commId)};
-  }
-
-  // One lane per peer (its ring), which carries every message whole, chunk by chunk in order.
-  MatcherOptions matcherOptions() {
-    MatcherOptions mo = matcherOptionsFor(o_, &counters_);
-    mo.lanes = 1;
-    mo.parts = [](OpType, uint64_t, uint32_t, uint64_t total, int) {
-      return std::vector<Part>{{0, 0, total}};
-    };
-    mo.landsInOrder = true;
-    return mo;
-  }
-
-  void post(Command cmd) {
-    if (runOnPostingThread(cmd)) return;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      commands_.push_back(std::move(cmd));
-    }
-    bell_->ring();
-  }
-
-  // Runs a send or receive on the posting thread where it can (no one holds progressMu_, no
-  // command is queued before it): posting then wakes no thread, and a small send is in the
-  // peer's ring before isend() returns. The progress thread is rung only for what is left
-  // (a send that did not fit): arrivals ring it themselves.
-  bool runOnPostingThread(const Command& cmd) {
-    if (spin_.count() <= 0 || (cmd.kind != CommandKind::kSend && cmd.kind != CommandKind::kRecv) ||
-        holdsProgress()) {  // a completion callback posting: its step is still running
-      return false;
-    }
-    std::unique_lock<std::mutex> lock(progressMu_, std::try_to_lock);
-    if (!lock.owns_lock() || stopping_) return false;
-    {
-      std::lock_guard<std::mutex> queued(mu_);
-      if (!commands_.empty()) return false;  // they go first
-    }
-    driver_.store(std::this_thread::get_id(), std::memory_order_relaxed);
-    if (cmd.kind == CommandKind::kSend) {
-      startSend(cmd.req);
-      if (failed_.isOk()) pumpTx(cmd.req->peer);
-    } else {
-      startRecv(cmd.req);
-    }
-    driver_.store(std::thread::id(), std::memory_order_relaxed);
-    bool leftWork = false;
-    for (const Peer& p : peers_) leftWork = leftWork || !p.sendQueue.empty();
-    lock.unlock();
-    if (leftWork) bell_->ring();
-    return true;
-  }
-
-  // Whether this thread is in a step (the progress thread, or a driver): it holds progressMu_.
-  bool holdsProgress() const {
-    const std::thread::id me = std::this_thread::get_id();
-    return me == thread_.get_id() || driver_.load(std::memory_order_relaxed) == me;
   }
 
   // A collective message posted: peers waiting for this call on the board learn that this
@@ -264,7 +154,7 @@ class ShmTransport : public Transport {
   }
 
   // Writes the reason into this rank's segment for its peers to read. Called by the one thread
-  // that owns the segment at the time (connect()'s caller, then the progress thread).
+  // that owns the segment at the time (connect()'s caller, then whoever holds progress).
   void publishAbort(const std::string& why) {
     if (!own_) return;
     SegmentHeader& h = own_->header();
@@ -327,151 +217,80 @@ class ShmTransport : public Transport {
     }
   }
 
-  // ---- progress thread ----------------------------------------------------------------
+  // ---- the Mover (engine.h): with the engine's progress held, but wake/arm/rung/wait -----
 
-  // One pass over everything: commands, every ring in and out, the peers' states (and their
-  // processes, if `probe`). With progressMu_ held. Returns whether anything moved.
-  bool step(bool probe) {
-    bool progressed = runCommands();
-    if (stopping_) return progressed;
-    if (failed_.isOk()) {
-      for (int p = 0; p < o_.size && failed_.isOk(); ++p) {
-        if (p != o_.rank) progressed = pumpRx(p) || progressed;
-      }
-      for (int p = 0; p < o_.size && failed_.isOk(); ++p) {
-        if (p != o_.rank) progressed = pumpTx(p) || progressed;
-      }
-      checkPeerStates();
-      if (failed_.isOk() && probe) probePeers();
+  void startSend(const RequestPtr& req) override {
+    Peer& peer = peers_[req->peer];
+    if (peer.closed) {
+      engine_.fail(peerState(req->peer), true);
+      return req->complete(engine_.failed(), -1);
     }
-    updateDrained();
+    peer.sendQueue.push_back(req);
+    pumpTx(req->peer);  // a small send is in the peer's ring before isend() returns
+  }
+
+  // One pass over every ring in and out, the peers' states, and every kLivenessPeriod their
+  // processes.
+  bool progress() override {
+    bool progressed = false;
+    for (int p = 0; p < o_.size && ok(); ++p) {
+      if (p != o_.rank) progressed = pumpRx(p) || progressed;
+    }
+    for (int p = 0; p < o_.size && ok(); ++p) {
+      if (p != o_.rank) progressed = pumpTx(p) || progressed;
+    }
+    if (ok()) checkPeerStates();
+    if (ok() && Clock::now() >= nextProbe_) {
+      probePeers();
+      nextProbe_ = Clock::now() + kLivenessPeriod;
+    }
     return progressed;
   }
 
- public:
-  // Runs progress steps on the calling thread until `done()` or NANOCCL_SPIN_US without
-  // anything moving, yielding between steps; while the progress thread (or another waiter)
-  // holds progressMu_, only yields. A thread that waits on a request drives its own call this
-  // way, instead of handing each chunk to the progress thread and back: the progress thread
-  // sleeps between calls, and waking it costs more than a small message's whole transfer.
-  template <typename Done>
-  void drive(Done&& done) {
-    if (!connected_.load(std::memory_order_acquire) || holdsProgress()) return;
-    Clock::time_point until = Clock::now() + spin_;
-    bool leftWork = false;  // pending requests after this thread's last step
-    while (!done() && Clock::now() < until) {
-      std::unique_lock<std::mutex> lock(progressMu_, std::try_to_lock);
-      if (lock.owns_lock()) {
-        if (stopping_) return;
-        driver_.store(std::this_thread::get_id(), std::memory_order_relaxed);
-        const bool progressed = step(false);
-        driver_.store(std::thread::id(), std::memory_order_relaxed);
-        leftWork = failed_.isOk() && hasPending();
-        lock.unlock();
-        if (progressed) {
-          // Not lastBusy_: the progress thread need not linger for a call its waiter drives.
-          until = Clock::now() + spin_;
-          continue;
-        }
-      }
-      std::this_thread::yield();
+  // Sleeps on this rank's doorbell (rung by arrivals, freed ring space and posted commands)
+  // until it rings after arm(), `d` passes or the peers' processes are due a probe; polls it
+  // for kSpin first.
+  bool wait(std::chrono::microseconds d) override {
+    const auto spinUntil = Clock::now() + kSpin;
+    while (Clock::now() < spinUntil) {
+      for (int i = 0; i < 16; ++i) cpuRelax();
+      if (rung()) return true;
     }
-    // The progress thread backs off while a waiter drives (progressLoop): hand it what is left.
-    if (leftWork) bell_->ring();
+    auto left = std::chrono::duration_cast<std::chrono::microseconds>(nextProbe_ - Clock::now());
+    left = std::clamp<std::chrono::microseconds>(std::min(left, d), std::chrono::microseconds(1),
+                                                 kLivenessPeriod);
+    bell_->sleep(seen_, left);
+    return rung();
   }
+  void wake() override { bell_->ring(); }
+  void arm() override { seen_ = bell_->seq.load(std::memory_order_acquire); }
+  bool rung() const override { return bell_->seq.load(std::memory_order_relaxed) != seen_; }
 
- private:
-  void progressLoop() {
-    auto nextProbe = Clock::now() + kLivenessPeriod;
-    while (true) {
-      // Anything rung after this snapshot makes the sleep below return at once.
-      const uint32_t seen = bell_->seq.load(std::memory_order_acquire);
-      bool progressed;
-      bool healthy;
-      bool pending;
-      {
-        std::unique_lock<std::mutex> lock(progressMu_, std::try_to_lock);
-        if (!lock.owns_lock()) {
-          // A waiter drives (drive()); it rings this bell if it leaves work behind. Blocking
-          // on the mutex instead would make each of its steps wake this thread.
-          bell_->sleep(seen, kLivenessPeriod);
-          continue;
-        }
-        const bool probe = Clock::now() >= nextProbe;
-        progressed = step(probe);
-        if (stopping_) return;
-        if (probe) nextProbe = Clock::now() + kLivenessPeriod;
-        healthy = failed_.isOk();
-        pending = healthy && hasPending();
-      }
-      if (progressed) {
-        lastBusy_.store(Clock::now().time_since_epoch().count());
-        continue;
-      }
-      const auto rung = [&] { return bell_->seq.load(std::memory_order_relaxed) != seen; };
-      const Clock::time_point lastBusy{Clock::duration(lastBusy_.load())};
-      const Clock::time_point waitStart = Clock::now();
-      if (healthy && (pending || waitStart < lastBusy + spin_)) {
-        // A call is in flight, or one just ended and the next of back-to-back calls is due:
-        // its chunk or command comes soon (common/spin.h), if the recent ones of a call in
-        // flight did (SpinPolicy).
-        const bool found = spinFor(pending ? SpinPolicy::budget(spin_) : spin_, rung);
-        if (found) {
-          if (pending) SpinPolicy::record(spin_, Clock::now() - waitStart);
-          continue;
-        }
-      } else {
-        const auto spinUntil = Clock::now() + kSpin;
-        bool early = false;
-        while (!early && Clock::now() < spinUntil) {
-          for (int i = 0; i < 16; ++i) cpuRelax();
-          early = rung();
-        }
-        if (early) continue;
-      }
-      auto wait = std::chrono::duration_cast<std::chrono::microseconds>(nextProbe - Clock::now());
-      if (!healthy) wait = kLivenessPeriod;  // nothing left to watch: only commands
-      wait = std::clamp<std::chrono::microseconds>(wait, std::chrono::microseconds(1),
-                                                   kLivenessPeriod);
-      bell_->sleep(seen, wait);
-      if (pending) SpinPolicy::record(spin_, Clock::now() - waitStart);
+  bool sendsPending() const override {
+    for (const Peer& p : peers_) {
+      if (!p.sendQueue.empty()) return true;
+    }
+    return false;
+  }
+  // Copies run with progress held: none is in flight once the engine has it.
+  bool busy(const BasicRequest*) const override { return false; }
+
+  // The board fails too; if asked, the peers are told through this segment.
+  void onFail(const Status& why, bool notifyPeers, RequestList& out) override {
+    board_.fail(why);
+    if (notifyPeers) {
+      publishAbort(why.message());
+      ringPeers();
+    }
+    for (Peer& p : peers_) {
+      out.insert(out.end(), p.sendQueue.begin(), p.sendQueue.end());
+      p.sendQueue.clear();
     }
   }
 
-  bool runCommands() {
-    std::deque<Command> cmds;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      cmds.swap(commands_);
-    }
-    for (auto& cmd : cmds) {
-      switch (cmd.kind) {
-        case CommandKind::kSend: startSend(cmd.req); break;
-        case CommandKind::kRecv: startRecv(cmd.req); break;
-        case CommandKind::kAbort: fail(cmd.why, true); break;
-        case CommandKind::kStop:
-          stopping_ = true;
-          // Peers hear the reason only if this rank still had work pending; otherwise the
-          // destructor marks the segment closed, like a tcp connection closing.
-          fail(cmd.why, hasPending());
-          break;
-      }
-    }
-    return !cmds.empty();
-  }
+  bool ok() const { return engine_.failed().isOk(); }
 
-  void startSend(const RequestPtr& req) {
-    if (!failed_.isOk()) return req->complete(failed_, -1);
-    Peer& peer = peers_[req->peer];
-    if (peer.closed) {
-      fail(peerState(req->peer), true);
-      return req->complete(failed_, -1);
-    }
-    req->wireSeq = matcher_.wireSeq(*req);
-    peer.sendQueue.push_back(req);
-  }
-
-  FrameHeader chunkFor(const ShmRequest& req, uint64_t offset, uint64_t length) const {
+  FrameHeader chunkFor(const EngineRequest& req, uint64_t offset, uint64_t length) const {
     return dataFrameHeader(req.env.fingerprint, req.env.tag, req.wireSeq, req.bytes, offset,
                            length);
   }
@@ -496,7 +315,7 @@ class ShmTransport : public Transport {
           if (peer.head - tail >= kRingChunks) break;
         }
       }
-      ShmRequest& req = *peer.sendQueue.front();
+      EngineRequest& req = *peer.sendQueue.front();
       const uint64_t slot = peer.head % kRingChunks;
       const uint64_t len = std::min<uint64_t>(kChunkBytes, req.bytes - peer.sentBytes);
       const FrameHeader h = chunkFor(req, peer.sentBytes, len);
@@ -510,9 +329,9 @@ class ShmTransport : public Transport {
         RequestPtr done = std::move(peer.sendQueue.front());
         peer.sendQueue.pop_front();
         peer.sentBytes = 0;
-        counters_.sent(p, done->bytes);
+        engine_.peerCounters().sent(p, done->bytes);
         done->complete(Status::ok(), o_.rank);
-        if (!failed_.isOk()) break;  // its callback aborted the transport
+        if (!ok()) break;  // its callback aborted the transport
       }
     }
     return progressed;
@@ -524,11 +343,11 @@ class ShmTransport : public Transport {
     RingControl& rc = own_->control(p);
     bool progressed = false;
     // At most a ring's worth per call, so that commands (abort) and other peers get their turn.
-    for (uint32_t n = 0; n < kRingChunks && failed_.isOk(); ++n) {
+    for (uint32_t n = 0; n < kRingChunks && ok(); ++n) {
       const uint64_t head = rc.head.value.load(std::memory_order_acquire);
       if (head == peer.tail) break;
       if (head - peer.tail > kRingChunks) {
-        fail(protocolError("rank " + std::to_string(o_.rank) + ": the ring from rank " +
+        engine_.fail(protocolError("rank " + std::to_string(o_.rank) + ": the ring from rank " +
                            std::to_string(p) + " is corrupt (head " + std::to_string(head) +
                            ", tail " + std::to_string(peer.tail) + ")"),
              true);
@@ -537,7 +356,7 @@ class ShmTransport : public Transport {
       const uint64_t slot = peer.tail % kRingChunks;
       FrameHeader h;  // a private copy: the sender's memory is not trusted twice
       std::memcpy(&h, own_->chunkHeader(p, slot), sizeof(h));
-      if (!matcher_.midMessage(p, 0) && !peer.deferred && !matcher_.hasReceiveFor(p, h)) {
+      if (!engine_.matcher().midMessage(p, 0) && !peer.deferred && !engine_.matcher().hasReceiveFor(p, h)) {
         // Its receive may sit in the command queue (posted just before the send): look there
         // before holding the message in a buffer of its own, which costs a copy and page faults.
         peer.deferred = true;
@@ -567,120 +386,60 @@ class ShmTransport : public Transport {
                          "-byte message");
     }
     if (!st.isOk()) {
-      return fail(st.withContext("rank " + std::to_string(o_.rank) + ": from rank " +
+      return engine_.fail(st.withContext("rank " + std::to_string(o_.rank) + ": from rank " +
                                  std::to_string(p) + ": "),
                   true);
     }
-    Result<Matcher::IncomingPtr> msg = matcher_.onFrame(p, 0, h);
-    if (!msg.isOk()) return fail(msg.status(), true);
+    Result<Matcher::IncomingPtr> msg = engine_.matcher().onFrame(p, 0, h);
+    if (!msg.isOk()) return engine_.fail(msg.status(), true);
     if (h.length > 0) std::memcpy(msg.value()->dest(h.offset), data, h.length);
-    matcher_.landed(msg.value(), h.length);
-  }
-
-  void startRecv(const RequestPtr& req) {
-    if (!failed_.isOk()) return req->complete(failed_, -1);
-    if (Status st = matcher_.postRecv(req); !st.isOk()) {
-      fail(st, true);
-      req->complete(failed_, -1);  // held by no table: fail() cannot see it
-    }
+    engine_.matcher().landed(msg.value(), h.length);
   }
 
   void checkPeerStates() {
-    for (int p = 0; p < o_.size && failed_.isOk(); ++p) {
+    for (int p = 0; p < o_.size && ok(); ++p) {
       if (p == o_.rank || peers_[p].closed) continue;
       const Status st = peerState(p);
       if (st.isOk()) continue;
       const auto state = peers_[p].seg->header().state.load(std::memory_order_acquire);
       if (state != static_cast<uint32_t>(SegmentState::kClosed)) {
-        fail(st, true);  // aborted: its reason is the error
+        engine_.fail(st, true);  // aborted: its reason is the error
         continue;
       }
       // Like a tcp connection closed in order: what the peer sent is still delivered, and the
       // transport fails only if something still waits on the peer (a rank that finished its
       // last call and exited is no error for the ranks still finishing theirs).
-      while (failed_.isOk() && pumpRx(p)) {
+      while (ok() && pumpRx(p)) {
       }
       peers_[p].closed = true;
-      counters_.closed(p);
-      const bool needed = matcher_.laneClosed(p, 0) != nullptr || !peers_[p].sendQueue.empty();
-      if (failed_.isOk() && needed) fail(st, true);
+      engine_.peerCounters().closed(p);
+      const bool needed = engine_.matcher().laneClosed(p, 0) != nullptr || !peers_[p].sendQueue.empty();
+      if (ok() && needed) engine_.fail(st, true);
     }
   }
 
   void probePeers() {
-    for (int p = 0; p < o_.size && failed_.isOk(); ++p) {
+    for (int p = 0; p < o_.size && ok(); ++p) {
       if (p == o_.rank || peers_[p].closed) continue;  // gone in order (checkPeerStates)
-      if (probe(peers_[p].identity) == Liveness::kDead) fail(deadPeer(p), true);
+      if (probe(peers_[p].identity) == Liveness::kDead) engine_.fail(deadPeer(p), true);
     }
-  }
-
-  bool hasPending() const {
-    if (matcher_.hasPending()) return true;
-    for (const Peer& p : peers_) {
-      if (!p.sendQueue.empty()) return true;
-    }
-    return false;
-  }
-
-  void updateDrained() {
-    if (failed_.isOk()) return;
-    drained_.set();
-  }
-
-  // Fails the transport: every pending request completes with `why` (no copy is in progress:
-  // copies run on this thread), and, if asked, the peers are told through this segment.
-  void fail(const Status& why, bool notifyPeers) {
-    if (!failed_.isOk()) return;
-    failed_ = why;
-    board_.fail(why);
-    logTransportFailure(o_.rank, why, hasPending());
-    if (notifyPeers) {
-      publishAbort(why.message());
-      ringPeers();
-    }
-    // Take everything out of the tables first: callbacks run below may post new requests.
-    std::vector<std::shared_ptr<BasicRequest>> pending = matcher_.takeAll();
-    for (Peer& p : peers_) {
-      for (auto& r : p.sendQueue) pending.push_back(r);
-      p.sendQueue.clear();
-    }
-    for (auto& r : pending) r->complete(why, -1);
-    updateDrained();
   }
 
   const TransportOptions o_;
-  const std::chrono::microseconds spin_{o_.config.spinUs};  // NANOCCL_SPIN_US
   std::unique_ptr<Segment> own_;  // this rank's segment: the rings to us and our doorbell
   Doorbell localBell_{};          // a world of one has no segment
   Doorbell* bell_ = &localBell_;
   std::vector<Peer> peers_;
-  std::thread thread_;
-  std::atomic<bool> connected_{false};
+  bool started_ = false;  // connect() was called
 
-  // Held by whoever moves bytes: the progress thread (step()), a thread driving its wait
-  // (drive()) or one posting (runOnPostingThread()). Everything below "Progress state" belongs
-  // to its holder.
-  std::mutex progressMu_;
-  std::atomic<std::thread::id> driver_{};  // the thread other than thread_ in a step
-  std::atomic<Clock::rep> lastBusy_{0};    // when the progress thread's step last moved something
-  std::mutex mu_;  // guards commands_
-  std::deque<Command> commands_;
-  DrainedFlag drained_;  // abort() waits for it
+  // Progress state (the engine's progress held).
+  Clock::time_point nextProbe_ = Clock::now() + kLivenessPeriod;
+  uint32_t seen_ = 0;  // the doorbell at arm() (the progress thread's)
 
-  TransportCounters counters_;
-
-  ShmBoard board_{o_.rank, o_.size, spin_, counters_};  // board(), once connected
-
-  // Progress state (progressMu_).
-  bool stopping_ = false;  // the destructor's kStop was run
-  Status failed_;
-  Matcher matcher_;  // receives, held messages and their checks
+  Engine engine_;
+  ShmBoard board_{o_.rank, o_.size, std::chrono::microseconds(o_.config.spinUs),
+                  engine_.peerCounters()};  // board(), once connected
 };
-
-Status ShmRequest::wait(const Deadline& deadline) {
-  if (!test()) transport_->drive([this] { return test(); });
-  return BasicRequest::wait(deadline);
-}
 
 }  // namespace
 

@@ -8,8 +8,9 @@
 // killed later. A rank whose connect() fails marks its segment aborted, so peers fail fast
 // with its reason instead of waiting for the deadline.
 //
-// Threads: isend/irecv/abort/counters may be called from any thread. The rings and the
-// matching tables belong to whoever holds the progress lock: the progress thread; a thread
+// Threads: isend/irecv/abort/counters may be called from any thread. The transport is a
+// drivable Mover under the transports' Engine (transports/engine.h): the rings and the
+// matching tables belong to whoever holds the engine's progress: its progress thread; a thread
 // that posts a send or receive while no one else holds it (it runs the command itself, instead
 // of queueing it for the progress thread); or a thread waiting on a request, which runs the
 // progress steps itself for up to NANOCCL_SPIN_US before it sleeps. Requests complete (and

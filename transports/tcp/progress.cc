@@ -1,9 +1,9 @@
-// The TCP transport's progress thread (tcp_transport.h): its loop over the commands the calling
-// threads post and the engine's completions; the send path (a message's frames striped over the
-// connections, sealed into records where the job encrypts); the receive path (a header, then
-// its payload or a peer's abort text, matched through the Matcher); and failure (the grace
-// after a connection closes, fail(), telling the peers). The rest of TcpTransport is in
-// tcp_transport.cc; the class, its connections and commands in tcp_transport_impl.h.
+// The TCP transport's Mover half (transports/engine.h), run with the engine's progress held:
+// the IoEngine's completions; the send path (a message's frames striped over the connections,
+// sealed into records where the job encrypts); the receive path (a header, then its payload or
+// a peer's abort text, matched through the engine's Matcher); and failure (telling the peers
+// on every idle connection, shutting the sockets down). The rest of TcpTransport is in
+// tcp_transport.cc; the class and its connections in tcp_transport_impl.h.
 #include "transports/tcp/tcp_transport_impl.h"
 
 #include <sys/socket.h>
@@ -25,75 +25,17 @@
 #include "transports/matcher.h"
 #include "transports/tcp/layout.h"
 #include "transports/tcp/socket_ops.h"
-#include "transports/transport_common.h"
 
 namespace nanoccl::tcp {
 
-void TcpTransport::progressLoop() {
-  for (auto& row : peers_) {
-    for (auto& c : row) postHeaderRecv(*c);
-  }
-  bool stopping = false;
-  Clock::time_point lastBusy{};  // the last command or completion
-  while (true) {
-    std::deque<Command> cmds;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      cmds.swap(commands_);
-      commandsWaiting_.store(false, std::memory_order_relaxed);
-    }
-    for (auto& cmd : cmds) {
-      switch (cmd.kind) {
-        case CommandKind::kSend: startSend(cmd.req); break;
-        case CommandKind::kRecv: startRecv(cmd.req); break;
-        case CommandKind::kAbort: fail(cmd.why, true); break;
-        case CommandKind::kReport: cmd.report->set_value(receiveStalls(cmd.peer)); break;
-        case CommandKind::kStop:
-          stopping = true;
-          // Peers hear about it only if this rank still had work pending.
-          fail(cmd.why, hasPending());
-          break;
-      }
-    }
-    updateDrained();
-    if (stopping && inFlight() == 0) return;
-    int timeoutMs = 1000;
-    if (closing_) {
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(closing_->until -
-                                                                     Clock::now());
-      timeoutMs = static_cast<int>(std::clamp<int64_t>(left.count(), 0, 1000));
-    }
-    bool completed = false;
-    const auto onDone = [&](const IoCompletion& c) {
-      completed = true;
-      onCompletion(c);
-    };
-    Status st;
-    const Clock::time_point waitStart = Clock::now();
-    if (!cmds.empty()) lastBusy = waitStart;
-    // A call in flight: its next completion may come soon, if its recent ones did
-    // (SpinPolicy). One just ended: the next of back-to-back calls may be due. Either way,
-    // poll without sleeping for a while first (common/spin.h).
-    const bool inFlight = hasPending();
-    const std::chrono::microseconds spin =
-        inFlight ? SpinPolicy::budget(spin_) : waitStart < lastBusy + spin_ ? spin_ : kNoSpin;
-    if (spin.count() > 0 && !closing_ && failed_.isOk()) {
-      spinFor(spin, [&] {
-        st = engine_->poll(0, onDone);
-        return completed || !st.isOk() || commandsWaiting_.load(std::memory_order_acquire);
-      });
-    }
-    if (!completed && st.isOk() && !commandsWaiting_.load(std::memory_order_acquire)) {
-      st = engine_->poll(timeoutMs, onDone);
-    }
-    if (inFlight) SpinPolicy::record(spin_, Clock::now() - waitStart);
-    if (completed) lastBusy = Clock::now();
-    if (!st.isOk()) fail(st.withContext("rank " + std::to_string(o_.rank) + ": "), true);
-    if (closing_ && Clock::now() >= closing_->until) {
-      const Status why = std::move(closing_->why);  // fail() resets closing_
-      fail(why, true);
-    }
-  }
+bool TcpTransport::pollEngine(int timeoutMs) {
+  bool completed = false;
+  const Status st = io_->poll(timeoutMs, [&](const IoCompletion& c) {
+    completed = true;
+    onCompletion(c);
+  });
+  if (!st.isOk()) engine_.fail(st.withContext("rank " + std::to_string(o_.rank) + ": "), true);
+  return completed;
 }
 
 std::vector<Part> TcpTransport::layout(uint64_t seq, uint32_t tag, OpType op, uint64_t total,
@@ -104,13 +46,12 @@ std::vector<Part> TcpTransport::layout(uint64_t seq, uint32_t tag, OpType op, ui
 }
 
 void TcpTransport::startSend(const RequestPtr& req) {
-  if (!failed_.isOk()) return req->complete(failed_, -1);
   const OpFingerprint& fp = req->env.fingerprint;
-  const uint64_t seq = matcher_->wireSeq(*req);
+  const uint64_t seq = req->wireSeq;
   const auto stripes = layout(seq, req->env.tag, fp.op, req->bytes, fp.lanes);
   for (const Part& s : stripes) {
     if (peers_[req->peer][s.lane]->closed) {
-      return failOnClose(connectionError(*peers_[req->peer][s.lane], 0), req);
+      return engine_.failSoon(connectionError(*peers_[req->peer][s.lane], 0), req);
     }
   }
   req->framesLeft = stripes.size();
@@ -126,21 +67,21 @@ void TcpTransport::startSend(const RequestPtr& req) {
 }
 
 void TcpTransport::kickSend(Conn& c) {
-  if (c.sendInFlight || c.queue.empty() || !failed_.isOk()) return;
+  if (c.sendInFlight || c.queue.empty() || !engine_.failed().isOk()) return;
   OutFrame& f = c.queue.front();
   iovec iov[2] = {{&f.hdr, sizeof(f.hdr)},
                   {const_cast<char*>(f.payload), static_cast<size_t>(f.hdr.length)}};
   int iovcnt = 2;
   if (c.tx) {
     Result<size_t> sealed = sealNext(c, f);
-    if (!sealed.isOk()) return fail(sealed.status(), true);
+    if (!sealed.isOk()) return engine_.fail(sealed.status(), true);
     iov[0] = {c.txStage.data(), sealed.value()};
     iovcnt = 1;
   }
   c.sendInFlight = true;
-  if (Status st = engine_->postSend(c.fd, iov, iovcnt, &c.sendCookie); !st.isOk()) {
+  if (Status st = io_->postSend(c.fd, iov, iovcnt, &c.sendCookie); !st.isOk()) {
     c.sendInFlight = false;
-    fail(st, true);
+    engine_.fail(st, true);
   }
 }
 
@@ -161,18 +102,8 @@ Result<size_t> TcpTransport::sealNext(Conn& c, OutFrame& f) {
   return len;
 }
 
-void TcpTransport::startRecv(const RequestPtr& req) {
-  if (!failed_.isOk()) return req->complete(failed_, -1);
-  const Status st = matcher_->postRecv(req);
-  if (st.isOk()) return;
-  // A connection it needs is closed: the peer's reason may still come on another.
-  if (st.code() == StatusCode::kPeerError) return failOnClose(st, req);
-  fail(st, true);
-  req->complete(failed_, -1);  // held by no table: fail() cannot see it
-}
-
 void TcpTransport::postHeaderRecv(Conn& c) {
-  if (!failed_.isOk()) return;
+  if (!engine_.failed().isOk()) return;
   c.stage = Conn::Stage::kHeader;
   c.target.reset();
   if (c.rx) return postRecv(c, c.rxStage.data(), kSealedHeaderBytes);
@@ -194,9 +125,9 @@ void TcpTransport::postNextRecord(Conn& c) {
 
 void TcpTransport::postRecv(Conn& c, void* dest, uint64_t len) {
   c.recvInFlight = true;
-  if (Status st = engine_->postRecv(c.fd, dest, len, &c.recvCookie); !st.isOk()) {
+  if (Status st = io_->postRecv(c.fd, dest, len, &c.recvCookie); !st.isOk()) {
     c.recvInFlight = false;
-    fail(st, true);
+    engine_.fail(st, true);
   }
 }
 
@@ -221,25 +152,22 @@ void TcpTransport::onCompletion(const IoCompletion& ev) {
   } else {
     onRecvDone(c, ev.result);
   }
-  updateDrained();
+  engine_.updateDrained();
 }
 
 void TcpTransport::onSendDone(Conn& c, int64_t result) {
   c.sendInFlight = false;
-  if (c.tx && result > 0 && failed_.isOk() &&
+  if (c.tx && result > 0 && engine_.failed().isOk() &&
       c.queue.front().payloadSealed < c.queue.front().hdr.length) {
     return kickSend(c);  // the frame's next records
   }
   OutFrame f = std::move(c.queue.front());
   c.queue.pop_front();
-  if (!failed_.isOk()) {
-    if (f.req && !busy(*f.req)) f.req->complete(failed_, -1);
-    return;
-  }
-  if (result < 0) return failOnClose(connectionError(c, result), f.req);
+  if (!engine_.failed().isOk()) return engine_.completeIfFree(f.req);
+  if (result < 0) return engine_.failSoon(connectionError(c, result), f.req);
   if (f.req) railSent_[c.index % rails_].fetch_add(f.hdr.length, std::memory_order_relaxed);
   if (f.req && --f.req->framesLeft == 0) {
-    counters_.sent(c.peer, f.req->bytes);
+    engine_.peerCounters().sent(c.peer, f.req->bytes);
     f.req->complete(Status::ok(), o_.rank);
   }
   kickSend(c);
@@ -248,9 +176,9 @@ void TcpTransport::onSendDone(Conn& c, int64_t result) {
 void TcpTransport::onRecvDone(Conn& c, int64_t result) {
   c.recvInFlight = false;
   IncomingPtr target = std::move(c.target);
-  if (!failed_.isOk()) {
+  if (!engine_.failed().isOk()) {
     // The buffer is released now: complete the receive it belonged to.
-    if (target && target->req && !busy(*target->req)) target->req->complete(failed_, -1);
+    if (target) engine_.completeIfFree(target->req);
     return;
   }
   if (result == 0 && c.stage == Conn::Stage::kHeader) return onOrderlyClose(c);
@@ -258,10 +186,10 @@ void TcpTransport::onRecvDone(Conn& c, int64_t result) {
   // by no table once `target` is dropped (a point-to-point message never is), so it is
   // parked to complete with the failure.
   if (result <= 0) {
-    return failOnClose(connectionError(c, result), target ? target->req : nullptr);
+    return engine_.failSoon(connectionError(c, result), target ? target->req : nullptr);
   }
   if (c.rx) {
-    if (Status st = openRecord(c); !st.isOk()) return fail(st, true);
+    if (Status st = openRecord(c); !st.isOk()) return engine_.fail(st, true);
     if (c.stage != Conn::Stage::kHeader && c.rxLeft > 0) {
       c.target = std::move(target);
       return postNextRecord(c);
@@ -275,9 +203,9 @@ void TcpTransport::onRecvDone(Conn& c, int64_t result) {
 }
 
 void TcpTransport::onAbortText(const Conn& c) {
-  const std::string stuck = socketStalls(c.peer);
+  const std::string stuck = sendStalls(c.peer);
   const std::string hint = " (is a link down?)";
-  fail(peerError("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(c.peer) +
+  engine_.fail(peerError("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(c.peer) +
                  " failed: " + c.abortText +
                  (stuck.empty() ? ""
                                 : "; on rank " + std::to_string(o_.rank) + ": " + stuck +
@@ -289,9 +217,9 @@ void TcpTransport::onAbortText(const Conn& c) {
 void TcpTransport::onHeader(Conn& c) {
   const FrameHeader& h = c.hdr;
   if (Status st = validateFrameHeader(h); !st.isOk()) {
-    return fail(st.withContext("rank " + std::to_string(o_.rank) + ": from rank " +
-                               std::to_string(c.peer) + ": "),
-                true);
+    return engine_.fail(st.withContext("rank " + std::to_string(o_.rank) + ": from rank " +
+                                       std::to_string(c.peer) + ": "),
+                        true);
   }
   if (h.kind == FrameKind::kAbort) {
     c.stage = Conn::Stage::kAbortText;
@@ -299,10 +227,10 @@ void TcpTransport::onHeader(Conn& c) {
     if (h.length == 0) return onAbortText(c);
     return postPayloadRecv(c, c.abortText.data(), h.length);
   }
-  Result<IncomingPtr> msg = matcher_->onFrame(c.peer, c.index, h);
-  if (!msg.isOk()) return fail(msg.status(), true);
+  Result<IncomingPtr> msg = engine_.matcher().onFrame(c.peer, c.index, h);
+  if (!msg.isOk()) return engine_.fail(msg.status(), true);
   if (h.length == 0) {
-    matcher_->landed(msg.value(), 0);
+    engine_.matcher().landed(msg.value(), 0);
     return postHeaderRecv(c);
   }
   c.stage = Conn::Stage::kPayload;
@@ -312,16 +240,16 @@ void TcpTransport::onHeader(Conn& c) {
 
 void TcpTransport::onPayload(Conn& c, const IncomingPtr& msg) {
   railReceived_[c.index % rails_].fetch_add(c.hdr.length, std::memory_order_relaxed);
-  matcher_->landed(msg, c.hdr.length);
+  engine_.matcher().landed(msg, c.hdr.length);
   postHeaderRecv(c);
 }
 
 void TcpTransport::onOrderlyClose(Conn& c) {
   c.closed = true;
   NANOCCL_INFO("rank " << o_.rank << ": rank " << c.peer << " closed connection " << c.index);
-  counters_.closed(c.peer);
-  if (auto req = matcher_->laneClosed(c.peer, c.index)) {
-    failOnClose(matcher_->closedError(c.peer, *req));
+  engine_.peerCounters().closed(c.peer);
+  if (auto req = engine_.matcher().laneClosed(c.peer, c.index)) {
+    engine_.failSoon(engine_.matcher().closedError(c.peer, *req));
   }
 }
 
@@ -335,8 +263,7 @@ Status TcpTransport::connectionError(const Conn& c, int64_t result) const {
   return peerError(who + " failed: " + std::strerror(static_cast<int>(-result)));
 }
 
-bool TcpTransport::hasPending() const {
-  if (matcher_->hasPending()) return true;
+bool TcpTransport::sendsPending() const {
   for (const auto& row : peers_) {
     for (const auto& c : row) {
       if (!c->queue.empty()) return true;
@@ -353,29 +280,7 @@ size_t TcpTransport::inFlight() const {
   return n;
 }
 
-void TcpTransport::updateDrained() {
-  if (failed_.isOk() || inFlight() > 0) return;
-  drained_.set();
-}
-
-void TcpTransport::failOnClose(const Status& why, const std::shared_ptr<BasicRequest>& parked) {
-  if (!failed_.isOk()) {
-    if (parked && !busy(*parked)) parked->complete(failed_, -1);
-    return;
-  }
-  if (parked) parked_.push_back(parked);
-  if (!closing_) closing_ = Closing{why, Clock::now() + kCloseGrace};
-}
-
-void TcpTransport::fail(const Status& why, bool notifyPeers) {
-  if (!failed_.isOk()) return;
-  failed_ = why;
-  closing_.reset();
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    failedPublic_ = why;
-  }
-  logTransportFailure(o_.rank, why, hasPending());
+void TcpTransport::onFail(const Status& why, bool notifyPeers, RequestList& out) {
   const std::string text = why.message().substr(0, kMaxAbortText);
   for (auto& row : peers_) {
     if (notifyPeers) {
@@ -408,29 +313,23 @@ void TcpTransport::fail(const Status& why, bool notifyPeers) {
     // Ends every in-flight operation on these sockets promptly.
     for (auto& c : row) shutdown(c->fd, SHUT_RDWR);
   }
-  // Requests whose buffers a socket operation still targets complete when it ends.
+  // The queued sends (the engine completes those whose buffers no socket operation targets;
+  // the others complete when it ends: onSendDone).
   for (auto& row : peers_) {
     for (auto& c : row) {
       for (auto& f : c->queue) {
-        if (f.req && !busy(*f.req)) f.req->complete(why, -1);
+        if (f.req) out.push_back(f.req);
       }
     }
   }
-  for (auto& r : matcher_->takeAll()) {
-    if (!busy(*r)) r->complete(why, -1);
-  }
-  for (auto& r : parked_) {
-    if (!busy(*r)) r->complete(why, -1);
-  }
-  parked_.clear();
-  updateDrained();
 }
 
-bool TcpTransport::busy(const BasicRequest& r) const {
+bool TcpTransport::busy(const BasicRequest* r) const {
+  if (r == nullptr) return inFlight() > 0;
   for (const auto& row : peers_) {
     for (const auto& c : row) {
-      if (c->sendInFlight && c->queue.front().req.get() == &r) return true;
-      if (c->recvInFlight && c->target && c->target->req.get() == &r && !c->target->heap) {
+      if (c->sendInFlight && c->queue.front().req.get() == r) return true;
+      if (c->recvInFlight && c->target && c->target->req.get() == r && !c->target->heap) {
         return true;
       }
     }

@@ -1,8 +1,7 @@
-// The TCP transport (tcp_transport.h), all but its progress thread: construction and
-// destruction, listen() and connect() (the mesh itself is built by handshake.cc), the calls any
-// thread makes (isend, irecv and abort hand commands to the progress thread), the counters, and
-// the stall reports. The progress thread is in progress.cc; the class, its connections and
-// commands in tcp_transport_impl.h.
+// The TCP transport (tcp_transport.h), all but its Mover half: construction and destruction,
+// listen() and connect() (the mesh itself is built by handshake.cc), the counters, and the
+// stall reports' socket side. The Mover's send and receive paths are in progress.cc; the class
+// and its connections in tcp_transport_impl.h.
 #include "transports/tcp/tcp_transport.h"
 
 #include <linux/sockios.h>
@@ -27,22 +26,16 @@
 
 #include "common/crypto.h"
 #include "common/logging.h"
-#include "common/thread_name.h"
 #include "transports/identity.h"
 #include "transports/tcp/address.h"
 #include "transports/tcp/handshake.h"
 #include "transports/tcp/layout.h"
 #include "transports/tcp/tcp_transport_impl.h"
-#include "transports/transport_common.h"
 
 namespace nanoccl::tcp {
 
 TcpTransport::~TcpTransport() {
-  if (thread_.joinable()) {
-    post({CommandKind::kStop, nullptr, abortedError("rank " + std::to_string(o_.rank) +
-                                                    ": communicator destroyed")});
-    thread_.join();
-  }
+  engine_.stop(abortedError("rank " + std::to_string(o_.rank) + ": communicator destroyed"));
   for (auto& row : peers_) {
     for (auto& c : row) {
       if (c->fd >= 0) close(c->fd);
@@ -87,13 +80,12 @@ Result<std::string> TcpTransport::listen() {
 
 Status TcpTransport::connect(const std::vector<std::string>& addresses,
                              const Deadline& deadline) {
-  NANOCCL_ASSIGN_OR_RETURN(engine_, createEngine(o_.config.tcpEngine));
+  NANOCCL_ASSIGN_OR_RETURN(io_, createEngine(o_.config.tcpEngine));
   rails_ = std::max<int>(1, static_cast<int>(listeners_.size()));
   railSent_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(rails_));
   railReceived_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(rails_));
   NANOCCL_ASSIGN_OR_RETURN(railLayout_,
                            weighRails(addresses, rails_, o_.config.stripeMinBytes));
-  matcher_.emplace(matcherOptions());
   if (o_.size > 1) {
     MeshParams mp{CommIdentity(o_.secret, o_.commId)};
     mp.rank = o_.rank;
@@ -126,55 +118,26 @@ Status TcpTransport::connect(const std::vector<std::string>& addresses,
       }
     }
     for (auto& row : peers_) {
-      for (auto& c : row) NANOCCL_CHECK(engine_->addSocket(c->fd));
+      for (auto& c : row) NANOCCL_CHECK(io_->addSocket(c->fd));
     }
   }
   NANOCCL_INFO("rank " << o_.rank << ": " << describe() << " connected to " << o_.size - 1
                        << " peers");
-  thread_ = namedThread("tcp", [this] { progressLoop(); });
+  engine_.start(matcherOptions());
+  engine_.run([this] {  // the progress thread's first turn: every connection awaits a header
+    for (auto& row : peers_) {
+      for (auto& c : row) postHeaderRecv(*c);
+    }
+  });
+  engine_.open();
   return Status::ok();
 }
 
-std::shared_ptr<Request> TcpTransport::isend(int peer, const Envelope& env, const void* buf,
-                                             size_t bytes) {
-  auto req = std::make_shared<TcpRequest>(
-      true, peer, env, const_cast<char*>(static_cast<const char*>(buf)), bytes, spin_);
-  return startRequest(std::move(req), o_.rank, o_.size, thread_.joinable(),
-                      [&](const auto& r) { post({CommandKind::kSend, r, {}}); });
-}
-
-std::shared_ptr<Request> TcpTransport::irecv(int peer, const Envelope& env, void* buf,
-                                             size_t bytes) {
-  auto req =
-      std::make_shared<TcpRequest>(false, peer, env, static_cast<char*>(buf), bytes, spin_);
-  return startRequest(std::move(req), o_.rank, o_.size, thread_.joinable(),
-                      [&](const auto& r) { post({CommandKind::kRecv, r, {}}); });
-}
-
-void TcpTransport::abort(const Status& why) {
-  if (!thread_.joinable()) return;
-  if (std::this_thread::get_id() == thread_.get_id()) {  // from a completion callback
-    fail(why, true);
-    return;
-  }
-  post({CommandKind::kAbort, nullptr, why});
-  // fail() tells the peers, then shuts the sockets down: in-flight operations end within
-  // moments and the progress thread reaps them.
-  if (drained_.waitFor(kAbortDrain)) return;
-  // The progress thread has not got there (it is stuck, in a callback say). Shutting the
-  // sockets down from here ends every operation in the kernel all the same; what the peers
-  // are told is then only that the connections closed.
-  NANOCCL_WARN("rank " << o_.rank << ": tcp: abort found socket operations on callers' "
-               "buffers still in flight after " << kAbortDrain.count() << " ms; shutting "
-               "the sockets down from this thread");
+bool TcpTransport::unstick() {
   for (auto& row : peers_) {
     for (auto& c : row) shutdown(c->fd, SHUT_RDWR);
   }
-  if (!drained_.waitFor(kAbortDrain)) {
-    NANOCCL_WARN("rank " << o_.rank << ": tcp: the progress thread has still not reaped "
-                 "them; the requests on those buffers stay pending until it does, and "
-                 "destroying the transport waits for it");
-  }
+  return true;
 }
 
 std::vector<RailCounters> TcpTransport::railCounters() const {
@@ -187,28 +150,7 @@ std::vector<RailCounters> TcpTransport::railCounters() const {
   return out;
 }
 
-std::string TcpTransport::stallReport(int peer) const {
-  if (peer < 0 || peer >= o_.size || peer == o_.rank || !thread_.joinable()) return "";
-  std::string out = socketStalls(peer);
-  // What this rank waits for: asked of the progress thread, which owns the matcher (briefly:
-  // a transport that is stopping may not answer).
-  auto report = std::make_shared<std::promise<std::string>>();
-  std::future<std::string> answer = report->get_future();
-  Command ask{CommandKind::kReport, nullptr, Status::ok()};
-  ask.peer = peer;
-  ask.report = report;
-  const_cast<TcpTransport*>(this)->post(std::move(ask));  // only queues a command
-  if (answer.wait_for(kReportWait) == std::future_status::ready) {
-    try {
-      const std::string waited = answer.get();
-      if (!waited.empty()) out += (out.empty() ? "" : "; ") + waited;
-    } catch (const std::future_error&) {  // dropped unanswered: nothing to add
-    }
-  }
-  return out.empty() ? out : out + " (is a link down?)";
-}
-
-std::string TcpTransport::socketStalls(int peer) const {
+std::string TcpTransport::sendStalls(int peer) const {
   std::string out;
   for (const auto& c : peers_[static_cast<size_t>(peer)]) {
     tcp_info ti{};
@@ -244,26 +186,15 @@ std::string TcpTransport::socketStalls(int peer) const {
   return out;
 }
 
-std::string TcpTransport::receiveStalls(int peer) const {
-  std::map<int, std::pair<uint64_t, int>> byLane;  // lane -> bytes, messages
-  for (const Matcher::AwaitedLane& a : matcher_->awaitedLanes(peer)) {
-    byLane[a.lane].first += a.bytes;
-    ++byLane[a.lane].second;
-  }
-  std::string out;
-  for (const auto& [lane, waited] : byLane) {
-    const Conn& c = *peers_[static_cast<size_t>(peer)][static_cast<size_t>(lane)];
-    tcp_info ti{};
-    socklen_t len = sizeof(ti);
-    if (getsockopt(c.fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) continue;
-    char line[200];
-    std::snprintf(line, sizeof(line), "%s%s: %.2f MB still to arrive (%d message%s), nothing "
-                  "received on it for %.1f s", out.empty() ? "" : "; ",
-                  connectionLabel(c).c_str(), waited.first / 1e6, waited.second,
-                  waited.second == 1 ? "" : "s", ti.tcpi_last_data_recv / 1e3);
-    out += line;
-  }
-  return out;
+std::optional<Mover::LaneView> TcpTransport::laneView(int peer, int lane) const {
+  const Conn& c = *peers_[static_cast<size_t>(peer)][static_cast<size_t>(lane)];
+  tcp_info ti{};
+  socklen_t len = sizeof(ti);
+  if (getsockopt(c.fd, IPPROTO_TCP, TCP_INFO, &ti, &len) != 0) return std::nullopt;
+  char note[64];
+  std::snprintf(note, sizeof(note), "nothing received on it for %.1f s",
+                ti.tcpi_last_data_recv / 1e3);
+  return LaneView{connectionLabel(c), note};
 }
 
 std::string TcpTransport::railName(const Conn& c) const {
@@ -290,14 +221,14 @@ std::string TcpTransport::describe() const {
     via += via.empty() ? " via " : ",";
     via += l.ifname;
   }
-  return std::string("tcp/") + (engine_ ? engine_->name() : "?") + " x" +
+  return std::string("tcp/") + (io_ ? io_->name() : "?") + " x" +
          std::to_string(o_.config.nsocks) +
          (rails_ > 1 ? " on each of " + std::to_string(rails_) + " rails" : "") +
          (o_.config.encrypt ? " encrypted" : "") + via;
 }
 
 MatcherOptions TcpTransport::matcherOptions() {
-  MatcherOptions mo = matcherOptionsFor(o_, &counters_);
+  MatcherOptions mo;
   mo.lanes = connections();
   mo.parts = [this](OpType op, uint64_t seq, uint32_t tag, uint64_t total, int lanes) {
     return layout(seq, tag, op, total, lanes);
@@ -305,14 +236,7 @@ MatcherOptions TcpTransport::matcherOptions() {
   return mo;
 }
 
-void TcpTransport::post(Command cmd) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    commands_.push_back(std::move(cmd));
-    commandsWaiting_.store(true, std::memory_order_release);
-  }
-  engine_->wakeup();
-}
+
 Result<std::unique_ptr<Transport>> createTcpTransport(const TransportOptions& options) {
   if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
     return invalidArgument("tcp transport: rank " + std::to_string(options.rank) +

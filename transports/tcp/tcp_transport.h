@@ -1,8 +1,8 @@
-// The TCP transport: a full mesh of NANOCCL_NSOCKS connections per peer, driven by one
-// progress thread on an IoEngine (io_uring or epoll).
+// The TCP transport: a full mesh of NANOCCL_NSOCKS connections per peer, a Mover (its sockets
+// on an IoEngine: io_uring or epoll) under the transports' Engine (transports/engine.h).
 //
-// Threads: isend/irecv/abort/counters may be called from any thread; they hand commands to
-// the progress thread, which alone touches sockets, the engine and the matching tables.
+// Threads: isend/irecv/abort/counters may be called from any thread; the Engine hands them to
+// its progress thread, which alone touches sockets, the IoEngine and the matching tables.
 // Requests complete (and run their callbacks) on the progress thread. While a request is
 // pending, and up to NANOCCL_SPIN_US after the last command or completion, the progress
 // thread polls the engine without sleeping (yielding its core; common/spin.h); otherwise it

@@ -1,9 +1,9 @@
 // TcpTransport's private half: the class behind createTcpTransport() (tcp_transport.h says what
-// the transport does and which thread may call what), its connections, the frames queued on
-// them and the commands the calling threads hand its progress thread. Included only by
-// tcp_transport.cc (construction, listen and connect, the calls any thread makes, the stall
-// reports) and progress.cc (the progress thread: its loop, the send and receive paths,
-// completions and failure).
+// the transport does and which thread may call what) and its connections with the frames queued
+// on them. The transport is a Mover under an Engine (transports/engine.h: requests, commands,
+// the progress thread, matching, failure). Included only by tcp_transport.cc (construction,
+// listen and connect, the stall reports' socket side) and progress.cc (the Mover: the send and
+// receive paths, completions and failure).
 #pragma once
 
 #include <algorithm>
@@ -29,15 +29,13 @@
 #include "transports/tcp/layout.h"
 #include "transports/tcp/socket_ops.h"
 #include "transports/transport.h"
-#include "transports/transport_common.h"
+#include "transports/engine.h"
 
 namespace nanoccl::tcp {
 
 constexpr int kMaxSocketsPerPeer = 64;  // stripes are tracked in a 64-bit mask
 // stallReport() names a connection whose peer has not acknowledged its bytes for this long.
 constexpr uint32_t kStallReportMs = 1000;
-// How long stallReport() waits for the progress thread's part (receiveStalls()).
-constexpr auto kReportWait = std::chrono::milliseconds(500);
 
 // Encryption (NANOCCL_ENCRYPT=1): every frame travels as sealed records, its header as one
 // record of sizeof(FrameHeader) bytes and its payload as records of at most kRecordBytes, each
@@ -58,12 +56,7 @@ constexpr auto kCloseGrace = std::chrono::milliseconds(200);
 // buffers, before it shuts the sockets down itself (and again after that, before it reports).
 constexpr auto kAbortDrain = std::chrono::milliseconds(5000);
 
-class TcpRequest : public BasicRequest {
- public:
-  using BasicRequest::BasicRequest;
-  size_t framesLeft = 0;  // send: frames not yet written (progress thread)
-};
-using RequestPtr = std::shared_ptr<TcpRequest>;
+using RequestPtr = EngineRequestPtr;
 using IncomingPtr = Matcher::IncomingPtr;
 
 struct OutFrame {
@@ -107,53 +100,40 @@ struct Conn {
   uint64_t rxLeft = 0;       // payload bytes of the frame still to come after it
 };
 
-enum class CommandKind { kSend, kRecv, kAbort, kStop, kReport };
-struct Command {
-  CommandKind kind;
-  RequestPtr req;
-  Status why;
-  // kReport: the receive side's stall report on `peer` (receiveStalls()), set by the progress
-  // thread, which owns the matcher.
-  int peer = -1;
-  std::shared_ptr<std::promise<std::string>> report;
-};
-
-class TcpTransport : public Transport {
+class TcpTransport : public Transport, private Mover {
  public:
   explicit TcpTransport(const TransportOptions& o)
       : o_(o),
         peers_(static_cast<size_t>(o.size)),
-        counters_(o.size) {}
+        engine_(o, {.name = "tcp", .closeGrace = kCloseGrace, .drainBound = kAbortDrain}, *this) {}
 
   ~TcpTransport() override;
 
   Result<std::string> listen() override;
   Status connect(const std::vector<std::string>& addresses, const Deadline& deadline) override;
   std::shared_ptr<Request> isend(int peer, const Envelope& env, const void* buf,
-                                 size_t bytes) override;
+                                 size_t bytes) override {
+    return engine_.isend(peer, env, buf, bytes);
+  }
   std::shared_ptr<Request> irecv(int peer, const Envelope& env, void* buf,
-                                 size_t bytes) override;
-  void abort(const Status& why) override;
+                                 size_t bytes) override {
+    return engine_.irecv(peer, env, buf, bytes);
+  }
+  // fail() tells the peers, then shuts the sockets down: in-flight operations end within
+  // moments and the progress thread reaps them (unstick() if it does not).
+  void abort(const Status& why) override { engine_.abort(why); }
 
-  std::vector<PeerCounters> counters() const override { return counters_.snapshot(); }
+  std::vector<PeerCounters> counters() const override { return engine_.counters(); }
 
   std::vector<RailCounters> railCounters() const override;
 
   // Connections to `peer` that are stuck: bytes the peer has not acknowledged for a while, bytes
-  // queued that have not left for a while, a rail whose interface is down here, or a message
-  // whose part on a connection is missing (partly arrived, or one the peer has gone past:
-  // Matcher::awaitedLanes). A link (a rail) that went down, or a peer whose host stopped, leaves
-  // its connections like that; a rank waiting only to receive sees the last two.
-  std::string stallReport(int peer) const override;
-
-  // The sending side of stallReport(), from the sockets alone (any thread): connections to
-  // `peer` with bytes unacknowledged or unsent for kStallReportMs, or whose interface is down.
-  std::string socketStalls(int peer) const;
-
-  // Progress thread: the connections to `peer` from which a message still needs bytes (partly
-  // arrived, or gone past by the peer: Matcher::awaitedLanes), and how long each has received
-  // nothing.
-  std::string receiveStalls(int peer) const;
+  // queued that have not left for a while, a rail whose interface is down here (sendStalls()),
+  // or a message whose part on a connection is missing (partly arrived, or one the peer has
+  // gone past: the engine's Matcher::awaitedLanes, named by laneView()). A link (a rail) that
+  // went down, or a peer whose host stopped, leaves its connections like that; a rank waiting
+  // only to receive sees the last two.
+  std::string stallReport(int peer) const override { return engine_.stallReport(peer); }
 
   // The interface of `c`'s rail ("" where unknown).
   std::string railName(const Conn& c) const;
@@ -177,11 +157,33 @@ class TcpTransport : public Transport {
   // Connections are the matcher's lanes; layout() says which carry what.
   MatcherOptions matcherOptions();
 
-  void post(Command cmd);
+  // ---- the Mover (engine.h), with the engine's progress held: progress.cc --------------
 
-  // ---- progress thread (progress.cc) --------------------------------------------------
+  void startSend(const RequestPtr& req) override;
+  bool progress() override { return pollEngine(0); }
+  bool wait(std::chrono::microseconds d) override {
+    return pollEngine(static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(d).count()));
+  }
+  void wake() override { io_->wakeup(); }
+  bool sendsPending() const override;
+  // Whether a socket operation in flight reads or writes `r`'s buffer (any: socket operations
+  // still in flight, each may target a caller's buffer).
+  bool busy(const BasicRequest* r) const override;
+  // Tells the peers (every idle connection carries the reason), then shuts the sockets down.
+  void onFail(const Status& why, bool notifyPeers, RequestList& out) override;
+  bool stopped() const override { return inFlight() == 0; }
+  // abort() found socket operations on callers' buffers still in flight (the progress thread
+  // is stuck, in a callback say): shutting the sockets down from here ends every operation in
+  // the kernel all the same; what the peers are told is then only that the connections closed.
+  bool unstick() override;
+  // The sending side of the stall report, from the sockets alone (any thread): connections to
+  // `peer` with bytes unacknowledged or unsent for kStallReportMs, or whose interface is down.
+  std::string sendStalls(int peer) const override;
+  // A connection a message still needs bytes from, and how long it has received nothing.
+  std::optional<LaneView> laneView(int peer, int lane) const override;
 
-  void progressLoop();
+  // Handles the IoEngine's completions for up to `timeoutMs`; whether any came.
+  bool pollEngine(int timeoutMs);
 
   // The connections a message travels on (layout.h); `lanes` (the call's
   // OpFingerprint::lanes, 0: all): only the first `lanes` connections of each rail carry the
@@ -189,12 +191,10 @@ class TcpTransport : public Transport {
   std::vector<Part> layout(uint64_t seq, uint32_t tag, OpType op, uint64_t total,
                            int lanes) const;
 
-  void startSend(const RequestPtr& req);
   void kickSend(Conn& c);
   // Seals the frame's next records (its header first) into c.txStage; returns their bytes.
   Result<size_t> sealNext(Conn& c, OutFrame& f);
 
-  void startRecv(const RequestPtr& req);
   void postHeaderRecv(Conn& c);
   void postPayloadRecv(Conn& c, char* dest, uint64_t len);
   void postNextRecord(Conn& c);
@@ -217,24 +217,10 @@ class TcpTransport : public Transport {
   void onOrderlyClose(Conn& c);
 
   Status connectionError(const Conn& c, int64_t result) const;
-  bool hasPending() const;
   // Socket operations still in flight (each may target a caller's buffer).
   size_t inFlight() const;
-  void updateDrained();
-
-  // A connection closed under a pending request: fail after kCloseGrace with `why`, unless a
-  // peer's reason (an abort frame) or another failure comes first. `parked` (a request that
-  // cannot proceed, held by no table) completes when the transport fails.
-  void failOnClose(const Status& why, const std::shared_ptr<BasicRequest>& parked = nullptr);
-  // Fails the transport: every request completes with `why` (those whose buffers a socket
-  // operation still targets as soon as that operation ends), and peers are told.
-  void fail(const Status& why, bool notifyPeers);
-
-  // Whether a socket operation in flight reads or writes `r`'s buffer.
-  bool busy(const BasicRequest& r) const;
 
   const TransportOptions o_;
-  const std::chrono::microseconds spin_{o_.config.spinUs};  // NANOCCL_SPIN_US
   std::vector<Listener> listeners_;  // one a rail; closed once connected
   // The congestion control this rank's connections run (chooseCongestionControl; empty: the
   // host's default): set on the listeners, given to the connections this rank makes.
@@ -243,27 +229,10 @@ class TcpTransport : public Transport {
   Rails railLayout_;  // the rails' weights: weighRails() (layout.h)
   // Payload bytes per rail (frames sent, frames landed): written by the progress thread.
   std::unique_ptr<std::atomic<uint64_t>[]> railSent_, railReceived_;
-  std::unique_ptr<IoEngine> engine_;
+  std::unique_ptr<IoEngine> io_;
   std::vector<std::vector<std::unique_ptr<Conn>>> peers_;
-  std::thread thread_;
 
-  std::mutex mu_;  // guards commands_, failedPublic_
-  std::deque<Command> commands_;
-  std::atomic<bool> commandsWaiting_{false};  // commands_ is not empty (read while spinning)
-  DrainedFlag drained_;  // abort() waits for it
-  Status failedPublic_;
-
-  TransportCounters counters_;
-
-  // Progress-thread state.
-  Status failed_;
-  std::optional<Matcher> matcher_;  // made by connect(), once the rails are known
-  struct Closing {
-    Status why;
-    Clock::time_point until;
-  };
-  std::optional<Closing> closing_;  // failOnClose()
-  std::vector<std::shared_ptr<BasicRequest>> parked_;
+  Engine engine_;  // started by connect(), once the rails are known
 };
 
 }  // namespace nanoccl::tcp
