@@ -3,7 +3,7 @@
 #include <numeric>
 
 #include "collectives/store.h"
-#include "transports/tcp/address.h"
+#include "transports/netif.h"
 
 namespace nanoccl::detail {
 namespace {
@@ -97,8 +97,8 @@ namespace {
 // NANOCCL_RAIL_PER_LOCAL_RANK: `config` narrowed to rail localRank % rails of its
 // socket_ifname (the same index on every node, so a cross group agrees on one rail).
 Result<Config> oneRail(const Config& config, int localRank) {
-  NANOCCL_ASSIGN_OR_RETURN(const std::vector<tcp::InterfaceAddress> rails,
-                           tcp::pickRails(config.socketIfname));
+  NANOCCL_ASSIGN_OR_RETURN(const std::vector<InterfaceAddress> rails,
+                           pickRails(config.socketIfname));
   const size_t k = static_cast<size_t>(localRank) % rails.size();
   Config out = config;
   out.socketIfname = "=" + rails[k].name;

@@ -18,7 +18,7 @@
 
 namespace {
 
-int dial(const nanoccl::tcp::SocketAddress& a) {
+int dial(const nanoccl::SocketAddress& a) {
   const int fd = socket(a.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd >= 0 && connect(fd, reinterpret_cast<const sockaddr*>(&a.storage), a.length) != 0) {
     close(fd);

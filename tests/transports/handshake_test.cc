@@ -109,7 +109,7 @@ TEST_P(HandshakeTest, AfterSetupThePortIsClosed) {
   auto setup0 = std::async(std::launch::async, [&] { return t0->connect({a0, a1}, soon(20)); });
   ASSERT_TRUE(t1->connect({a0, a1}, soon(20)).isOk());
   ASSERT_TRUE(setup0.get().isOk());
-  auto late = tcp::SocketAddress::parse(a0).value();
+  auto late = SocketAddress::parse(a0).value();
   const int fd = socket(late.family(), SOCK_STREAM, 0);
   EXPECT_NE(connect(fd, reinterpret_cast<const sockaddr*>(&late.storage), late.length), 0);
   close(fd);
@@ -462,7 +462,7 @@ INSTANTIATE_TEST_SUITE_P(Engines, TamperTest, ::testing::Values("epoll", "uring"
 INSTANTIATE_TEST_SUITE_P(Engines, InsiderTest, ::testing::Values("epoll", "uring"));
 
 TEST(InterfaceSpec, FollowsNcclSyntax) {
-  using tcp::interfaceMatches;
+  using nanoccl::interfaceMatches;
   EXPECT_TRUE(interfaceMatches("eth0", ""));
   EXPECT_TRUE(interfaceMatches("eth0", "eth"));
   EXPECT_TRUE(interfaceMatches("ens5", "eth,ens"));
@@ -477,25 +477,25 @@ TEST(InterfaceSpec, FollowsNcclSyntax) {
 
 TEST(SocketAddress, ParsesWhatItPrints) {
   for (const std::string s : {"127.0.0.1:80", "[::1]:4242", "10.1.2.3:65535"}) {
-    auto a = tcp::SocketAddress::parse(s);
+    auto a = SocketAddress::parse(s);
     ASSERT_TRUE(a.isOk()) << s;
     EXPECT_EQ(a->toString(), s);
   }
   for (const std::string s : {"", "1.2.3.4", "1.2.3.4:0", "1.2.3.4:70000", "nohost:1", "[::1:3"}) {
-    EXPECT_FALSE(tcp::SocketAddress::parse(s).isOk()) << s;
+    EXPECT_FALSE(SocketAddress::parse(s).isOk()) << s;
   }
 }
 
 // An interface as upInterfaces() lists it (port 0).
-tcp::InterfaceAddress iface(const std::string& name, const std::string& address) {
-  tcp::InterfaceAddress out{name, tcp::SocketAddress::parse(address + ":1").value()};
+InterfaceAddress iface(const std::string& name, const std::string& address) {
+  InterfaceAddress out{name, SocketAddress::parse(address + ":1").value()};
   out.address.setPort(0);
   return out;
 }
 
 std::vector<std::string> railNames(const std::string& spec,
-                                   const std::vector<tcp::InterfaceAddress>& seen) {
-  auto rails = tcp::pickRails(spec, seen);
+                                   const std::vector<InterfaceAddress>& seen) {
+  auto rails = pickRails(spec, seen);
   EXPECT_TRUE(rails.isOk()) << spec << ": " << rails.status().toString();
   std::vector<std::string> out;
   if (rails.isOk()) {
@@ -505,7 +505,7 @@ std::vector<std::string> railNames(const std::string& spec,
 }
 
 TEST(Rails, AnIncludingListIsOneRailPerInterfaceInItsOrder) {
-  const std::vector<tcp::InterfaceAddress> seen = {
+  const std::vector<InterfaceAddress> seen = {
       iface("lo", "127.0.0.1"),  iface("eth1", "10.0.1.1"), iface("eth0", "10.0.0.1"),
       iface("eth0", "10.0.9.9"), iface("ens5", "10.0.2.1"), iface("docker0", "172.17.0.1")};
   using V = std::vector<std::string>;
@@ -527,7 +527,7 @@ TEST(Rails, AnIncludingListIsOneRailPerInterfaceInItsOrder) {
   EXPECT_EQ(railNames("^docker,lo", seen), (V{"eth1=10.0.1.1:0"}));
   EXPECT_EQ(railNames("", seen), (V{"eth1=10.0.1.1:0"}));
   EXPECT_EQ(railNames("", {iface("lo", "127.0.0.1")}), (V{"lo=127.0.0.1:0"}));
-  const auto none = tcp::pickRails("ib,eth7", seen);
+  const auto none = pickRails("ib,eth7", seen);
   ASSERT_EQ(none.status().code(), StatusCode::kUnavailable);
   EXPECT_NE(none.status().message().find("'ib,eth7'"), std::string::npos);
   EXPECT_NE(none.status().message().find("eth0"), std::string::npos) << "names what is there";
@@ -653,7 +653,7 @@ TEST(Rails, ConnectionSRunsOnRailSModuloRails) {
   ASSERT_EQ((*links0)[1].size(), 4u);
   for (int s = 0; s < 4; ++s) {
     // Rank 0 accepted rank 1's connection s on its rail s % 2.
-    tcp::SocketAddress local;
+    SocketAddress local;
     local.length = sizeof(local.storage);
     getsockname((*links0)[1][s].fd, reinterpret_cast<sockaddr*>(&local.storage), &local.length);
     EXPECT_EQ(local.toString(), listeners[0][s % 2].address.toString()) << "connection " << s;

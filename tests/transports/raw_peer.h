@@ -23,7 +23,7 @@
 namespace nanoccl::testing {
 
 inline int dial(const std::string& address) {
-  auto a = tcp::SocketAddress::parse(address);
+  auto a = SocketAddress::parse(address);
   EXPECT_TRUE(a.isOk());
   const int fd = socket(a->family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
   EXPECT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&a->storage), a->length), 0);

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "common/logging.h"
-#include "transports/tcp/address.h"
+#include "transports/netif.h"
 
 namespace nanoccl::fabric {
 namespace {
@@ -84,12 +84,12 @@ Status Endpoint::open(const TransportOptions& o, size_t cqSize) {
   fi_info* chosen = list;
   const std::string prov = list->fabric_attr->prov_name;
   if (prov.find("tcp") != std::string::npos || prov.find("sockets") != std::string::npos) {
-    Result<std::vector<tcp::InterfaceAddress>> rails = tcp::pickRails(o.config.socketIfname);
+    Result<std::vector<InterfaceAddress>> rails = pickRails(o.config.socketIfname);
     if (!rails.isOk()) {
       fi_freeinfo(list);
       return rails.status().withContext(where);
     }
-    const tcp::InterfaceAddress& itf = rails->front();
+    const InterfaceAddress& itf = rails->front();
     chosen = nullptr;
     for (fi_info* i = list; i != nullptr && chosen == nullptr; i = i->next) {
       if (i->domain_attr->name != nullptr && itf.name == i->domain_attr->name &&
