@@ -267,4 +267,31 @@ class Engine {
   RequestList parked_;
 };
 
+// A transport that runs under an Engine: the Transport calls every such transport answers alike
+// go to the engine; the derived class is the Mover, and calls stopEngine() first in its
+// destructor (the progress thread must end before the mover's state goes).
+class EngineTransport : public Transport, protected Mover {
+ public:
+  std::shared_ptr<Request> isend(int peer, const Envelope& env, const void* buf,
+                                 size_t bytes) override {
+    return engine_.isend(peer, env, buf, bytes);
+  }
+  std::shared_ptr<Request> irecv(int peer, const Envelope& env, void* buf,
+                                 size_t bytes) override {
+    return engine_.irecv(peer, env, buf, bytes);
+  }
+  void abort(const Status& why) override { engine_.abort(why); }
+  std::vector<PeerCounters> counters() const override { return engine_.counters(); }
+  std::string stallReport(int peer) const override { return engine_.stallReport(peer); }
+
+ protected:
+  EngineTransport(const TransportOptions& o, EngineOptions eo) : o_(o), engine_(o_, eo, *this) {}
+  void stopEngine() {
+    engine_.stop(abortedError("rank " + std::to_string(o_.rank) + ": communicator destroyed"));
+  }
+
+  const TransportOptions o_;
+  Engine engine_;
+};
+
 }  // namespace nanoccl

@@ -110,7 +110,13 @@ std::vector<TransportInfo> builtInTransports() {
 Result<std::unique_ptr<Transport>> createTransport(const std::string& name,
                                                    const TransportOptions& options) {
   const TransportRow* row = findRow(name);
-  if (row != nullptr && row->create != nullptr) return row->create(options);
+  if (row != nullptr && row->create != nullptr) {
+    if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
+      return invalidArgument(name + " transport: rank " + std::to_string(options.rank) +
+                             " outside a communicator of size " + std::to_string(options.size));
+    }
+    return row->create(options);
+  }
   std::string known;
   for (const TransportInfo& t : builtInTransports()) {
     known += std::string(known.empty() ? "" : ", ") + t.name;

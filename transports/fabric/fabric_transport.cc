@@ -74,14 +74,14 @@ struct Peer {
   bool closed = false;  // it closed in order: everything it sent has been handled
 };
 
-class FabricTransport : public Transport, private Mover {
+class FabricTransport : public EngineTransport {
  public:
   explicit FabricTransport(const TransportOptions& o)
-      : o_(o), peers_(static_cast<size_t>(o.size)),
-        engine_(o, {.name = "fabric", .drainBound = kDrainBound}, *this) {}
+      : EngineTransport(o, {.name = "fabric", .drainBound = kDrainBound}),
+        peers_(static_cast<size_t>(o.size)) {}
 
   ~FabricTransport() override {
-    engine_.stop(abortedError("rank " + std::to_string(o_.rank) + ": communicator destroyed"));
+    stopEngine();
     closeFabric();
   }
 
@@ -180,17 +180,6 @@ class FabricTransport : public Transport, private Mover {
     engine_.open();
     return Status::ok();
   }
-
-  std::shared_ptr<Request> isend(int peer, const Envelope& env, const void* buf,
-                                 size_t bytes) override {
-    return engine_.isend(peer, env, buf, bytes);
-  }
-  std::shared_ptr<Request> irecv(int peer, const Envelope& env, void* buf,
-                                 size_t bytes) override {
-    return engine_.irecv(peer, env, buf, bytes);
-  }
-  void abort(const Status& why) override { engine_.abort(why); }
-  std::vector<PeerCounters> counters() const override { return engine_.counters(); }
 
   std::string describe() const override {
     return "fabric/" + endpoint_.provider() +
@@ -561,7 +550,6 @@ class FabricTransport : public Transport, private Mover {
 
   static constexpr int kEntries = 16;
 
-  const TransportOptions o_;
   const uint64_t chunkBytes_ = providerDefaults();  // payload per frame; set before any fi_ call
   size_t recvBytes() const { return sizeof(WireHeader) + chunkBytes_; }  // a bounce buffer
   Endpoint endpoint_;  // endpoint.h
@@ -582,17 +570,11 @@ class FabricTransport : public Transport, private Mover {
   Clock::time_point lastPing_ = Clock::now();
   Clock::time_point stopBy_{};
   fi_cq_tagged_entry entries_[kEntries];
-
-  Engine engine_;  // last: its progress thread runs the Mover calls above
 };
 
 }  // namespace
 
 Result<std::unique_ptr<Transport>> createFabricTransport(const TransportOptions& options) {
-  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
-    return invalidArgument("fabric transport: rank " + std::to_string(options.rank) +
-                           " outside a communicator of size " + std::to_string(options.size));
-  }
   if (options.config.encrypt) {
     return invalidArgument("NANOCCL_ENCRYPT=1: the fabric transport does not encrypt; use "
                            "NANOCCL_TRANSPORT=tcp for encrypted connections");

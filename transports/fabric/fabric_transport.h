@@ -41,6 +41,7 @@
 
 namespace nanoccl::fabric {
 
+// Called by createTransport() (transport.h), which has checked the rank and size.
 Result<std::unique_ptr<Transport>> createFabricTransport(const TransportOptions& options);
 
 }  // namespace nanoccl::fabric

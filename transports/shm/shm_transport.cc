@@ -48,14 +48,14 @@ inline void cpuRelax() {
 #endif
 }
 
-class ShmTransport : public Transport, private Mover {
+class ShmTransport : public EngineTransport {
  public:
   explicit ShmTransport(const TransportOptions& o)
-      : o_(o), peers_(static_cast<size_t>(o.size)),
-        engine_(o, {.name = "shm", .drivable = true}, *this) {}
+      : EngineTransport(o, {.name = "shm", .drivable = true}),
+        peers_(static_cast<size_t>(o.size)) {}
 
   ~ShmTransport() override {
-    engine_.stop(abortedError("rank " + std::to_string(o_.rank) + ": communicator destroyed"));
+    stopEngine();
     if (own_) {
       // Peers that still read from us (or wait for us in connect) learn we are gone.
       uint32_t open = static_cast<uint32_t>(SegmentState::kOpen);
@@ -114,17 +114,13 @@ class ShmTransport : public Transport, private Mover {
   std::shared_ptr<Request> isend(int peer, const Envelope& env, const void* buf,
                                  size_t bytes) override {
     noteMessageCall(env);
-    return engine_.isend(peer, env, buf, bytes);
+    return EngineTransport::isend(peer, env, buf, bytes);
   }
   std::shared_ptr<Request> irecv(int peer, const Envelope& env, void* buf,
                                  size_t bytes) override {
     noteMessageCall(env);
-    return engine_.irecv(peer, env, buf, bytes);
+    return EngineTransport::irecv(peer, env, buf, bytes);
   }
-  // The progress thread (or a waiter driving it) handles the abort between two chunk copies:
-  // copies touch callers' buffers only there, so once it has, none is touched.
-  void abort(const Status& why) override { engine_.abort(why); }
-  std::vector<PeerCounters> counters() const override { return engine_.counters(); }
 
   Board* board() override { return o_.size > 1 && engine_.isOpen() ? &board_ : nullptr; }
 
@@ -425,7 +421,6 @@ class ShmTransport : public Transport, private Mover {
     }
   }
 
-  const TransportOptions o_;
   std::unique_ptr<Segment> own_;  // this rank's segment: the rings to us and our doorbell
   Doorbell localBell_{};          // a world of one has no segment
   Doorbell* bell_ = &localBell_;
@@ -436,7 +431,6 @@ class ShmTransport : public Transport, private Mover {
   Clock::time_point nextProbe_ = Clock::now() + kLivenessPeriod;
   uint32_t seen_ = 0;  // the doorbell at arm() (the progress thread's)
 
-  Engine engine_;
   ShmBoard board_{o_.rank, o_.size, std::chrono::microseconds(o_.config.spinUs),
                   engine_.peerCounters()};  // board(), once connected
 };
@@ -444,10 +438,6 @@ class ShmTransport : public Transport, private Mover {
 }  // namespace
 
 Result<std::unique_ptr<Transport>> createShmTransport(const TransportOptions& options) {
-  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
-    return invalidArgument("shm transport: rank " + std::to_string(options.rank) +
-                           " outside a communicator of size " + std::to_string(options.size));
-  }
   return std::unique_ptr<Transport>(std::make_unique<ShmTransport>(options));
 }
 

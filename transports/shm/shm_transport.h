@@ -48,6 +48,7 @@
 
 namespace nanoccl::shm {
 
+// Called by createTransport() (transport.h), which has checked the rank and size.
 Result<std::unique_ptr<Transport>> createShmTransport(const TransportOptions& options);
 
 }  // namespace nanoccl::shm

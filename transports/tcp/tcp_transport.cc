@@ -35,7 +35,7 @@
 namespace nanoccl::tcp {
 
 TcpTransport::~TcpTransport() {
-  engine_.stop(abortedError("rank " + std::to_string(o_.rank) + ": communicator destroyed"));
+  stopEngine();
   for (auto& row : peers_) {
     for (auto& c : row) {
       if (c->fd >= 0) close(c->fd);
@@ -238,10 +238,6 @@ MatcherOptions TcpTransport::matcherOptions() {
 
 
 Result<std::unique_ptr<Transport>> createTcpTransport(const TransportOptions& options) {
-  if (options.size < 1 || options.rank < 0 || options.rank >= options.size) {
-    return invalidArgument("tcp transport: rank " + std::to_string(options.rank) +
-                           " outside a communicator of size " + std::to_string(options.size));
-  }
   return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(options));
 }
 

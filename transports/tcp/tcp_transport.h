@@ -36,6 +36,7 @@
 
 namespace nanoccl::tcp {
 
+// Called by createTransport() (transport.h), which has checked the rank and size.
 Result<std::unique_ptr<Transport>> createTcpTransport(const TransportOptions& options);
 
 }  // namespace nanoccl::tcp

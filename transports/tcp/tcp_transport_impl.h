@@ -100,40 +100,18 @@ struct Conn {
   uint64_t rxLeft = 0;       // payload bytes of the frame still to come after it
 };
 
-class TcpTransport : public Transport, private Mover {
+class TcpTransport : public EngineTransport {
  public:
   explicit TcpTransport(const TransportOptions& o)
-      : o_(o),
-        peers_(static_cast<size_t>(o.size)),
-        engine_(o, {.name = "tcp", .closeGrace = kCloseGrace, .drainBound = kAbortDrain}, *this) {}
+      : EngineTransport(o, {.name = "tcp", .closeGrace = kCloseGrace, .drainBound = kAbortDrain}),
+        peers_(static_cast<size_t>(o.size)) {}
 
   ~TcpTransport() override;
 
   Result<std::string> listen() override;
   Status connect(const std::vector<std::string>& addresses, const Deadline& deadline) override;
-  std::shared_ptr<Request> isend(int peer, const Envelope& env, const void* buf,
-                                 size_t bytes) override {
-    return engine_.isend(peer, env, buf, bytes);
-  }
-  std::shared_ptr<Request> irecv(int peer, const Envelope& env, void* buf,
-                                 size_t bytes) override {
-    return engine_.irecv(peer, env, buf, bytes);
-  }
-  // fail() tells the peers, then shuts the sockets down: in-flight operations end within
-  // moments and the progress thread reaps them (unstick() if it does not).
-  void abort(const Status& why) override { engine_.abort(why); }
-
-  std::vector<PeerCounters> counters() const override { return engine_.counters(); }
-
   std::vector<RailCounters> railCounters() const override;
 
-  // Connections to `peer` that are stuck: bytes the peer has not acknowledged for a while, bytes
-  // queued that have not left for a while, a rail whose interface is down here (sendStalls()),
-  // or a message whose part on a connection is missing (partly arrived, or one the peer has
-  // gone past: the engine's Matcher::awaitedLanes, named by laneView()). A link (a rail) that
-  // went down, or a peer whose host stopped, leaves its connections like that; a rank waiting
-  // only to receive sees the last two.
-  std::string stallReport(int peer) const override { return engine_.stallReport(peer); }
 
   // The interface of `c`'s rail ("" where unknown).
   std::string railName(const Conn& c) const;
@@ -176,10 +154,14 @@ class TcpTransport : public Transport, private Mover {
   // is stuck, in a callback say): shutting the sockets down from here ends every operation in
   // the kernel all the same; what the peers are told is then only that the connections closed.
   bool unstick() override;
-  // The sending side of the stall report, from the sockets alone (any thread): connections to
-  // `peer` with bytes unacknowledged or unsent for kStallReportMs, or whose interface is down.
+  // The stall report (Transport::stallReport): connections to `peer` that are stuck. From the
+  // sockets alone (any thread): bytes the peer has not acknowledged, or queued bytes that have
+  // not left, for kStallReportMs, or a rail whose interface is down here; and a connection a
+  // message still needs bytes from (partly arrived, or gone past by the peer: the engine's
+  // Matcher::awaitedLanes) with how long it has received nothing. A link (a rail) that went
+  // down, or a peer whose host stopped, leaves its connections like that; a rank waiting only
+  // to receive sees the last two.
   std::string sendStalls(int peer) const override;
-  // A connection a message still needs bytes from, and how long it has received nothing.
   std::optional<LaneView> laneView(int peer, int lane) const override;
 
   // Handles the IoEngine's completions for up to `timeoutMs`; whether any came.
@@ -220,7 +202,6 @@ class TcpTransport : public Transport, private Mover {
   // Socket operations still in flight (each may target a caller's buffer).
   size_t inFlight() const;
 
-  const TransportOptions o_;
   std::vector<Listener> listeners_;  // one a rail; closed once connected
   // The congestion control this rank's connections run (chooseCongestionControl; empty: the
   // host's default): set on the listeners, given to the connections this rank makes.
@@ -231,8 +212,6 @@ class TcpTransport : public Transport, private Mover {
   std::unique_ptr<std::atomic<uint64_t>[]> railSent_, railReceived_;
   std::unique_ptr<IoEngine> io_;
   std::vector<std::vector<std::unique_ptr<Conn>>> peers_;
-
-  Engine engine_;  // started by connect(), once the rails are known
 };
 
 }  // namespace nanoccl::tcp
