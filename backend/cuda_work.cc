@@ -1,4 +1,5 @@
 #include "backend/cuda_work.h"
+#include "backend/errors.h"
 #include "common/completion.h"
 #include "backend/work_deadline.h"
 #include "common/callback_runner.h"
@@ -15,14 +16,6 @@
 
 namespace nanoccl {
 namespace {
-
-std::exception_ptr makeError(const std::string& message) {
-  try {
-    C10_THROW_ERROR(DistBackendError, message);
-  } catch (...) {
-    return std::current_exception();
-  }
-}
 
 const c10::impl::DeviceGuardImplInterface* cudaImpl() {
   return c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA);
@@ -50,8 +43,8 @@ class WorkCuda : public c10d::Work {
   // Host stages over (or the error), then the caller's current stream waits for the call.
   bool wait(std::chrono::milliseconds timeout) override {
     if (!queued_.wait(pg::workWaitDeadline(issued_, timeout_, timeout))) {
-      C10_THROW_ERROR(DistBackendError, "nanoccl rank " + std::to_string(rank_) + ": " + what_ +
-                                            ": timed out waiting for the call");
+      pg::raise(pg::ErrorKind::kBackend, "nanoccl rank " + std::to_string(rank_) + ": " + what_ +
+                                             ": timed out waiting for the call");
     }
     blockCurrentStream();
     return true;
@@ -62,10 +55,7 @@ class WorkCuda : public c10d::Work {
   void blockCurrentStream() override {
     Status s = queued_.status();
     if (s.isOk()) s = cuda_->blockStream(*end_, cudaImpl()->getStream(device_).native_handle());
-    if (!s.isOk()) {
-      C10_THROW_ERROR(DistBackendError, "nanoccl rank " + std::to_string(rank_) + ": " + what_ +
-                                            " failed: " + s.toString());
-    }
+    if (!s.isOk()) pg::raise(s, context());
   }
 
   bool isCompleted() override {
@@ -92,7 +82,7 @@ class WorkCuda : public c10d::Work {
     Status s = status;
     if (s.isOk()) s = finishOnStream(callEnd);
     queued_.complete(s);
-    finish(s.isOk() ? nullptr : makeError(message(s)));
+    finish(s.isOk() ? nullptr : pg::errorOf(s, context()));
     c10::intrusive_ptr<WorkCuda> self = c10::intrusive_ptr<WorkCuda>::unsafe_reclaim_from_nonowning(this);
     CallbackRunner::instance().post([self, s] {
       try {
@@ -100,7 +90,7 @@ class WorkCuda : public c10d::Work {
           c10::StreamGuard guard(self->stream_);
           self->future_->markCompleted(c10::IValue(self->outputs_));
         } else {
-          self->future_->setErrorIfNeeded(makeError(self->message(s)));
+          self->future_->setErrorIfNeeded(pg::errorOf(s, self->context()));
         }
       } catch (...) {
         self->future_->setErrorIfNeeded(std::current_exception());
@@ -109,8 +99,9 @@ class WorkCuda : public c10d::Work {
   }
 
  private:
-  std::string message(const Status& s) const {
-    return "nanoccl rank " + std::to_string(rank_) + ": " + what_ + " failed: " + s.toString();
+  // What the errors of this call start with (backend/errors.h).
+  std::string context() const {
+    return "nanoccl rank " + std::to_string(rank_) + ": " + what_ + " failed: ";
   }
 
   // Torch work on the internal stream, outside autograd (the thread's grad mode is its own);

@@ -6,15 +6,10 @@
 
 namespace nanoccl::pg {
 
-std::exception_ptr makeError(const std::string& message) {
-  try {
-    C10_THROW_ERROR(DistBackendError, message);
-  } catch (...) {
-    return std::current_exception();
-  }
-}
-
 [[noreturn]] void reject(const std::string& message) { throw CallError{message}; }
+[[noreturn]] void rejectType(const std::string& message) {
+  throw CallError{message, ErrorKind::kType};
+}
 
 void checkTensor(const at::Tensor& t, const char* what) {
   if (!t.defined()) reject(std::string(what) + ": undefined tensor");
@@ -71,7 +66,7 @@ Wire moveType(const at::Tensor& t) {
 DataType reduceType(const at::Tensor& t, const char* what) {
   auto d = mapType(t.scalar_type());
   if (!d) {
-    reject(std::string(what) + ": dtype " + std::string(c10::toString(t.scalar_type())) +
+    rejectType(std::string(what) + ": dtype " + std::string(c10::toString(t.scalar_type())) +
            " is not supported for reductions (float, double, half, bfloat16, int8, uint8, "
            "int16, int32, int64, bool, complex64, complex128)");
   }
@@ -184,7 +179,7 @@ at::Tensor concatInput(WorkNanoccl& work, const std::vector<at::Tensor>& ins) {
 
 void checkSameType(const at::Tensor& a, const at::Tensor& b, const char* what) {
   if (a.scalar_type() != b.scalar_type()) {
-    reject(std::string(what) + ": tensors of different dtypes (" +
+    rejectType(std::string(what) + ": tensors of different dtypes (" +
            std::string(c10::toString(a.scalar_type())) + " and " +
            std::string(c10::toString(b.scalar_type())) + ")");
   }
@@ -227,8 +222,7 @@ bool onCuda(const at::Tensor& t) { return t.defined() && t.is_cuda(); }
 c10::intrusive_ptr<c10d::Work> cudaWork(CudaCollectives::WorkResult r, int rank, int size) {
   if (r.isOk()) return std::move(r).value();
   if (r.status().code() == StatusCode::kInvalidArgument) reject(r.status().message());
-  C10_THROW_ERROR(DistBackendError,
-                  "nanoccl " + rankLabel(rank, size) + ": " + r.status().toString());
+  raise(r.status(), "nanoccl " + rankLabel(rank, size) + ": ");
 }
 
 Queue allgatherInto(Communicator& comm, WorkNanoccl& work, const at::Tensor& in,

@@ -2,8 +2,8 @@
 // for construction, lifecycle, stats and the reductions; process_group_calls.cc for the other
 // calls): the Work type, and turning tensors into the core's buffers. Not installed; torch-only.
 //
-// Errors: the checks here throw CallError (reject()) before anything is queued;
-// ProcessGroupNanoccl::run() turns it into a c10::Error on the calling thread.
+// Errors (backend/errors.h): the checks here throw CallError (reject(), rejectType()) before
+// anything is queued; ProcessGroupNanoccl::run() raises it on the calling thread.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -23,6 +23,7 @@
 #include <vector>
 
 #include "backend/cuda_work.h"
+#include "backend/errors.h"
 #include "backend/process_group_nanoccl.h"
 #include "backend/work_deadline.h"
 #include "collectives/communicator.h"
@@ -42,8 +43,6 @@ using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 
 // Queues one call on the communicator; built once all checks passed.
 using Queue = std::function<TaskPtr()>;
-
-std::exception_ptr makeError(const std::string& message);
 
 // One torch call: the Tasks it queued, the tensors they use, and what to do once they are all
 // done (copy results back into non-contiguous or scattered outputs).
@@ -106,8 +105,8 @@ class WorkNanoccl : public c10d::Work {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       if (!waitUntil(cv_, lock, until, [&] { return completed_; })) {
-        C10_THROW_ERROR(DistBackendError, "nanoccl rank " + std::to_string(rank_) + ": " + what_ +
-                                              " " + waitFailure(issued_, timeout));
+        raise(ErrorKind::kBackend, "nanoccl rank " + std::to_string(rank_) + ": " + what_ + " " +
+                                       waitFailure(issued_, timeout));
       }
     }
     // Set right after the Work is finished (complete()), before any callback runs.
@@ -201,12 +200,12 @@ class WorkNanoccl : public c10d::Work {
       try {
         for (auto& fn : finishers_) fn();
       } catch (const std::exception& e) {
-        error = makeError("nanoccl rank " + std::to_string(rank_) + ": " + what_ +
-                          ": copying the result out failed: " + e.what());
+        error = errorOf(ErrorKind::kBackend, "nanoccl rank " + std::to_string(rank_) + ": " +
+                                                 what_ + ": copying the result out failed: " +
+                                                 e.what());
       }
     } else {
-      error = makeError("nanoccl rank " + std::to_string(rank_) + ": " + what_ +
-                        " failed: " + s.toString());
+      error = errorOf(s, "nanoccl rank " + std::to_string(rank_) + ": " + what_ + " failed: ");
     }
     finishers_.clear();
     std::vector<Task*> keepers;
@@ -293,13 +292,10 @@ class WorkNanoccl : public c10d::Work {
 
 // ---- tensors -> buffers --------------------------------------------------------------------
 
-// A rejected call. Thrown before anything is queued; run() turns it into a c10::Error.
-struct CallError {
-  std::string message;
-};
-
-// Rejects the call being checked (throws CallError).
+// Rejects the call being checked (throws CallError): a ValueError, or a TypeError where an
+// argument's type is wrong (rejectType).
 [[noreturn]] void reject(const std::string& message);
+[[noreturn]] void rejectType(const std::string& message);
 
 // A dense CPU tensor (CUDA tensors only where the call takes them: see onCuda()).
 void checkTensor(const at::Tensor& t, const char* what);
@@ -425,7 +421,7 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupNanoccl::run(const char* what, bool c
       // The peers have queued (or will queue) their side of this call, or refused it too.
       comm->refusedCall();
     }
-    TORCH_CHECK(false, message);
+    pg::raise(e.kind, message);
   }
 }
 

@@ -40,20 +40,23 @@ c10::intrusive_ptr<ProcessGroupNanoccl::Options> ProcessGroupNanoccl::Options::c
 ProcessGroupNanoccl::ProcessGroupNanoccl(const c10::intrusive_ptr<c10d::Store>& store, int rank,
                                          int size, c10::intrusive_ptr<Options> options)
     : c10d::Backend(rank, size), options_(std::move(options)) {
-  TORCH_CHECK(store, "nanoccl: no store");
-  TORCH_CHECK(options_, "nanoccl: no options");
-  TORCH_CHECK(size >= 1 && rank >= 0 && rank < size, "nanoccl: rank ", rank,
-              " is outside a group of size ", size);
-  TORCH_CHECK(options_->timeout.count() > 0, "nanoccl: the timeout must be positive");
+  if (!store) pg::raise(pg::ErrorKind::kValue, "nanoccl: no store");
+  if (!options_) pg::raise(pg::ErrorKind::kValue, "nanoccl: no options");
+  if (size < 1 || rank < 0 || rank >= size) {
+    pg::raise(pg::ErrorKind::kValue, "nanoccl: rank " + std::to_string(rank) +
+                                         " is outside a group of size " + std::to_string(size));
+  }
+  if (options_->timeout.count() <= 0) {
+    pg::raise(pg::ErrorKind::kValue, "nanoccl: the timeout must be positive");
+  }
   init();
   groupName_ = options_->groupName.empty() ? "default" : options_->groupName;
   const std::string who = rankLabel(rank, size) + " of group '" + groupName_ + "'";
 
   auto config = Config::fromEnv();
-  TORCH_CHECK(config.isOk(), "nanoccl: ", config.status().toString());
+  if (!config.isOk()) pg::raise(config.status(), "nanoccl: ");
   for (const auto& [name, value] : options_->settings) {
-    const Status s = config->set(name, value);
-    TORCH_CHECK(s.isOk(), "nanoccl: ", s.message());
+    if (const Status s = config->set(name, value); !s.isOk()) pg::raise(s, "nanoccl: ");
   }
   config->logOnce();
 
@@ -63,10 +66,8 @@ ProcessGroupNanoccl::ProcessGroupNanoccl(const c10::intrusive_ptr<c10d::Store>& 
   // destroy_process_group). Every rank creates the group's communicators in the same order, so
   // the size-th increments of the counter belong to one creation.
   auto n = cstore->add("nanoccl/creations", 1);
-  if (!n.isOk()) {
-    C10_THROW_ERROR(DistBackendError,
-                    "nanoccl " + who + ": rendezvous failed: " + n.status().toString());
-  }
+  if (!n.isOk()) pg::raise(pg::ErrorKind::kBackend, "nanoccl " + who + ": rendezvous failed: " +
+                                                      n.status().toString());
   commId_ = groupName_ + "." + std::to_string((n.value() - 1) / size);
 
   CommunicatorOptions copts;
@@ -79,10 +80,7 @@ ProcessGroupNanoccl::ProcessGroupNanoccl(const c10::intrusive_ptr<c10d::Store>& 
   copts.timeout = options_->timeout;
   copts.nodeId = torchNodeId();
   auto comm = Communicator::create(copts);
-  if (!comm.isOk()) {
-    C10_THROW_ERROR(DistBackendError, "nanoccl " + who + ": creating the communicator failed: " +
-                                          comm.status().toString());
-  }
+  if (!comm.isOk()) pg::raise(comm.status(), "nanoccl " + who + ": creating the communicator failed: ");
   comm_ = std::move(comm).value();
   nodes_ = comm_->topology().nodeIds;
 }
@@ -116,10 +114,10 @@ ProcessGroupNanoccl::~ProcessGroupNanoccl() {
 std::shared_ptr<Communicator> ProcessGroupNanoccl::live(const char* what) const {
   std::lock_guard<std::mutex> lock(mu_);
   if (!comm_) {
-    C10_THROW_ERROR(DistBackendError, "nanoccl " + rankLabel(rank_, size_) + " of group '" +
-                                          groupName_ + "': " + what +
-                                          " after the process group was " +
-                                          (closedReason_.empty() ? "shut down" : closedReason_));
+    pg::raise(pg::ErrorKind::kBackend, "nanoccl " + rankLabel(rank_, size_) + " of group '" +
+                                           groupName_ + "': " + what +
+                                           " after the process group was " +
+                                           (closedReason_.empty() ? "shut down" : closedReason_));
   }
   return comm_;
 }
@@ -191,12 +189,15 @@ std::shared_ptr<const LinkProfile> ProcessGroupNanoccl::linkProfile() const {
 std::tuple<std::string, std::string, double, int64_t> ProcessGroupNanoccl::predictAllreduce(
     int64_t count, at::ScalarType dtype, const std::string& codec) const {
   const std::optional<DataType> t = pg::mapType(dtype);
-  TORCH_CHECK_VALUE(t.has_value(), "nanoccl: no allreduce of ", c10::toString(dtype));
-  TORCH_CHECK_VALUE(count >= 0, "nanoccl: a negative element count");
+  if (!t) {
+    pg::raise(pg::ErrorKind::kType,
+              "nanoccl: no allreduce of " + std::string(c10::toString(dtype)));
+  }
+  if (count < 0) pg::raise(pg::ErrorKind::kValue, "nanoccl: a negative element count");
   std::shared_ptr<Communicator> comm = live("predict_allreduce");
   Result<Communicator::Prediction> p =
       comm->predictAllreduce(static_cast<size_t>(count), *t, codec);
-  TORCH_CHECK_VALUE(p.isOk(), "nanoccl: ", p.status().message());
+  if (!p.isOk()) pg::raise(pg::ErrorKind::kValue, "nanoccl: " + p.status().message());
   return {p.value().algorithm, p.value().codec, p.value().seconds,
           static_cast<int64_t>(p.value().codecChunkBytes)};
 }
@@ -354,8 +355,8 @@ void checkFloatTensor(const at::Tensor& t, const char* what) {
   checkTensor(t, what);
   const at::ScalarType st = t.scalar_type();
   if (st != at::kFloat && st != at::kHalf && st != at::kBFloat16) {
-    reject(std::string(what) + ": takes float32, float16 or bfloat16 tensors, got " +
-           std::string(c10::toString(st)));
+    rejectType(std::string(what) + ": takes float32, float16 or bfloat16 tensors, got " +
+               std::string(c10::toString(st)));
   }
 }
 

@@ -161,7 +161,7 @@ def scenario_compressed(a: argparse.Namespace, ck: Checks) -> None:
     try:
         nanoccl.allreduce_compressed(torch.ones(8, dtype=torch.int32), codec="int8", group=lossless)
         ck.fail("int32 allreduce_compressed", "no error")
-    except RuntimeError as exc:
+    except TypeError as exc:
         ck.expect("int32 allreduce_compressed message", "float32" in str(exc), str(exc))
     quiesce(gloo)
 
@@ -464,28 +464,32 @@ def scenario_sharded(a: argparse.Namespace, ck: Checks) -> None:
                   str(losses))
     ck.data["losses"] = losses
 
-    # Bad calls: a rejection on every rank (all make it), a clear message.
+    # Bad calls: a rejection on every rank (all make it), a clear message; TypeError for a
+    # dtype, ValueError for the rest (backend/errors.h).
     bad = dist.new_group(backend="nanoccl")
-    for name, call, words in (
+    for name, call, words, kind in (
         ("ag int32", lambda: nanoccl.all_gather_compressed(
             torch.empty(8 * world, dtype=torch.int32), torch.ones(8, dtype=torch.int32),
-            group=bad), "float32"),
+            group=bad), "float32", TypeError),
         ("ag size", lambda: nanoccl.all_gather_compressed(
-            torch.empty(8 * world + 1), torch.ones(8), group=bad), "elements"),
+            torch.empty(8 * world + 1), torch.ones(8), group=bad), "elements", ValueError),
         ("ag codec", lambda: nanoccl.all_gather_compressed(
-            torch.empty(8 * world), torch.ones(8), codec="zip", group=bad), "zip"),
+            torch.empty(8 * world), torch.ones(8), codec="zip", group=bad), "zip", ValueError),
         ("rs int32", lambda: nanoccl.reduce_scatter_compressed(
             torch.empty(8, dtype=torch.int32), torch.ones(8 * world, dtype=torch.int32),
-            group=bad), "float32"),
+            group=bad), "float32", TypeError),
         ("rs max", lambda: nanoccl.reduce_scatter_compressed(
-            torch.empty(8), torch.ones(8 * world), op=dist.ReduceOp.MAX, group=bad), "max"),
+            torch.empty(8), torch.ones(8 * world), op=dist.ReduceOp.MAX, group=bad), "max",
+         ValueError),
         ("rs residual", lambda: nanoccl.reduce_scatter_compressed(
-            torch.empty(8), torch.ones(8 * world), torch.zeros(8), group=bad), "residual"),
+            torch.empty(8), torch.ones(8 * world), torch.zeros(8), group=bad), "residual",
+         ValueError),
     ):
         try:
             call()
             ck.fail(f"{name} rejected", "no error")
-        except (RuntimeError, ValueError) as exc:
+        except (TypeError, ValueError, RuntimeError) as exc:
+            ck.expect(f"{name} raises {kind.__name__}", isinstance(exc, kind), repr(exc)[:300])
             ck.expect(f"{name} message", words in str(exc).lower(), str(exc)[:300])
     quiesce(gloo)
     ck.data["nodes"] = nodes

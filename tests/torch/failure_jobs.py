@@ -43,37 +43,45 @@ def scenario_errors(a: argparse.Namespace, ck: Checks) -> None:
     # Mismatches are mostly found when the first message arrives, well before the timeout;
     # some only at the timeout (core limitation: a message of the same call number but another
     # step is not compared, see the backend report), hence the common limit.
+    # The kinds (backend/errors.h): what the ranks cause between them is DistBackendError on
+    # every rank; a call a rank refuses is ValueError (TypeError: a dtype) on that rank, and
+    # its peers, which made the call, meet a mismatch (DistBackendError).
     late = limit
-    cases: list[tuple[str, Callable[[Any], Any], list[int], float]] = [
+    dbe = (dist.DistBackendError,)
+    refuser = (ValueError,) if rank == 1 else dbe
+    cases: list[tuple[str, Callable[[Any], Any], list[int], float, tuple[type, ...]]] = [
         ("different shapes",
-         lambda g: dist.all_reduce(torch.ones(8 if rank != 1 else 12), group=g), both, limit),
+         lambda g: dist.all_reduce(torch.ones(8 if rank != 1 else 12), group=g), both, limit,
+         dbe),
         ("different dtypes",
          lambda g: dist.all_reduce(torch.ones(8, dtype=torch.float32 if rank != 1
-                                              else torch.float64), group=g), both, limit),
+                                              else torch.float64), group=g), both, limit, dbe),
         ("different roots",
          lambda g: dist.broadcast(torch.ones(4), src=1 if rank == 1 else 0, group=g), both,
-         late),
+         late, dbe),
         ("different ops",
          lambda g: dist.all_reduce(torch.ones(4), group=g) if rank != 1
          else dist.all_gather([torch.ones(4) for _ in range(world)], torch.ones(4), group=g),
-         both, late),
+         both, late, dbe),
         ("different reductions",
          lambda g: dist.all_reduce(torch.ones(4), op=RO.SUM if rank != 1 else RO.MAX,
-                                   group=g), both, limit),
+                                   group=g), both, limit, dbe),
         ("root outside the group on rank 1",
-         lambda g: g.broadcast(torch.ones(4), 7 if rank == 1 else 0).wait(), [1], limit),
+         lambda g: g.broadcast(torch.ones(4), 7 if rank == 1 else 0).wait(), [1], limit,
+         refuser),
         ("reduction undefined on the dtype",
-         lambda g: dist.all_reduce(torch.ones(4), op=RO.BAND, group=g), [rank], limit),
+         lambda g: dist.all_reduce(torch.ones(4), op=RO.BAND, group=g), [rank], limit,
+         (ValueError,)),
         ("dtype without reductions",
          lambda g: dist.all_reduce(torch.ones(4).to(torch.float8_e4m3fn), group=g), [rank],
-         limit),
+         limit, (TypeError,)),
     ]
-    for name, call, names, case_limit in cases:
+    for name, call, names, case_limit, kinds in cases:
         g = fresh()
         # With 3+ ranks a rank that only exchanged with ranks agreeing with it may finish the
         # call; the group is then broken and its next call fails.
         then = (lambda: dist.all_reduce(torch.ones(2), group=g)) if rank > 1 else None
-        expect_error(ck, name, lambda: call(g), names, case_limit, then=then)
+        expect_error(ck, name, lambda: call(g), names, case_limit, kinds, then=then)
         destroy(g)
 
     # Every rank refuses the same call before a byte of it moves: the group stays usable, as
@@ -90,7 +98,7 @@ def scenario_errors(a: argparse.Namespace, ck: Checks) -> None:
          lambda: g.broadcast(torch.ones(4), world + 3).wait()),
     ]
     for name, call in refused:
-        expect_error(ck, name, call, [], limit, (RuntimeError, ValueError))
+        expect_error(ck, name, call, [], limit, (ValueError,))
         t = torch.ones(2)
         ck.run(f"usable after {name}", lambda: dist.all_reduce(t, group=g))
         ck.same(f"usable after {name}: value", t, torch.full((2,), float(world)))
@@ -99,9 +107,9 @@ def scenario_errors(a: argparse.Namespace, ck: Checks) -> None:
     # A group that failed is unusable, with a clear error; destroying it does not hang.
     g = fresh()
     expect_error(ck, "mismatch again", lambda: dist.all_reduce(
-        torch.ones(3 if rank else 4), group=g), both, limit)
+        torch.ones(3 if rank else 4), group=g), both, limit, dbe)
     expect_error(ck, "use after an error", lambda: dist.all_reduce(torch.ones(3), group=g),
-                 [rank], limit)
+                 [rank], limit, dbe)
     destroy(g)
 
     # Send to self: torch refuses it before the backend (ValueError); the backend itself, as
@@ -110,11 +118,11 @@ def scenario_errors(a: argparse.Namespace, ck: Checks) -> None:
     expect_error(ck, "send to self (torch)", lambda: dist.send(torch.ones(2), dst=rank, group=g),
                  [], limit, (ValueError, RuntimeError))
     expect_error(ck, "send to self (backend)", lambda: g.send([torch.ones(2)], rank, 0),
-                 [rank], limit)
+                 [rank], limit, (ValueError,))
     ck.expect("send to self names the destination",
               f"destination rank {rank}" in ck.data["messages"].get("send to self (backend)", ""))
     expect_error(ck, "recv from self (backend)", lambda: g.recv([torch.ones(2)], rank, 0),
-                 [rank], limit)
+                 [rank], limit, (ValueError,))
     # The group still works after a refused point-to-point call.
     t = torch.ones(2)
     ck.run("group usable after refused p2p", lambda: dist.all_reduce(t, group=g))
@@ -141,7 +149,8 @@ def scenario_killed_peer(a: argparse.Namespace, ck: Checks) -> None:
     time.sleep(0.5)
     for i in range(2):
         expect_error(ck, f"all_reduce with a dead peer #{i}",
-                     lambda: dist.all_reduce(torch.ones(1 << 18)), [], a.pg_timeout + 2)
+                     lambda: dist.all_reduce(torch.ones(1 << 18)), [], a.pg_timeout + 2,
+                     (dist.DistBackendError,))
     ck.data["raised"] = True
     # No destroy_process_group: the group is broken; exiting must not hang either.
 
@@ -163,4 +172,5 @@ def scenario_no_show(a: argparse.Namespace, ck: Checks) -> None:
         store = dist.PrefixStore("noshow/", dist.distributed_c10d._get_default_store())
         _C.create_backend(store, rank, world, int(a.pg_timeout * 1000), "noshow", [], {})
 
-    expect_error(ck, "a rank never joins", create, [rank], a.pg_timeout + 5)
+    expect_error(ck, "a rank never joins", create, [rank], a.pg_timeout + 5,
+                 (dist.DistBackendError,))

@@ -128,7 +128,8 @@ def scenario_lifecycle(a: argparse.Namespace, ck: Checks) -> None:
     ck.expect("stats node", s2["node"] == f"node{rank}", s2["node"])
 
     # Malformed settings are refused where the group is made, on every rank: those read by
-    # their own modules (logging, the reduction kernels) and the algorithm's name too.
+    # their own modules (logging, the reduction kernels) and the algorithm's name too; a bad
+    # setting is a ValueError (backend/errors.h).
     expect_error(ck, "Options(algo='nonsense')", lambda: nanoccl.Options(algo="nonsense"), [], 5,
                  (ValueError,))
     for var, bad in (("NANOCCL_DEBUG", "LOUD"), ("NANOCCL_REDUCE_ISA", "avx9000"),
@@ -136,7 +137,7 @@ def scenario_lifecycle(a: argparse.Namespace, ck: Checks) -> None:
         os.environ[var] = bad
         try:
             msg = expect_error(ck, f"{var}={bad} at group creation",
-                               lambda: dist.new_group(backend="nanoccl"), [], 10, (RuntimeError,))
+                               lambda: dist.new_group(backend="nanoccl"), [], 10, (ValueError,))
             ck.expect(f"{var}={bad} named", var in msg or bad in msg, msg)
         finally:
             os.environ.pop(var)

@@ -210,7 +210,7 @@ def _rank_main(a: argparse.Namespace, ck: Checks, out: dict[str, Any]) -> None:
     try:
         probe = torch.ones(4, device=dev)
         dist.all_reduce(probe)
-    except RuntimeError as exc:
+    except ValueError as exc:  # refused on this rank (backend/errors.h)
         if NOT_BUILT in str(exc):
             out["skip"] = str(exc).splitlines()[0][:300]
             return
