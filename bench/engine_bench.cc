@@ -21,7 +21,7 @@
 #include <thread>
 #include <vector>
 
-#include "transports/tcp/socket_ops.h"
+#include "transports/tcp/io_engine.h"
 #include "transports/transport.h"
 
 namespace nanoccl {

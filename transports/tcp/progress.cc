@@ -24,7 +24,7 @@
 #include "transports/frame.h"
 #include "transports/matcher.h"
 #include "transports/tcp/layout.h"
-#include "transports/tcp/socket_ops.h"
+#include "transports/tcp/io_engine.h"
 
 namespace nanoccl::tcp {
 

@@ -27,7 +27,7 @@
 #include "transports/request.h"
 #include "transports/tcp/handshake.h"
 #include "transports/tcp/layout.h"
-#include "transports/tcp/socket_ops.h"
+#include "transports/tcp/io_engine.h"
 #include "transports/transport.h"
 #include "transports/engine.h"
 

@@ -11,7 +11,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "transports/tcp/socket_ops.h"
+#include "transports/tcp/io_engine.h"
 
 namespace nanoccl::tcp {
 namespace {

@@ -1,7 +1,9 @@
+// createEngine(): io_uring where the kernel allows it, else epoll (io_engine.h).
+#include "transports/tcp/io_engine.h"
+
 #include <mutex>
 
 #include "common/logging.h"
-#include "transports/tcp/socket_ops.h"
 
 namespace nanoccl::tcp {
 

@@ -3,7 +3,7 @@
 // the engine resubmits the rest if one still comes back short); completions are reaped in
 // batches and marked seen with one io_uring_cq_advance. wakeup() writes an eventfd that has a
 // read always pending on the ring.
-#include "transports/tcp/socket_ops.h"
+#include "transports/tcp/io_engine.h"
 
 #ifdef NANOCCL_HAVE_URING
 

@@ -1,6 +1,6 @@
 // IoEngine: the small socket-operations interface the TCP transport runs on (in the spirit of
-// libfabric's ofi_sockapi). Two engines implement it: io_uring (engine_uring.cc) and epoll
-// (engine_epoll.cc); createEngine() probes io_uring at start-up and falls back to epoll with
+// libfabric's ofi_sockapi). Two engines implement it: io_uring (io_engine_uring.cc) and epoll
+// (io_engine_epoll.cc); createEngine() probes io_uring at start-up and falls back to epoll with
 // one log line when the kernel, its io_uring_disabled setting or a seccomp filter refuses it.
 //
 // Threads and ownership
