@@ -45,7 +45,10 @@ using WorkPtr = c10::intrusive_ptr<c10d::Work>;
 using Queue = std::function<TaskPtr()>;
 
 // One torch call: the Tasks it queued, the tensors they use, and what to do once they are all
-// done (copy results back into non-contiguous or scattered outputs).
+// done (copy results back into non-contiguous or scattered outputs). Completion path: a
+// transport's Request -> the Task that ran the call -> this Work's one Completion (the Task's
+// own where the call queued one, Completion::all over its Tasks otherwise) -> the Work's state
+// and its future, set together in complete().
 class WorkNanoccl : public c10d::Work {
  public:
   WorkNanoccl(int rank, TorchOp type, std::string what, std::vector<at::Tensor> outputs,
@@ -87,15 +90,20 @@ class WorkNanoccl : public c10d::Work {
       work->complete(Status::ok());
       return;
     }
-    work->pending_.store(static_cast<int>(tasks.size()));
-    for (const TaskPtr& task : tasks) {
-      Task* raw = task.get();  // valid while it runs its own callback
-      task->onComplete([work, raw](const Status& s) {
-        work->taskDone(s, raw->source(), raw->buffersStillInUse() ? raw : nullptr, raw->scope());
-      });
+    std::shared_ptr<Completion> done;
+    if (tasks.size() == 1) {
+      done = std::shared_ptr<Completion>(tasks[0], &tasks[0]->completion());
+    } else {
+      std::vector<Completion*> parts;
+      for (const TaskPtr& t : tasks) parts.push_back(&t->completion());
+      done = Completion::all(parts);
     }
-    std::lock_guard<std::mutex> lock(work->tasksMu_);
-    work->tasks_ = std::move(tasks);
+    {
+      std::lock_guard<std::mutex> lock(work->tasksMu_);
+      work->tasks_ = std::move(tasks);
+    }
+    // Runs on the thread that ran the last Task, or here if they are all done already.
+    done->onComplete([work](const Status& s, int source) { work->tasksDone(s, source); });
   }
 
   // Deadlines count from the issue (backend/work_deadline.h).
@@ -170,30 +178,24 @@ class WorkNanoccl : public c10d::Work {
     return hold_;
   }
 
-  // `keeper`: the Task, where it says buffersStillInUse(); `scope`: the Task's.
-  void taskDone(const Status& s, int source, Task* keeper, std::shared_ptr<CallScope> scope) {
-    if (scope) {
-      std::lock_guard<std::mutex> lock(futureMu_);
-      scope_ = std::move(scope);
-    }
+  // Every Task is done: `s` is the first failure among them, else OK.
+  void tasksDone(const Status& s, int source) {
     if (source >= 0) source_.store(source);
-    if (keeper != nullptr) {
-      std::lock_guard<std::mutex> lock(errorMu_);
-      keepers_.push_back(keeper);
-    }
-    if (!s.isOk()) {
-      std::lock_guard<std::mutex> lock(errorMu_);
-      if (firstError_.isOk()) firstError_ = s;
-    }
-    if (pending_.fetch_sub(1) != 1) return;
-    Status final;
     {
-      std::lock_guard<std::mutex> lock(errorMu_);
-      final = firstError_;
+      std::lock_guard<std::mutex> lock(tasksMu_);
+      for (const TaskPtr& t : tasks_) {
+        // The last call's scope (ScopeRequest in start()), set before its Task completed.
+        if (t->scope()) {
+          std::lock_guard<std::mutex> futureLock(futureMu_);
+          scope_ = t->scope();
+        }
+        if (t->buffersStillInUse()) keepers_.push_back(t.get());
+      }
     }
-    complete(final);
+    complete(s);
   }
 
+  // `keepers_`: the Tasks whose buffers aborted transports may still target (tasksDone()).
   void complete(const Status& s) {
     std::exception_ptr error;
     if (s.isOk()) {
@@ -209,10 +211,7 @@ class WorkNanoccl : public c10d::Work {
     }
     finishers_.clear();
     std::vector<Task*> keepers;
-    {
-      std::lock_guard<std::mutex> lock(errorMu_);
-      keepers.swap(keepers_);
-    }
+    keepers.swap(keepers_);
     if (!keepers.empty()) {
       // A transfer the aborted transports could not end may still target these tensors: the
       // communicator keeps them until its transports are gone (Task::buffersStillInUse()).
@@ -281,11 +280,8 @@ class WorkNanoccl : public c10d::Work {
   std::shared_ptr<CallScope> scope_;  // the last call's, until complete() takes it
   std::vector<at::Tensor> held_;
   std::vector<std::function<void()>> finishers_;
-  std::atomic<int> pending_{0};
   std::atomic<int> source_{-1};
-  std::mutex errorMu_;  // firstError_, keepers_
   std::vector<Task*> keepers_;  // Tasks that said buffersStillInUse(); alive in tasks_
-  Status firstError_;
   std::mutex tasksMu_;
   std::vector<TaskPtr> tasks_;  // for runHere(); cleared once they are all done
 };

@@ -202,52 +202,17 @@ std::tuple<std::string, std::string, double, int64_t> ProcessGroupNanoccl::predi
           static_cast<int64_t>(p.value().codecChunkBytes)};
 }
 
-BackendStats ProcessGroupNanoccl::stats() const {
-  BackendStats out;
-  out.rank = rank_;
-  out.size = size_;
-  out.node = rank_ < static_cast<int>(nodes_.size()) ? nodes_[rank_] : std::string();
+CommStats ProcessGroupNanoccl::stats() const {
   std::shared_ptr<Communicator> comm;
   {
     std::lock_guard<std::mutex> lock(mu_);
     comm = comm_;
   }
-  if (!comm) return out;
-  CommStats cs = comm->stats();
-  out.calls = cs.calls;
-  for (int r = 0; r < size_; ++r) {
-    BackendStats::Peer p;
-    p.rank = r;
-    p.node = r < static_cast<int>(nodes_.size()) ? nodes_[r] : std::string();
-    p.sameNode = p.node == out.node;
-    if (r < static_cast<int>(cs.perPeer.size())) {
-      const auto& c = cs.perPeer[r];
-      p.bytes.sent = c.bytesSent;
-      p.bytes.received = c.bytesReceived;
-      p.messagesSent = c.messagesSent;
-      p.messagesReceived = c.messagesReceived;
-    }
-    out.peers.push_back(std::move(p));
-  }
-  out.intraNode = {cs.intraNodeBytesSent, cs.intraNodeBytesReceived};
-  out.interNode = {cs.interNodeBytesSent, cs.interNodeBytesReceived};
-  out.perAlgorithm = cs.callsPerAlgorithm;
-  out.callsWithKeptBuffers = cs.callsWithKeptBuffers;
-  out.modelled = cs.modelled;
-  for (const auto& [name, c] : cs.perTransport) {
-    out.perTransport.emplace_back(name, BackendStats::Bytes{c.bytesSent, c.bytesReceived});
-  }
-  for (const RailCounters& r : cs.perRail) {
-    out.perRail.emplace_back(r.ifname, BackendStats::Bytes{r.bytesSent, r.bytesReceived});
-  }
-  const size_t nops = std::max(cs.bytesSentPerOp.size(), cs.bytesReceivedPerOp.size());
-  for (size_t i = 0; i < nops; ++i) {
-    BackendStats::Bytes b;
-    if (i < cs.bytesSentPerOp.size()) b.sent = cs.bytesSentPerOp[i];
-    if (i < cs.bytesReceivedPerOp.size()) b.received = cs.bytesReceivedPerOp[i];
-    if (b.sent == 0 && b.received == 0) continue;
-    out.perOp.emplace_back(opTypeName(static_cast<nanoccl::OpType>(i)), b);
-  }
+  if (comm) return comm->stats();
+  CommStats out;
+  out.rank = rank_;
+  out.size = size_;
+  out.nodes = nodes_;
   return out;
 }
 

@@ -66,44 +66,6 @@ namespace nanoccl {
 
 class CudaCollectives;
 
-// Bytes moved by one group, as nanoccl.stats() reports them.
-struct BackendStats {
-  struct Bytes {
-    uint64_t sent = 0;
-    uint64_t received = 0;
-  };
-  struct Peer {
-    int rank = 0;
-    std::string node;
-    bool sameNode = false;
-    Bytes bytes;
-    uint64_t messagesSent = 0;
-    uint64_t messagesReceived = 0;
-  };
-  int rank = 0;
-  int size = 0;
-  // This rank's node id: NANOCCL_NODE_ID, else torchrun's node ("group_rank:<GROUP_RANK>"),
-  // else the host and network namespace (collectives/topology.h).
-  std::string node;
-  uint64_t calls = 0;                                // calls run by the communicator
-  std::vector<Peer> peers;                           // index = rank; own entry all zero
-  std::vector<std::pair<std::string, Bytes>> perOp;  // "allreduce" -> bytes, ops with traffic
-  Bytes intraNode;
-  Bytes interNode;
-  // Calls per algorithm the planner chose ("allreduce/ring" -> n).
-  std::vector<std::pair<std::string, uint64_t>> perAlgorithm;
-  // Bytes per transport that carried them ("tcp", "shm"), every transport the group holds.
-  std::vector<std::pair<std::string, Bytes>> perTransport;
-  // Bytes per network interface the tcp transports used ("eth0", "eth1": one a rail).
-  std::vector<std::pair<std::string, Bytes>> perRail;
-  // Failed calls whose buffers are kept until the group is destroyed, because aborting the
-  // transports did not end every transfer on them (Task::buffersStillInUse()).
-  uint64_t callsWithKeptBuffers = 0;
-  // Calls the cost model predicted (under a link profile): "allreduce/hierarchical/int8" ->
-  // calls, predicted and measured seconds summed (CommStats::modelled).
-  std::vector<CommStats::Timing> modelled;
-};
-
 class ProcessGroupNanoccl : public c10d::Backend {
  public:
   static constexpr const char* kBackendName = "nanoccl";
@@ -224,7 +186,9 @@ class ProcessGroupNanoccl : public c10d::Backend {
   // no thread or socket of the group is left. Idempotent.
   void shutdown() override;
 
-  BackendStats stats() const;
+  // What this rank moved in the group (nanoccl.stats()); rank, size and nodes only once the
+  // group is shut down.
+  CommStats stats() const;
   // The link profile the group's communicator agreed on at creation (collectives/tuning.h);
   // null under NANOCCL_TUNING=off, on one rank, and once shut down.
   std::shared_ptr<const LinkProfile> linkProfile() const;

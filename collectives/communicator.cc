@@ -901,8 +901,61 @@ void Communicator::abort(const Status& why) {
                   : why);
 }
 
+namespace {
+
+// Adds `from` to `into` element by element (growing it).
+template <typename T>
+void addEach(std::vector<T>& into, const std::vector<T>& from) {
+  if (into.size() < from.size()) into.resize(from.size());
+  for (size_t i = 0; i < from.size(); ++i) into[i] += from[i];
+}
+
+// Adds `from`'s entries to `into`'s of the same name (`nameOf`), appending new ones in order.
+template <typename T, typename Name, typename Add>
+void addByName(std::vector<T>& into, const std::vector<T>& from, Name nameOf, Add add) {
+  for (const T& e : from) {
+    auto it = std::find_if(into.begin(), into.end(),
+                           [&](const T& x) { return nameOf(x) == nameOf(e); });
+    if (it == into.end()) {
+      into.push_back(e);
+    } else {
+      add(*it, e);
+    }
+  }
+}
+
+}  // namespace
+
+CommStats& CommStats::operator+=(const CommStats& o) {
+  addEach(perPeer, o.perPeer);
+  addEach(bytesSentPerOp, o.bytesSentPerOp);
+  addEach(bytesReceivedPerOp, o.bytesReceivedPerOp);
+  calls += o.calls;
+  intraNodeBytesSent += o.intraNodeBytesSent;
+  intraNodeBytesReceived += o.intraNodeBytesReceived;
+  interNodeBytesSent += o.interNodeBytesSent;
+  interNodeBytesReceived += o.interNodeBytesReceived;
+  const auto first = [](const auto& e) -> const std::string& { return e.first; };
+  addByName(callsPerAlgorithm, o.callsPerAlgorithm, first,
+            [](auto& a, const auto& b) { a.second += b.second; });
+  addByName(perTransport, o.perTransport, first,
+            [](auto& a, const auto& b) { a.second += b.second; });
+  addRails(perRail, o.perRail);
+  addByName(modelled, o.modelled, [](const Timing& t) -> const std::string& { return t.what; },
+            [](Timing& a, const Timing& b) {
+              a.calls += b.calls;
+              a.predictedSeconds += b.predictedSeconds;
+              a.measuredSeconds += b.measuredSeconds;
+            });
+  callsWithKeptBuffers += o.callsWithKeptBuffers;
+  return *this;
+}
+
 CommStats Communicator::stats() const {
   CommStats s;
+  s.rank = impl_->rank;
+  s.size = impl_->size;
+  s.nodes = impl_->topology.nodeIds;
   s.callsWithKeptBuffers = impl_->callsWithKeptBuffers.load();
   s.perPeer =
       impl_->transport ? impl_->transport->counters() : std::vector<PeerCounters>(impl_->size);
@@ -914,16 +967,25 @@ CommStats Communicator::stats() const {
   }
   s.calls = impl_->calls.load();
 
-  auto addTransport = [&](const std::string& name, const std::vector<PeerCounters>& c) {
-    auto it = std::find_if(s.perTransport.begin(), s.perTransport.end(),
-                           [&](const auto& e) { return e.first == name; });
-    if (it == s.perTransport.end()) it = s.perTransport.insert(it, {name, PeerCounters{}});
-    for (const PeerCounters& p : c) it->second += p;
+  // A transport's counters, summed under its name and, peer by peer, under `ranks` (the
+  // parent ranks of its members: a sub-communicator's) or its own.
+  const auto traffic = [&](const std::string& name, const std::vector<PeerCounters>& c,
+                           const std::vector<int>* ranks) {
+    CommStats t;
+    t.perTransport.push_back({name, PeerCounters{}});
+    if (ranks != nullptr) t.perPeer.resize(static_cast<size_t>(impl_->size));
+    for (size_t i = 0; i < c.size(); ++i) {
+      t.perTransport.back().second += c[i];
+      if (ranks != nullptr && i < ranks->size()) t.perPeer[(*ranks)[i]] += c[i];
+    }
+    return t;
   };
   if (impl_->routed != nullptr) {
-    for (const auto& [name, c] : impl_->routed->countersPerTransport()) addTransport(name, c);
+    for (const auto& [name, c] : impl_->routed->countersPerTransport()) {
+      s += traffic(name, c, nullptr);
+    }
   } else if (impl_->transport) {
-    addTransport(impl_->transportKind, s.perPeer);
+    s += traffic(impl_->transportKind, s.perPeer, nullptr);
   }
   if (impl_->transport) addRails(s.perRail, impl_->transport->railCounters());
 
@@ -931,12 +993,10 @@ CommStats Communicator::stats() const {
   if (const detail::Hierarchy* h = impl_->hierarchy.get()) {
     for (const detail::SubGroup* g : {&h->local, &h->cross}) {
       if (!g->transport) continue;
-      const std::vector<PeerCounters> c = g->transport->counters();
-      addTransport(g == &h->local ? impl_->localKind : impl_->transportKind, c);
-      addRails(s.perRail, g->transport->railCounters());
-      for (size_t i = 0; i < c.size() && i < g->ranks.size(); ++i) {
-        s.perPeer[g->ranks[i]] += c[i];
-      }
+      CommStats sub = traffic(g == &h->local ? impl_->localKind : impl_->transportKind,
+                              g->transport->counters(), &g->ranks);
+      sub.perRail = g->transport->railCounters();
+      s += sub;
     }
   }
   const Topology& topo = impl_->topology;

@@ -166,6 +166,8 @@ class Task {
   // Runs `cb` once with the final status: on the thread that ran the call (the worker, or a
   // caller in runHere), or at once if already done.
   void onComplete(std::function<void(const Status&)> cb);
+  // The Task's Completion (status and source), for Completion::all over several Tasks.
+  Completion& completion() { return done_; }
   // For receives: the rank the message came from.
   int source() const;
   // True when the call failed and aborting the transports did not end every transfer on its
@@ -222,8 +224,15 @@ struct CommunicatorOptions {
   std::function<std::unique_ptr<Transport>(std::unique_ptr<Transport>)> wrapTransport;
 };
 
-// Bytes moved, as the study reports them.
+// Bytes moved, as the study and nanoccl.stats() report them: the one stats type, made by
+// Communicator::stats() (the sub-communicators' traffic merged in with operator+=) and turned
+// into nanoccl.stats()'s dict once, by the Python module.
 struct CommStats {
+  int rank = 0;
+  int size = 0;
+  // Every rank's node id (index = rank): NANOCCL_NODE_ID, else torchrun's node, else the host
+  // and network namespace (collectives/topology.h).
+  std::vector<std::string> nodes;
   // Payload per peer (index = rank), whichever transport carried it: the sub-communicators'
   // traffic is counted under the parent ranks of their members.
   std::vector<PeerCounters> perPeer;
@@ -258,6 +267,10 @@ struct CommStats {
   // Failed calls whose transfers the aborted transports could not end (Task::
   // buffersStillInUse()): their memory is kept until the communicator is destroyed.
   uint64_t callsWithKeptBuffers = 0;
+
+  // Adds `o`'s counts: per rank, op and link class, and by name (algorithm, transport, rail,
+  // modelled row; new names appended in order). rank, size and nodes stay this one's.
+  CommStats& operator+=(const CommStats& o);
 };
 
 // Compression of one allreduce's inter-node leg, asked for by the caller (see

@@ -9,6 +9,7 @@
 //   sleeps until completion or the deadline; Deadline::never() waits without a timeout.
 // - onComplete(cb) runs cb(status, source) once: on the completing thread, outside the lock,
 //   or at once on the calling thread where it is already complete. Callbacks must not block.
+// - all(parts) completes once every part has (a torch Work over its Tasks).
 // Thread-safe; done() never blocks.
 #pragma once
 
@@ -16,6 +17,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -69,6 +71,41 @@ class Completion {
     const int src = source_;
     lock.unlock();
     cb(st, src);
+  }
+
+  // A Completion that completes once every one of `parts` has: with the first failure among
+  // them (in the order they complete), else OK; its source is the last non-negative one. The
+  // parts must outlive the call; the result lives on in their callbacks until they complete.
+  static std::shared_ptr<Completion> all(const std::vector<Completion*>& parts) {
+    auto out = std::make_shared<Completion>();
+    if (parts.empty()) {
+      out->complete(Status::ok());
+      return out;
+    }
+    struct Tally {
+      std::mutex mu;
+      size_t left;
+      Status first;
+      int source = -1;
+    };
+    auto tally = std::make_shared<Tally>();
+    tally->left = parts.size();
+    for (Completion* p : parts) {
+      p->onComplete([out, tally](const Status& s, int source) {
+        Status st;
+        int src;
+        {
+          std::lock_guard<std::mutex> lock(tally->mu);
+          if (!s.isOk() && tally->first.isOk()) tally->first = s;
+          if (source >= 0) tally->source = source;
+          if (--tally->left > 0) return;
+          st = tally->first;
+          src = tally->source;
+        }
+        out->complete(st, src);
+      });
+    }
+    return out;
   }
 
   // Sets the result, wakes the waiters and runs the callbacks, in the order they were added.

@@ -32,7 +32,8 @@ int main(int argc, char** argv) {
 
     const auto s = pg->stats();
     std::cout << "rank " << rank << ": allreduce " << (ok ? "ok" : "WRONG") << " (sum "
-              << tensors[0][0].item<float>() << "), sent " << s.intraNode.sent + s.interNode.sent
+              << tensors[0][0].item<float>() << "), sent "
+              << s.intraNodeBytesSent + s.interNodeBytesSent
               << " bytes\n";
     pg->barrier()->wait();
     pg->shutdown();

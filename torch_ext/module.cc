@@ -65,51 +65,63 @@ namespace {
 
 using nanoccl::ProcessGroupNanoccl;
 
-py::dict bytesDict(const nanoccl::BackendStats::Bytes& b) {
+py::dict bytesDict(uint64_t sent, uint64_t received) {
   py::dict d;
-  d["bytes_sent"] = b.sent;
-  d["bytes_received"] = b.received;
+  d["bytes_sent"] = sent;
+  d["bytes_received"] = received;
   return d;
 }
 
-py::dict statsDict(const nanoccl::BackendStats& s) {
+py::dict bytesDict(const nanoccl::PeerCounters& c) { return bytesDict(c.bytesSent, c.bytesReceived); }
+
+// nanoccl.stats()'s dict (its fields: Stats in nanoccl/__init__.py), the one conversion of
+// CommStats.
+py::dict statsDict(const nanoccl::CommStats& s) {
+  const auto nodeOf = [&](int r) {
+    return r < static_cast<int>(s.nodes.size()) ? s.nodes[static_cast<size_t>(r)] : std::string();
+  };
   py::dict out;
   out["rank"] = s.rank;
   out["size"] = s.size;
-  out["node"] = s.node;
+  out["node"] = nodeOf(s.rank);
   out["calls"] = s.calls;
   uint64_t sent = 0;
   uint64_t received = 0;
   py::list peers;
-  for (const auto& p : s.peers) {
-    py::dict d = bytesDict(p.bytes);
-    d["rank"] = p.rank;
-    d["node"] = p.node;
-    d["link"] = p.rank == s.rank ? "self" : (p.sameNode ? "intra-node" : "inter-node");
-    d["messages_sent"] = p.messagesSent;
-    d["messages_received"] = p.messagesReceived;
+  for (int r = 0; r < static_cast<int>(s.perPeer.size()); ++r) {
+    const nanoccl::PeerCounters& c = s.perPeer[static_cast<size_t>(r)];
+    py::dict d = bytesDict(c);
+    d["rank"] = r;
+    d["node"] = nodeOf(r);
+    d["link"] = r == s.rank ? "self" : (nodeOf(r) == nodeOf(s.rank) ? "intra-node" : "inter-node");
+    d["messages_sent"] = c.messagesSent;
+    d["messages_received"] = c.messagesReceived;
     peers.append(d);
-    sent += p.bytes.sent;
-    received += p.bytes.received;
+    sent += c.bytesSent;
+    received += c.bytesReceived;
   }
   out["bytes_sent"] = sent;
   out["bytes_received"] = received;
   out["per_peer"] = peers;
   py::dict perOp;
-  for (const auto& [name, b] : s.perOp) perOp[py::str(name)] = bytesDict(b);
+  for (size_t i = 0; i < s.bytesSentPerOp.size() || i < s.bytesReceivedPerOp.size(); ++i) {
+    const uint64_t b = i < s.bytesSentPerOp.size() ? s.bytesSentPerOp[i] : 0;
+    const uint64_t r = i < s.bytesReceivedPerOp.size() ? s.bytesReceivedPerOp[i] : 0;
+    if (b != 0 || r != 0) perOp[py::str(nanoccl::opTypeName(static_cast<nanoccl::OpType>(i)))] = bytesDict(b, r);
+  }
   out["per_op"] = perOp;
   py::dict perLink;
-  perLink["intra-node"] = bytesDict(s.intraNode);
-  perLink["inter-node"] = bytesDict(s.interNode);
+  perLink["intra-node"] = bytesDict(s.intraNodeBytesSent, s.intraNodeBytesReceived);
+  perLink["inter-node"] = bytesDict(s.interNodeBytesSent, s.interNodeBytesReceived);
   out["per_link"] = perLink;
   py::dict perAlgorithm;
-  for (const auto& [name, calls] : s.perAlgorithm) perAlgorithm[py::str(name)] = calls;
+  for (const auto& [name, calls] : s.callsPerAlgorithm) perAlgorithm[py::str(name)] = calls;
   out["per_algorithm"] = perAlgorithm;
   py::dict perTransport;
-  for (const auto& [name, b] : s.perTransport) perTransport[py::str(name)] = bytesDict(b);
+  for (const auto& [name, c] : s.perTransport) perTransport[py::str(name)] = bytesDict(c);
   out["per_transport"] = perTransport;
   py::dict perRail;
-  for (const auto& [name, b] : s.perRail) perRail[py::str(name)] = bytesDict(b);
+  for (const auto& r : s.perRail) perRail[py::str(r.ifname)] = bytesDict(r.bytesSent, r.bytesReceived);
   out["per_rail"] = perRail;
   out["calls_with_kept_buffers"] = s.callsWithKeptBuffers;
   py::dict modelled;

@@ -85,6 +85,29 @@ TEST(CompletionTest, ManyWaitersAllWake) {
 
 // Each thread learns from its own waits whether spinning pays (common/spin.h): long waits
 // turn it off, a few short ones bring it back, and waits without a budget teach nothing.
+TEST(CompletionTest, AllCompletesOnceEveryPartHasWithTheFirstFailure) {
+  Completion a, b, c;
+  std::shared_ptr<Completion> all = Completion::all({&a, &b, &c});
+  int calls = 0;
+  all->onComplete([&](const Status&, int) { ++calls; });
+  b.complete(peerError("b failed"), 1);
+  a.complete(Status::ok(), 0);
+  EXPECT_FALSE(all->done());
+  c.complete(timeoutError("c timed out"), -1);
+  ASSERT_TRUE(all->done());
+  EXPECT_EQ(calls, 1);
+  EXPECT_EQ(all->status().code(), StatusCode::kPeerError);  // the first failure, not the last
+  EXPECT_EQ(all->source(), 0);                               // the last non-negative source
+
+  Completion d;
+  d.complete(Status::ok(), 3);  // parts done before all() are counted too
+  std::shared_ptr<Completion> done = Completion::all({&d});
+  EXPECT_TRUE(done->done());
+  EXPECT_TRUE(done->status().isOk());
+  EXPECT_EQ(done->source(), 3);
+  EXPECT_TRUE(Completion::all({})->done());
+}
+
 TEST(SpinPolicyTest, LongWaitsStopSpinningAndShortOnesBringItBack) {
   using std::chrono::microseconds;
   const microseconds budget(100);
