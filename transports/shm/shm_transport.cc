@@ -236,9 +236,10 @@ class ShmTransport : public EngineTransport {
       if (p != o_.rank) progressed = pumpTx(p) || progressed;
     }
     if (ok()) checkPeerStates();
-    if (ok() && Clock::now() >= nextProbe_) {
+    if (ok() && Clock::now() >= nextProbe()) {
       probePeers();
-      nextProbe_ = Clock::now() + kLivenessPeriod;
+      nextProbe_.store((Clock::now() + kLivenessPeriod).time_since_epoch().count(),
+                       std::memory_order_relaxed);
     }
     return progressed;
   }
@@ -252,7 +253,7 @@ class ShmTransport : public EngineTransport {
       for (int i = 0; i < 16; ++i) cpuRelax();
       if (rung()) return true;
     }
-    auto left = std::chrono::duration_cast<std::chrono::microseconds>(nextProbe_ - Clock::now());
+    auto left = std::chrono::duration_cast<std::chrono::microseconds>(nextProbe() - Clock::now());
     left = std::clamp<std::chrono::microseconds>(std::min(left, d), std::chrono::microseconds(1),
                                                  kLivenessPeriod);
     bell_->sleep(seen_, left);
@@ -285,6 +286,9 @@ class ShmTransport : public EngineTransport {
   }
 
   bool ok() const { return engine_.failed().isOk(); }
+  Clock::time_point nextProbe() const {
+    return Clock::time_point(Clock::duration(nextProbe_.load(std::memory_order_relaxed)));
+  }
 
   FrameHeader chunkFor(const EngineRequest& req, uint64_t offset, uint64_t length) const {
     return dataFrameHeader(req.env.fingerprint, req.env.tag, req.wireSeq, req.bytes, offset,
@@ -427,8 +431,9 @@ class ShmTransport : public EngineTransport {
   std::vector<Peer> peers_;
   bool started_ = false;  // connect() was called
 
-  // Progress state (the engine's progress held).
-  Clock::time_point nextProbe_ = Clock::now() + kLivenessPeriod;
+  // When the peers' processes are next probed: set in progress() (progress held), read by
+  // wait() (the progress thread, without it).
+  std::atomic<Clock::rep> nextProbe_{(Clock::now() + kLivenessPeriod).time_since_epoch().count()};
   uint32_t seen_ = 0;  // the doorbell at arm() (the progress thread's)
 
   ShmBoard board_{o_.rank, o_.size, std::chrono::microseconds(o_.config.spinUs),
