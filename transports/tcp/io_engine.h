@@ -53,6 +53,22 @@ class IoEngine {
   virtual void wakeup() = 0;
 };
 
+// Moves iov[0..iovcnt) past `n` bytes moved: finished entries are dropped, so that iov[0] is
+// always the next byte (both engines continue short transfers with it).
+inline void advanceIov(iovec* iov, int& iovcnt, size_t n) {
+  int i = 0;
+  while (n > 0 && i < iovcnt) {
+    const size_t take = n < iov[i].iov_len ? n : iov[i].iov_len;
+    iov[i].iov_base = static_cast<char*>(iov[i].iov_base) + take;
+    iov[i].iov_len -= take;
+    n -= take;
+    if (iov[i].iov_len == 0) ++i;
+  }
+  int j = 0;
+  for (int k = i; k < iovcnt; ++k) iov[j++] = iov[k];
+  iovcnt = j;
+}
+
 // "auto": io_uring if the probe passes, else epoll (logged once). "uring": io_uring or
 // kUnavailable with the reason. "epoll": epoll.
 Result<std::unique_ptr<IoEngine>> createEngine(const std::string& which);

@@ -134,18 +134,7 @@ class EpollEngine : public IoEngine {
 
   static void advance(Op& op, size_t n) {
     op.left -= n;
-    int i = 0;
-    while (n > 0 && i < op.iovcnt) {
-      const size_t take = n < op.iov[i].iov_len ? n : op.iov[i].iov_len;
-      op.iov[i].iov_base = static_cast<char*>(op.iov[i].iov_base) + take;
-      op.iov[i].iov_len -= take;
-      n -= take;
-      if (op.iov[i].iov_len == 0) ++i;
-    }
-    // Drop finished entries so iov[0] is always the next byte.
-    int j = 0;
-    for (int k = i; k < op.iovcnt; ++k) op.iov[j++] = op.iov[k];
-    op.iovcnt = j;
+    advanceIov(op.iov, op.iovcnt, n);
   }
 
   void progressRecv(int fd, Socket& s) {
