@@ -6,7 +6,6 @@
 #include <rdma/fi_errno.h>
 
 #include <algorithm>
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -18,14 +17,11 @@
 
 #include "common/crypto.h"
 #include "common/logging.h"
-#include "common/spin.h"
-#include "common/thread_name.h"
+#include "transports/engine.h"
 #include "transports/fabric/address.h"
 #include "transports/fabric/endpoint.h"
 #include "transports/fabric/wire.h"
 #include "transports/identity.h"
-#include "transports/matcher.h"
-#include "transports/engine.h"
 
 namespace nanoccl::fabric {
 namespace {

@@ -4,9 +4,6 @@
 #include <atomic>
 #include <cstring>
 #include <deque>
-#include <mutex>
-#include <new>
-#include <thread>
 #include <vector>
 
 #include "common/logging.h"

@@ -12,19 +12,16 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
-#include <deque>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <vector>
 
 #include "common/crypto.h"
 #include "common/logging.h"
-#include "common/spin.h"
 #include "transports/frame.h"
 #include "transports/matcher.h"
-#include "transports/tcp/layout.h"
 #include "transports/tcp/io_engine.h"
+#include "transports/tcp/layout.h"
 
 namespace nanoccl::tcp {
 

@@ -27,10 +27,8 @@
 // once no socket operation still targets a caller's buffer.
 #pragma once
 
-#include <atomic>
 #include <memory>
 #include <string>
-#include <thread>
 
 #include "transports/transport.h"
 

@@ -12,24 +12,19 @@
 #include <cstddef>
 #include <cstdint>
 #include <deque>
-#include <future>
 #include <memory>
-#include <mutex>
 #include <optional>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "common/crypto.h"
 #include "common/status.h"
-#include "transports/frame.h"
-#include "transports/matcher.h"
-#include "transports/request.h"
-#include "transports/tcp/handshake.h"
-#include "transports/tcp/layout.h"
-#include "transports/tcp/io_engine.h"
-#include "transports/transport.h"
 #include "transports/engine.h"
+#include "transports/frame.h"
+#include "transports/tcp/handshake.h"
+#include "transports/tcp/io_engine.h"
+#include "transports/tcp/layout.h"
+#include "transports/transport.h"
 
 namespace nanoccl::tcp {
 
