@@ -89,9 +89,10 @@ void Engine::abort(const Status& why) {
   const auto bound = eo_.drainBound;
   if (drained_.wait(Deadline::after(bound))) return;
   // The progress thread has not got there (it is stuck, in a callback say).
+  const bool unstuck = mover_.unstick();
   NANOCCL_WARN("rank " << o_.rank << ": " << eo_.name << ": abort found operations on callers' "
                "buffers still in flight after " << bound.count() << " ms"
-               << (mover_.unstick() ? "; ending them from this thread" : ""));
+               << (unstuck ? "; ending them from this thread" : ""));
   if (drained_.wait(Deadline::after(bound))) return;
   NANOCCL_WARN("rank " << o_.rank << ": " << eo_.name << ": the requests on those buffers stay "
                "pending until their operations end, so that they are not released early");

@@ -102,5 +102,33 @@ TEST(TcpTransportAbort, AStuckProgressThreadDoesNotHangAbort) {
   EXPECT_EQ(st.code(), StatusCode::kAborted) << st.toString();
 }
 
+// The same stuck thread, with warnings hidden (NANOCCL_DEBUG=NONE: the log statements are not
+// evaluated): abort() still shuts the sockets down from its own thread after its bounded wait,
+// so the peer learns at once that the connection closed, before the stuck thread moves on.
+TEST(TcpTransportAbort, AStuckProgressThreadsSocketsCloseEvenWithLoggingOff) {
+  setenv("NANOCCL_DEBUG", "NONE", 1);  // read once per process: first thing (ctest runs each
+                                       // test in a process of its own)
+  auto ts = makeMesh(2, loopbackConfig("epoll", 1));
+  ASSERT_EQ(ts.size(), 2u);
+  std::atomic<bool> release{false};
+  std::atomic<bool> inCallback{false};
+  uint8_t x = 1, y = 0, z = 0;
+  auto first = ts[1]->irecv(0, collectiveEnvelope(1, 0, 1), &y, 1);
+  first->setCallback([&](const Status&, int) {
+    inCallback = true;
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    while (!release && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+  });
+  auto never = ts[0]->irecv(1, collectiveEnvelope(2, 0, 1), &z, 1);  // rank 1 never sends it
+  ASSERT_TRUE(ts[0]->isend(1, collectiveEnvelope(1, 0, 1), &x, 1)->wait(soon()).isOk());
+  while (!inCallback) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  ts[1]->abort(abortedError("rank 1: gave up"));
+  const Status st = never->wait(Deadline::after(std::chrono::seconds(5)));
+  EXPECT_EQ(st.code(), StatusCode::kPeerError) << st.toString();
+  release = true;
+}
+
 }  // namespace
 }  // namespace nanoccl::testing
