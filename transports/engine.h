@@ -14,12 +14,15 @@
 //
 // Threads
 // - isend/irecv/abort/counters/stallReport: any thread. A Request's wait() may drive progress.
-// - Every Mover call but wake(), sleep(), rung(), sendStalls() and unstick() runs with the
-//   engine's progress held: on the progress thread, or on a thread driving it (drivable movers
-//   only), one at a time. So the mover's state, the Matcher and the Engine's progress state
-//   need no locks; completion callbacks run there too (they must not block).
+// - Every Mover call but wake(), arm(), rung(), a drivable mover's wait(), sendStalls() and
+//   unstick() runs with the engine's progress held: on the progress thread, or on a thread
+//   driving it (drivable movers only), one at a time. So the mover's state, the Matcher and the
+//   Engine's progress state need no locks; completion callbacks run there too (they must not
+//   block). wake(), sendStalls() and unstick() may come from any thread; arm(), rung() and a
+//   drivable mover's wait() from the progress thread alone.
 // - The transport calls start() once connected enough to move frames (its own setup frames
-//   included), open() once it takes requests, stop() first in its destructor.
+//   included), open() once it takes requests, stop() (EngineTransport::stopEngine()) first in
+//   its destructor.
 #pragma once
 
 #include <atomic>
