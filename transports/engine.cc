@@ -239,7 +239,13 @@ void Engine::progressLoop() {
              commandsWaiting_.load(std::memory_order_acquire);
     };
     if (spin.count() > 0) woke = spinFor(spin, ready);
-    if (!woke && !commandsWaiting_.load(std::memory_order_acquire)) woke = mover_.wait(wait);
+    if (!woke) {
+      if (!commandsWaiting_.load(std::memory_order_acquire)) {
+        woke = mover_.wait(wait);
+      } else if (!eo_.drivable) {
+        woke = mover_.progress();  // commands are due: poll once, without waiting
+      }
+    }
     if (pending) SpinPolicy::record(spin_, Clock::now() - waitStart);
     if (woke && !eo_.drivable) lastBusy_ = Clock::now();
   }
@@ -257,7 +263,10 @@ bool Engine::step() {
     fail(why, true);
   }
   bool moved = runCommands();
-  if (!stopping_ || !mover_.stopped()) moved = mover_.progress() || moved;
+  // A drivable mover moves here (its wait() only sleeps); the others move in the progress
+  // loop's spin or wait, which poll them at least once a turn: polling here too would poll
+  // twice in a row.
+  if (eo_.drivable && (!stopping_ || !mover_.stopped())) moved = mover_.progress() || moved;
   updateDrained();
   return moved;
 }

@@ -197,18 +197,7 @@ class FabricTransport : public EngineTransport {
 
   // ---- the Mover (engine.h): with the engine's progress held ----------------------------
 
-  bool progress() override {
-    if (engine_.failed().isOk() && engine_.hasPending() && Clock::now() >= lastPing_ + kPingPeriod) {
-      // A dead peer fails the sends to it: ping those this rank waits on, sends to or not.
-      for (int p = 0; p < o_.size; ++p) {
-        if (p != o_.rank && !peers_[p].closed && peers_[p].queue.empty()) {
-          queueControl(p, Kind::kPing);
-        }
-      }
-      lastPing_ = Clock::now();
-    }
-    return handle(fi_cq_read(cq(), entries_, kEntries));
-  }
+  bool progress() override { return handle(fi_cq_read(cq(), entries_, kEntries)); }
 
   bool wait(std::chrono::microseconds d) override {
     const auto cap = engine_.stopping() || engine_.hasPending() ? std::chrono::milliseconds(10)
@@ -224,7 +213,8 @@ class FabricTransport : public EngineTransport {
     if (cq() != nullptr && endpoint_.canWait()) fi_cq_signal(cq());
   }
 
-  // What fi_cq_read/sread returned: completions handled, then the queued frames posted.
+  // What fi_cq_read/sread returned: completions handled, then the queued frames posted, and
+  // every kPingPeriod while requests are pending the peers pinged.
   bool handle(ssize_t n) {
     if (n > 0) {
       for (ssize_t i = 0; i < n; ++i) onCompletion(entries_[i]);
@@ -235,6 +225,17 @@ class FabricTransport : public EngineTransport {
       engine_.fail(internalError("rank " + std::to_string(o_.rank) + ": fabric: " +
                                  fiError("fi_cq_read", n)),
                    true);
+    }
+    // The clock first: the engine polls this in its spin, and hasPending() walks the queues.
+    if (Clock::now() >= lastPing_ + kPingPeriod && engine_.failed().isOk() &&
+        engine_.hasPending()) {
+      // A dead peer fails the sends to it: ping those this rank waits on, sends to or not.
+      for (int p = 0; p < o_.size; ++p) {
+        if (p != o_.rank && !peers_[p].closed && peers_[p].queue.empty()) {
+          queueControl(p, Kind::kPing);
+        }
+      }
+      lastPing_ = Clock::now();
     }
     for (int p = 0; p < o_.size; ++p) {
       if (p != o_.rank) pump(p);
