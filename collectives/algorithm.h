@@ -14,22 +14,25 @@
 //   until it is destroyed (takeUnfinished()) and the Task tells the caller to keep its
 //   buffers too (Task::buffersStillInUse()).
 // - On success an algorithm has waited for every request it posted.
-// - Hierarchical algorithms run their stages on the sub-communicators' transports (Hierarchy)
-//   through child Contexts that share the call's fingerprint, deadline, scratch and byte
-//   counts, inside the call: no communicator queue is involved, so a stage can never wait for
-//   work queued behind the call that runs it. A pipelined algorithm may run stages on helper
-//   threads of its own, joined before it returns: Contexts may be used from several threads at
-//   once (scratch() and the byte counts are thread-safe), each request being waited on by the
-//   thread that posted it.
+// - Hierarchical algorithms run their stages on the groups of the Hierarchy (on the parent's
+//   transport, see SubGroup) through child Contexts that share the call's fingerprint,
+//   deadline, scratch and byte counts, inside the call: no communicator queue is involved, so a
+//   stage can never wait for work queued behind the call that runs it. A pipelined algorithm
+//   may run one stage on the Hierarchy's StageHelper thread, whose job ends before the
+//   algorithm returns: Contexts may be used from several threads at once (scratch() and the
+//   byte counts are thread-safe), each request being waited on by the thread that posted it.
 #pragma once
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "collectives/codec/codec.h"
@@ -106,17 +109,44 @@ struct Pending {
   uint32_t tag = 0;
 };
 
-// One sub-communicator of a hierarchical communicator: the ranks of this node ("local") or
-// the ranks with this rank's local rank on every node ("cross"). Built by Communicator::create
-// with its own comm id (so its store keys and handshakes never meet the parent's), owned by
-// the communicator; its transport is driven only by the thread running the parent's current
-// call (and aborted by whoever fails the parent).
+// One group of a hierarchical communicator's ranks: the ranks of this node ("local") or the
+// ranks with this rank's local rank on every node ("cross"). Built by Communicator::create,
+// owned by the communicator. Its stages' messages ride the parent's transport (the routed one
+// sends the local group's over shared memory and the cross group's over the network), peer i
+// of the group being parent rank ranks[i] there; only a cross group on a rail of its own
+// (NANOCCL_RAIL_PER_LOCAL_RANK) has a transport of its own (`own`, numbered by group rank,
+// with its own comm id so that its store keys and handshakes never meet the parent's). Either
+// is driven by the threads running the parent's current call and aborted by whoever fails it.
 struct SubGroup {
-  std::unique_ptr<Transport> transport;  // null when size == 1 (or when it is not needed)
+  Transport* transport = nullptr;  // the parent's or `own`; null when size == 1 (or not needed)
+  std::unique_ptr<Transport> own;
   int rank = 0;
   int size = 1;
   std::vector<int> ranks;  // the parent rank of each member, index = rank in the group
-  std::string name;        // "intra-node stage (node 1: ranks 2 3)", prefixed to its errors
+  std::string name;        // "intra-node stage among ranks 2 3 (node 1)", prefixed to its errors
+  // Whether `transport` is the parent's (its ranks are `ranks`), not `own`.
+  bool rides() const { return transport != nullptr && own == nullptr; }
+};
+
+// One thread beside the one running a call, for a stage that runs at the same time as the
+// call's own (the pipelined hierarchical allreduce's cross-node stage, hierarchical.cc). The
+// first run() starts it and the destructor joins it (the communicator's teardown, after its
+// worker): a communicator creates it at most once, never per call. One job at a time: run()
+// returns at once, and the job itself tells its caller that it ended (a Completion).
+class StageHelper {
+ public:
+  StageHelper() = default;
+  StageHelper(const StageHelper&) = delete;
+  StageHelper& operator=(const StageHelper&) = delete;
+  ~StageHelper();
+  void run(std::function<void()> job);
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::function<void()> job_;
+  bool stop_ = false;
+  std::thread thread_;
 };
 
 // What the hierarchical algorithms need besides the parent Context.
@@ -130,6 +160,8 @@ struct Hierarchy {
   int shards = 1;
   SubGroup local;
   SubGroup cross;
+  // The thread that runs the pipelined allreduce's cross-node stage beside the call's own.
+  std::unique_ptr<StageHelper> helper;
 };
 
 // Scratch memory handed from one call of a communicator to the next (its calls run one at a
@@ -193,11 +225,11 @@ class Context {
         hierarchy_(hierarchy),
         pool_(pool) {}
   ~Context();
-  // One stage of a hierarchical algorithm, on a sub-communicator: the same call (fingerprint,
+  // One stage of a hierarchical algorithm, on one of its groups: the same call (fingerprint,
   // deadline); scratch memory comes from `parent` (so it lives until the worker has aborted
   // every transport of a failed call) and the bytes are counted in `parent` too.
   Context(Context& parent, const SubGroup& group)
-      : transport_(group.transport.get()),
+      : transport_(group.transport),
         rank_(group.rank),
         size_(group.size),
         fingerprint_(parent.fingerprint_),
@@ -206,6 +238,7 @@ class Context {
         config_(parent.config_),
         codecChunkBytes_(parent.codecChunkBytes_),
         chunkBytes_(parent.chunkBytes_),
+        peerRanks_(group.rides() ? &group.ranks : nullptr),
         parent_(&parent) {}
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -214,14 +247,23 @@ class Context {
   std::unique_ptr<Context> withLanes(int lanes) const {
     OpFingerprint fp = fingerprint_;
     fp.lanes = static_cast<uint8_t>(lanes);
-    return std::make_unique<Context>(transport_, rank_, size_, fp, deadline_, timeout_, config_);
+    auto out = std::make_unique<Context>(transport_, rank_, size_, fp, deadline_, timeout_, config_);
+    out->peerRanks_ = peerRanks_;
+    return out;
+  }
+  // Peer p of this context is rank (*ranks)[p] of its transport (a SubGroup that rides its
+  // parent's transport); null: the same number.
+  void setPeerRanks(const std::vector<int>* ranks) { peerRanks_ = ranks; }
+  // The transport's number of peer `peer` of this context.
+  int transportRank(int peer) const {
+    return peerRanks_ != nullptr ? (*peerRanks_)[static_cast<size_t>(peer)] : peer;
   }
 
   int rank() const { return rank_; }
   int size() const { return size_; }
   const Config& config() const { return config_; }
   // The chunk of this call's compressed exchange in float32 bytes (CallArgs::codecChunkBytes,
-  // else config.chunkBytes); stages on sub-communicators inherit it.
+  // else config.chunkBytes); stages on the hierarchy's groups inherit it.
   size_t codecChunkBytes() const {
     return codecChunkBytes_ != 0 ? codecChunkBytes_ : config_.chunkBytes;
   }
@@ -246,7 +288,9 @@ class Context {
   Status waitAll(const std::vector<Pending>& ps);
 
   // The transport's shared-memory board (transport.h: Board), or null where it has none.
-  Board* board() const { return transport_ != nullptr ? transport_->board() : nullptr; }
+  Board* board() const {
+    return transport_ != nullptr && peerRanks_ == nullptr ? transport_->board() : nullptr;
+  }
   // One round on board(): publishes `bytes` of `data` under this call's fingerprint and
   // waits, until the call's deadline, for every rank's message (views/sizes as
   // Board::exchange). Counts the bytes as sent to and received from every peer.
@@ -279,6 +323,7 @@ class Context {
   const Config& config_;
   size_t codecChunkBytes_ = 0;
   size_t chunkBytes_ = 0;
+  const std::vector<int>* peerRanks_ = nullptr;
   const Hierarchy* hierarchy_ = nullptr;
   Context* parent_ = nullptr;
   ScratchPool* pool_ = nullptr;

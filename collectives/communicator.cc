@@ -475,7 +475,7 @@ void Communicator::Impl::runCall(QueuedCall& call) {
       const double took = std::chrono::duration<double>(Clock::now() - started).count();
       recordTiming(call.algorithm, call.fingerprint.codec, call.predictedSeconds, took);
     }
-    // Stages on the sub-communicators count here too (child Contexts add to ctx).
+    // Stages on the hierarchy's groups count here too (child Contexts add to ctx).
     const auto op = static_cast<size_t>(call.fingerprint.op);
     sentPerOp[op] += ctx.bytesSent();
     receivedPerOp[op] += ctx.bytesReceived();
@@ -589,6 +589,7 @@ std::shared_ptr<Task> Communicator::Impl::postP2p(bool isSend, void* buf, size_t
     entry.what = what;
     entry.isSend = isSend;
     entry.bytes = bytes;
+    startWatchdog();
   }
   watchCv.notify_all();
   if (wakeWorker) workBell.ring();
@@ -625,7 +626,7 @@ void Communicator::Impl::finishP2p(uint64_t id, const Status& status, int source
     completeTask(*call.task, Status::ok(), source);
   } else {
     // As after a failed collective, the communicator is unusable: fail it, so that a peer
-    // waiting on this rank in a stage of another call (on a sub-communicator, which this
+    // waiting on this rank in a stage of another call (on a cross group's own rail, which this
     // transport's failure does not reach) hears it now, not at its timeout.
     const Status s(status.code(), call.what + ": " + status.message());
     fail(s);
@@ -651,6 +652,7 @@ void Communicator::Impl::watchDevice(const detail::QueuedCall& call, std::shared
     onDevice.push_back(detail::DeviceInFlight{
         call.args.device, std::move(end), call.deadline, who() + call.fingerprint.describe(),
         call.algorithm, call.fingerprint.codec, call.predictedSeconds, started});
+    startWatchdog();
   }
   watchCv.notify_all();
 }
@@ -799,8 +801,8 @@ Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOpt
 
     if (impl->topology.hierarchical()) {
       Result<std::unique_ptr<detail::Hierarchy>> h =
-          detail::connectHierarchy(options, choice.value(), impl->topology, secret.value(),
-                                   deadline, &impl->localKind);
+          detail::connectHierarchy(options, choice.value(), impl->topology,
+                                   impl->transport.get(), secret.value(), deadline);
       if (!h.isOk()) return h.status().withContext(where);
       impl->hierarchy = std::move(h).value();
     }
@@ -825,16 +827,13 @@ Result<std::shared_ptr<Communicator>> Communicator::create(const CommunicatorOpt
   impl->config.logOnce();
   std::string over = impl->transport ? " over " + impl->transport->describe() : "";
   if (const detail::Hierarchy* h = impl->hierarchy.get()) {
-    over += "; " + impl->topology.describe() + ", intra-node over " +
-            (h->local.transport ? h->local.transport->describe() : "nothing (one rank)") +
-            ", inter-node over " +
-            (h->cross.transport ? h->cross.transport->describe() : "nothing (no shard)");
+    over += "; " + impl->topology.describe();
+    if (h->cross.own) over += ", inter-node stage over " + h->cross.own->describe();
   }
   NANOCCL_INFO("rank " << options.rank << "/" << options.size << ": communicator '"
                        << options.commId << "' ready" << over);
   Impl* raw = impl.get();
   impl->worker = namedThread("worker", [raw] { raw->workerLoop(); });
-  if (options.size > 1) impl->watchdog = namedThread("watch", [raw] { raw->watchdogLoop(); });
   std::shared_ptr<Communicator> comm(new Communicator(std::move(impl)));
   raw->self = comm;
   return comm;
@@ -968,7 +967,7 @@ CommStats Communicator::stats() const {
   s.calls = impl_->calls.load();
 
   // A transport's counters, summed under its name and, peer by peer, under `ranks` (the
-  // parent ranks of its members: a sub-communicator's) or its own.
+  // parent ranks of its members: a cross group's own) or its own.
   const auto traffic = [&](const std::string& name, const std::vector<PeerCounters>& c,
                            const std::vector<int>* ranks) {
     CommStats t;
@@ -989,15 +988,12 @@ CommStats Communicator::stats() const {
   }
   if (impl_->transport) addRails(s.perRail, impl_->transport->railCounters());
 
-  // The sub-communicators' traffic under the parent ranks of their members.
-  if (const detail::Hierarchy* h = impl_->hierarchy.get()) {
-    for (const detail::SubGroup* g : {&h->local, &h->cross}) {
-      if (!g->transport) continue;
-      CommStats sub = traffic(g == &h->local ? impl_->localKind : impl_->transportKind,
-                              g->transport->counters(), &g->ranks);
-      sub.perRail = g->transport->railCounters();
-      s += sub;
-    }
+  // A cross group's own transport (on its own rail), under the parent ranks of its members.
+  if (impl_->hierarchy && impl_->hierarchy->cross.own) {
+    const detail::SubGroup& g = impl_->hierarchy->cross;
+    CommStats sub = traffic(impl_->transportKind, g.own->counters(), &g.ranks);
+    sub.perRail = g.own->railCounters();
+    s += sub;
   }
   const Topology& topo = impl_->topology;
   for (int r = 0; r < static_cast<int>(s.perPeer.size()) && r < topo.size(); ++r) {

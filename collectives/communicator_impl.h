@@ -27,6 +27,7 @@
 #include "collectives/planner.h"
 #include "common/alarm_bell.h"
 #include "common/logging.h"
+#include "common/thread_name.h"
 #include "transports/routed/routed_transport.h"
 
 namespace nanoccl {
@@ -86,8 +87,10 @@ inline bool validDataType(DataType t) {
 }  // namespace detail
 
 // Threads: the caller's (submit, p2p posting, stats), one worker (runs queued collectives in
-// order), one watchdog (p2p deadlines, device calls' end fences), and the transport's progress
-// thread (p2p completions).
+// order), one watchdog (p2p deadlines, device calls' end fences: started by the first such
+// call, so a job of host collectives alone never runs one), the hierarchy's StageHelper (the
+// first pipelined hierarchical allreduce starts it), and the transport's progress threads
+// (p2p completions).
 // `mu` guards the queue, the failure state and the p2p table; it is never held while calling
 // into the transport or completing a Task.
 struct Communicator::Impl {
@@ -103,15 +106,14 @@ struct Communicator::Impl {
   // else it is one transport of table name `transportKind`.
   routed::RoutedTransport* routed = nullptr;
   std::string transportKind;
-  std::string localKind;  // the hierarchy's local group's transport, where it has one
   // The links as measured or loaded at creation (collectives/tuning.h); null under tuning=off
   // and on one rank.
   std::shared_ptr<const LinkProfile> profile;
   Topology topology;
-  // The sub-communicators, only where the topology is hierarchical. Set up before the threads
-  // start and torn down after they are joined; in between only the thread running the current
-  // call (the worker, or a caller in Task::runHere) uses their transports (abort() is
-  // thread-safe).
+  // The groups of a hierarchical topology (on `transport`, or a cross group's own), only where
+  // the topology is hierarchical. Set up before the threads start and torn down after they are
+  // joined; in between only the threads running the current call (the worker or a caller in
+  // Task::runHere, and the hierarchy's StageHelper) use them (abort() is thread-safe).
   std::unique_ptr<detail::Hierarchy> hierarchy;
   // Calls run per row of the algorithm table (index = row - table.data()).
   std::unique_ptr<std::atomic<uint64_t>[]> callsPerRow;
@@ -148,7 +150,13 @@ struct Communicator::Impl {
   std::vector<detail::DeviceInFlight> onDevice;
   std::vector<std::weak_ptr<Device>> devices;
   std::thread worker;
-  std::thread watchdog;
+  std::thread watchdog;  // started by startWatchdog(), joined in shutdown()
+  // Under `mu`: starts the watchdog unless it runs (or the communicator is being destroyed).
+  void startWatchdog() {
+    if (!watchdog.joinable() && !stopping) {
+      watchdog = namedThread("watch", [this] { watchdogLoop(); });
+    }
+  }
 
   // Scratch memory from one call to the next (calls run one at a time).
   detail::ScratchPool scratchPool;
@@ -189,17 +197,16 @@ struct Communicator::Impl {
     return Status(first.code(), what + "communicator failed earlier: " + first.message());
   }
 
-  // Every transport this communicator owns: its own and the sub-communicators'.
+  // Every transport this communicator owns: its own, and a cross group's on a rail of its own.
   std::vector<Transport*> transports() const {
     std::vector<Transport*> out;
     if (transport) out.push_back(transport.get());
-    if (hierarchy && hierarchy->local.transport) out.push_back(hierarchy->local.transport.get());
-    if (hierarchy && hierarchy->cross.transport) out.push_back(hierarchy->cross.transport.get());
+    if (hierarchy && hierarchy->cross.own) out.push_back(hierarchy->cross.own.get());
     return out;
   }
 
   // Records the first failure and aborts every transport, so the peers fail fast too: a peer
-  // waiting in a hierarchical stage hears it on the sub-communicator it waits on.
+  // waiting in a hierarchical stage hears it on the transport it waits on.
   // The devices of its calls are aborted too, so that their queued work ends (NCCL's kernels
   // return) and their fences report the failure.
   void fail(const Status& why) {

@@ -153,18 +153,19 @@ Result<std::unique_ptr<Transport>> connectMain(const CommunicatorOptions& option
   return t;
 }
 
-// The sub-communicators of a hierarchical topology (see Hierarchy in algorithm.h). Every rank
-// connects its local group first, then its cross group: the same order everywhere, and each
-// group only waits for its own members, so setup cannot deadlock.
+// The groups of a hierarchical topology (see Hierarchy in algorithm.h). They ride `main`,
+// except a cross group on a rail of its own (NANOCCL_RAIL_PER_LOCAL_RANK over tcp), which
+// connects its own transport: every rank of a cross group decides alike, and the groups are
+// disjoint, so each only waits for its own members and setup cannot deadlock.
 Result<std::unique_ptr<Hierarchy>> connectHierarchy(const CommunicatorOptions& options,
                                                     const TransportChoice& choice,
-                                                    const Topology& topo,
-                                                            const std::string& secret,
-                                                            const Deadline& deadline,
-                                                            std::string* localKind) {
+                                                    const Topology& topo, Transport* main,
+                                                    const std::string& secret,
+                                                    const Deadline& deadline) {
   auto h = std::make_unique<Hierarchy>();
   h->topology = topo;
   h->shards = topo.minLocalSize();
+  h->helper = std::make_unique<StageHelper>();
   const int node = topo.nodeOf[options.rank];
   const int lr = topo.localRankOf[options.rank];
 
@@ -172,20 +173,9 @@ Result<std::unique_ptr<Hierarchy>> connectHierarchy(const CommunicatorOptions& o
   local.ranks = topo.nodeRanks[node];
   local.rank = lr;
   local.size = static_cast<int>(local.ranks.size());
-  // The transports name ranks by their place in the group; the name maps them back.
-  local.name = "intra-node stage among ranks " + ranksText(local.ranks) + " (node " +
-               std::to_string(node) + "; below, rank i is the i-th of them)";
-  if (local.size > 1) {
-    const std::string commId = options.commId + "/local/" + std::to_string(node);
-    const std::string& kind = choice.intraNode;
-    *localKind = kind;
-    Result<std::unique_ptr<Transport>> t =
-        connectGroup(kind, commId, lr, local.ranks, secret, options, deadline);
-    if (!t.isOk()) {
-      return t.status().withContext("connecting the " + local.name + " over " + kind + ": ");
-    }
-    local.transport = std::move(t).value();
-  }
+  local.name =
+      "intra-node stage among ranks " + ranksText(local.ranks) + " (node " + std::to_string(node) + ")";
+  if (local.size > 1) local.transport = main;
 
   // Only local ranks below the smallest node's size carry a shard across nodes.
   if (lr < h->shards) {
@@ -194,11 +184,16 @@ Result<std::unique_ptr<Hierarchy>> connectHierarchy(const CommunicatorOptions& o
     cross.rank = node;
     cross.size = topo.numNodes();
     cross.name = "inter-node stage among ranks " + ranksText(cross.ranks) + " (local rank " +
-                 std::to_string(lr) + " of every node; below, rank i is the i-th of them)";
-    CommunicatorOptions crossOptions = options;
-    if (options.config.railPerLocalRank && choice.interNode == "tcp") {
-      NANOCCL_ASSIGN_OR_RETURN(crossOptions.config, oneRail(options.config, lr));
+                 std::to_string(lr) + " of every node)";
+    if (!options.config.railPerLocalRank || choice.interNode != "tcp") {
+      cross.transport = main;
+      return h;
     }
+    CommunicatorOptions crossOptions = options;
+    NANOCCL_ASSIGN_OR_RETURN(crossOptions.config, oneRail(options.config, lr));
+    // Its own transport numbers the members by their place in the group; the name says so.
+    cross.name.pop_back();
+    cross.name += "; below, rank i is the i-th of them, on its own rail)";
     Result<std::unique_ptr<Transport>> t =
         connectGroup(choice.interNode, options.commId + "/cross/" + std::to_string(lr), node,
                      cross.ranks, secret, crossOptions, deadline);
@@ -206,10 +201,10 @@ Result<std::unique_ptr<Hierarchy>> connectHierarchy(const CommunicatorOptions& o
       return t.status().withContext("connecting the " + cross.name + " over " + choice.interNode +
                                     ": ");
     }
-    cross.transport = std::move(t).value();
+    cross.own = std::move(t).value();
+    cross.transport = cross.own.get();
   }
   return h;
 }
-
 
 }  // namespace nanoccl::detail

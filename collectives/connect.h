@@ -1,6 +1,6 @@
 // Connection setup of a Communicator (Communicator::create): the main transport between all
 // ranks, routed through shared memory for collectives within a node where allowed, and the
-// sub-communicators of a hierarchical topology. Every rank publishes its addresses through the
+// groups of a hierarchical topology. Every rank publishes its addresses through the
 // store under the communicator's id and connects the full mesh of each group; runs on the
 // creating thread, before any of the communicator's threads exist.
 #pragma once
@@ -25,13 +25,12 @@ Result<std::unique_ptr<Transport>> connectMain(const CommunicatorOptions& option
                                                const Deadline& deadline,
                                                routed::RoutedTransport** routedOut);
 
-// The local and cross sub-communicators of a hierarchical topology; *localKind names the
-// local group's transport.
+// The local and cross groups of a hierarchical topology, on `main` (the transport between all
+// ranks) or, for a cross group on a rail of its own, on a transport they connect.
 Result<std::unique_ptr<Hierarchy>> connectHierarchy(const CommunicatorOptions& options,
                                                     const TransportChoice& choice,
-                                                    const Topology& topo,
+                                                    const Topology& topo, Transport* main,
                                                     const std::string& secret,
-                                                    const Deadline& deadline,
-                                                    std::string* localKind);
+                                                    const Deadline& deadline);
 
 }  // namespace nanoccl::detail

@@ -28,7 +28,7 @@ Pending Context::isend(int peer, uint32_t tag, const void* buf, size_t bytes) {
     root = c;
   }
   Envelope env{fingerprint_, tag};
-  Pending p{transport_->isend(peer, env, buf, bytes), peer, true, tag};
+  Pending p{transport_->isend(transportRank(peer), env, buf, bytes), peer, true, tag};
   std::lock_guard<std::mutex> lock(root->scratchMu_);
   root->issued_.push_back(p.req);
   return p;
@@ -60,7 +60,7 @@ Pending Context::irecv(int peer, uint32_t tag, void* buf, size_t bytes) {
     root = c;
   }
   Envelope env{fingerprint_, tag};
-  Pending p{transport_->irecv(peer, env, buf, bytes), peer, false, tag};
+  Pending p{transport_->irecv(transportRank(peer), env, buf, bytes), peer, false, tag};
   std::lock_guard<std::mutex> lock(root->scratchMu_);
   root->issued_.push_back(p.req);
   return p;
@@ -82,10 +82,11 @@ Status Context::wait(const Pending& p) {
   if (s.code() == StatusCode::kTimeout) {
     // The transport's timeout says nothing about which step starved; this does, and what the
     // transport sees stuck on the way to that peer, if anything.
-    const std::string stalled = transport_->stallReport(p.peer);
+    const int peer = transportRank(p.peer);  // as the transport's errors name it
+    const std::string stalled = transport_->stallReport(peer);
     return timeoutError("timed out after " + std::to_string(timeout_.count()) + " ms waiting " +
                         (p.isSend ? "to send to rank " : "to receive from rank ") +
-                        std::to_string(p.peer) + " (tag " + std::to_string(p.tag) + "); " +
+                        std::to_string(peer) + " (tag " + std::to_string(p.tag) + "); " +
                         (stalled.empty() ? "did every rank make this call?" : stalled));
   }
   return s;

@@ -2,21 +2,22 @@
 // again, so that each byte crosses the slow node links once per node instead of once per rank,
 // and every local rank drives its own share of the node's inter-node traffic at the same time.
 //
-// Threads and sub-communicators (see SubGroup, Hierarchy in algorithm.h)
-//   The sub-communicators are bare transports owned by the parent communicator, not
-//   communicators with queues and workers of their own: each stage below runs the flat
-//   building blocks (ring reduce-scatter, ring allgather, ...) synchronously inside the
-//   parent's call, through a child Context on the sub-communicator's transport. Nothing is
-//   queued on any communicator, so no stage can wait for work that sits behind the call
-//   running it; a failed stage fails the call, and the worker then aborts the parent's and
-//   both sub-communicators' transports before the scratch memory goes away. The messages carry
-//   the parent call's fingerprint (its sequence number included), so a disagreement is still
-//   reported as a mismatch; errors are prefixed with the stage and the parent ranks of the
-//   group, because the transport names ranks by their number within the group.
+// Threads and groups (see SubGroup, Hierarchy in algorithm.h)
+//   The local and cross groups are not communicators with queues and workers of their own:
+//   each stage below runs the flat building blocks (ring reduce-scatter, ring allgather, ...)
+//   synchronously inside the parent's call, through a child Context whose peers are the
+//   group's members on the parent's transport (the routed transport carries the local group's
+//   messages over shared memory and the cross group's over the network). Nothing is queued on
+//   any communicator, so no stage can wait for work that sits behind the call running it; a
+//   failed stage fails the call, and the worker then aborts the transports before the scratch
+//   memory goes away. The messages carry the parent call's fingerprint (its sequence number
+//   included), so a disagreement is still reported as a mismatch; the two groups' peers are
+//   disjoint, so their tags never meet. Errors are prefixed with the stage and the parent
+//   ranks of the group.
 //   The large allreduce pipelines its stages over blocks (see kPipelineBlockBytes): the
-//   worker thread reduces in the node while two helper threads, started and joined within the
-//   call, cross nodes and gather; each stage has its own tag range per block. The other
-//   collectives run their stages one after another.
+//   thread running the call reduces and gathers in the node while the hierarchy's StageHelper
+//   thread (started by the first such call, kept by the communicator) crosses nodes; each stage
+//   has its own tag range per block. The other collectives run their stages one after another.
 //
 // Shards and uneven nodes
 //   Data is cut into S = min over nodes of the local size shards; local rank s < S of every
@@ -41,13 +42,13 @@
 #include <algorithm>
 #include <condition_variable>
 #include <cstring>
-#include <deque>
 #include <mutex>
 #include <numeric>
 #include <memory>
 #include <thread>
 
 #include "collectives/algorithm.h"
+#include "common/completion.h"
 #include "common/reduce.h"
 #include "common/thread_name.h"
 
@@ -205,61 +206,36 @@ constexpr int kMaxPipelineBlocks = 16;
 constexpr size_t kCompressedPipelineBlockBytes = size_t{1} << 20;
 constexpr int kMaxCompressedPipelineBlocks = 64;
 
-// Hands block numbers from one pipeline stage to the next. close() (on a failure) makes every
-// pop() return at once; finish() says no more blocks will come.
-class BlockQueue {
- public:
-  void push(int block) {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      blocks_.push_back(block);
-    }
-    cv_.notify_all();
-  }
-  void finish() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      finished_ = true;
-    }
-    cv_.notify_all();
-  }
-  void close() {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      closed_ = true;
-    }
-    cv_.notify_all();
-  }
-  // Whether pop() would return at once.
-  bool ready() {
-    std::lock_guard<std::mutex> lock(mu_);
-    return closed_ || finished_ || !blocks_.empty();
-  }
-  // The next block, or -1 when there are no more (finished, or closed). kTimeout when the
-  // call's deadline passes first.
-  Status pop(const Deadline& deadline, int* block) {
-    std::unique_lock<std::mutex> lock(mu_);
-    *block = -1;
-    auto ready = [&] { return closed_ || finished_ || !blocks_.empty(); };
-    if (!waitUntil(cv_, lock, deadline, ready)) {
-      return timeoutError("timed out waiting for the previous pipeline stage");
-    }
-    if (closed_ || blocks_.empty()) return Status::ok();
-    *block = blocks_.front();
-    blocks_.pop_front();
-    return Status::ok();
-  }
-
- private:
-  std::mutex mu_;
-  std::condition_variable cv_;
-  std::deque<int> blocks_;
-  bool finished_ = false;
-  bool closed_ = false;
-};
-
-
 }  // namespace
+
+StageHelper::~StageHelper() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+void StageHelper::run(std::function<void()> job) {
+  std::lock_guard<std::mutex> lock(mu_);
+  job_ = std::move(job);
+  if (!thread_.joinable()) {
+    thread_ = namedThread("stage", [this] {
+      std::unique_lock<std::mutex> lock(mu_);
+      for (;;) {
+        cv_.wait(lock, [&] { return stop_ || job_ != nullptr; });
+        if (job_ == nullptr) return;  // stopping, and nothing left to run
+        std::function<void()> next = std::move(job_);
+        job_ = nullptr;
+        lock.unlock();
+        next();
+        lock.lock();
+      }
+    });
+  }
+  cv_.notify_all();
+}
 
 // The flat allreduce the cross groups run on their shard: latency-optimal for small shards,
 // the ring otherwise (both give every member the same bits).
@@ -392,100 +368,99 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
     return gatherInNode(0);
   }
 
-  // The pipeline: this thread reduces in the node, one helper crosses nodes, one gathers. The
-  // first failure aborts both sub-communicators' transports (the call has failed; the worker
+  // The pipeline. This thread runs the node stages in one order on every local rank (ring
+  // stages of one group must not be taken in different orders: each would wait for the other),
+  // reducing kAhead blocks before it gathers: reduce 0 .. kAhead, gather 0, reduce kAhead + 1,
+  // gather 1, ... The cross-node stage runs on the hierarchy's helper thread, block by block as
+  // they are reduced, so the node links stay busy while this thread works in the node. Block
+  // b's stages say they are done through reduced[b] and crossed[b]; the first failure
+  // completes them all with it and aborts the transports (the call has failed; the worker
   // would abort them next anyway), which ends every other stage's waits at once.
+  constexpr int kAhead = 2;
+  const bool helped = lr < h.shards;  // local ranks >= shards cross nothing
+  std::vector<Completion> reduced(blocks), crossed(blocks);
   std::mutex failMu;
   Status failure;
-  BlockQueue reduced, crossed;
   auto fail = [&](const Status& s) {
-    bool first = false;
     {
       std::lock_guard<std::mutex> lock(failMu);
-      if (failure.isOk()) {
-        failure = s;
-        first = true;
-      }
+      if (!failure.isOk()) return;
+      failure = s;
     }
-    if (first) {
-      for (const SubGroup* g : {&h.local, &h.cross}) {
-        if (g->transport) g->transport->abort(s);
-      }
+    for (const SubGroup* g : {&h.local, &h.cross}) {
+      if (g->transport != nullptr) g->transport->abort(s);
     }
-    reduced.close();
-    crossed.close();
+    for (int b = 0; b < blocks; ++b) {
+      reduced[b].complete(s);
+      crossed[b].complete(s);
+    }
   };
-  auto stage = [&](BlockQueue& in, BlockQueue* out, auto&& work) {
-    for (;;) {
-      int b = -1;
-      Status s = in.pop(ctx.deadline(), &b);
-      if (s.isOk() && b >= 0) s = work(b);
-      if (!s.isOk()) {
-        fail(s);
-        break;
-      }
-      if (b < 0) break;
-      if (out != nullptr) out->push(b);
-    }
-    if (out != nullptr) out->finish();
+  auto await = [&](const Completion& c) -> Status {
+    if (!c.wait(ctx.deadline())) return timeoutError("timed out waiting for the previous pipeline stage");
+    return c.status();
   };
   // The compressed cross stage overlaps consecutive blocks: block b's encoded segments go out
   // before block b - 1's allgather is waited for, so the node links never wait for a round
   // trip between blocks (one block's exchange is small next to the link's bandwidth-delay).
-  auto compressedCross = [&] {
-    std::unique_ptr<CompressedAllreduce> prev, cur;
+  auto compressedCross = [&]() -> Status {
+    std::unique_ptr<CompressedAllreduce> prev;
     int prevBlock = -1;
     auto finishPrev = [&]() -> Status {
       if (!prev) return Status::ok();
       NANOCCL_CHECK(inStage(h.cross, prev->finish()));
       NANOCCL_CHECK(finishShard(prevBlock));
       prev.reset();
-      crossed.push(prevBlock);
+      crossed[prevBlock].complete(Status::ok());
       return Status::ok();
     };
-    for (;;) {
-      Status s;
-      if (!reduced.ready()) s = finishPrev();  // nothing to start yet: finish what is open
-      int b = -1;
-      if (s.isOk()) s = reduced.pop(ctx.deadline(), &b);
-      if (s.isOk() && b >= 0) s = widenShard(b);
-      if (s.isOk() && b >= 0) {
-        cur = compressedBlock(b);
-        s = inStage(h.cross, cur->start());
-      }
-      if (s.isOk()) s = finishPrev();
-      if (s.isOk() && b >= 0) {
-        s = inStage(h.cross, cur->reduce());
-        prev = std::move(cur);
-        prevBlock = b;
-      }
-      if (!s.isOk()) {
-        fail(s);
-        break;
-      }
-      if (b < 0) break;
+    for (int b = 0; b < blocks; ++b) {
+      if (!reduced[b].done()) NANOCCL_CHECK(finishPrev());  // nothing to start yet
+      NANOCCL_CHECK(await(reduced[b]));
+      NANOCCL_CHECK(widenShard(b));
+      std::unique_ptr<CompressedAllreduce> cur = compressedBlock(b);
+      NANOCCL_CHECK(inStage(h.cross, cur->start()));
+      NANOCCL_CHECK(finishPrev());
+      NANOCCL_CHECK(inStage(h.cross, cur->reduce()));
+      prev = std::move(cur);
+      prevBlock = b;
     }
-    crossed.finish();
+    return finishPrev();
   };
-  std::thread crossThread = namedThread("cross", [&] {
-    if (args.codec != nullptr && lr < h.shards) {
-      compressedCross();
-    } else {
-      stage(reduced, &crossed, reduceAcrossNodes);
+  auto crossStage = [&]() -> Status {
+    if (args.codec != nullptr) return compressedCross();
+    for (int b = 0; b < blocks; ++b) {
+      NANOCCL_CHECK(await(reduced[b]));
+      NANOCCL_CHECK(reduceAcrossNodes(b));
+      crossed[b].complete(Status::ok());
     }
-  });
-  std::thread gatherThread = namedThread("gather", [&] { stage(crossed, nullptr, gatherInNode); });
-  for (int b = 0; b < blocks; ++b) {
-    const Status s = reduceInNode(b);
+    return Status::ok();
+  };
+  Completion crossEnded;
+  if (helped) {
+    h.helper->run([&] {
+      const Status s = crossStage();
+      if (!s.isOk()) fail(s);
+      crossEnded.complete(s);
+    });
+  }
+  for (int b = 0; b < blocks + kAhead; ++b) {
+    Status s;
+    if (b < blocks) {
+      s = reduceInNode(b);
+      if (s.isOk()) reduced[b].complete(Status::ok());
+      if (s.isOk() && !helped) crossed[b].complete(Status::ok());
+    }
+    if (const int g = b - kAhead; s.isOk() && g >= 0) {
+      s = await(crossed[g]);
+      if (s.isOk()) s = gatherInNode(g);
+    }
     if (!s.isOk()) {
       fail(s);
       break;
     }
-    reduced.push(b);
   }
-  reduced.finish();
-  crossThread.join();
-  gatherThread.join();
+  if (helped) crossEnded.wait(Deadline::never());  // its job uses this frame
+  std::lock_guard<std::mutex> lock(failMu);
   return failure;
 }
 

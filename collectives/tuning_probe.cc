@@ -1,5 +1,5 @@
 // The tuner's link probes (collectives/tuning_probe.h): ping-pongs and bulk transfers between
-// rank pairs and whole nodes, on the group's own transports, timed by one rank of each pair
+// rank pairs and whole nodes, over the groups the calls use, timed by one rank of each pair
 // and handed to rank 0 through the store.
 #include "collectives/tuning_probe.h"
 
@@ -152,9 +152,8 @@ struct ProbeContexts {
   // keeps (leaks) the memory a stuck transfer may still target.
   void abandon(const TuningTarget& t, const Status& why) {
     if (t.main != nullptr) t.main->abort(why);
-    if (const detail::Hierarchy* h = t.hierarchy) {
-      if (h->cross.transport) h->cross.transport->abort(why);
-      if (h->local.transport) h->local.transport->abort(why);
+    if (const detail::Hierarchy* h = t.hierarchy; h != nullptr && h->cross.own) {
+      h->cross.own->abort(why);
     }
     for (auto* ctx : {main.get(), cross.get(), local.get(), oneSocket.get()}) {
       if (ctx == nullptr) continue;
@@ -299,16 +298,15 @@ Result<LinkProfile> probeLinks(Store& store, const TuningTarget& t, const Deadli
   ctxs.main = std::make_unique<detail::Context>(t.main, t.rank, t.size, fp, deadline, t.timeout,
                                                 config);
   if (const detail::Hierarchy* h = t.hierarchy) {
-    if (h->cross.transport) {
-      ctxs.cross = std::make_unique<detail::Context>(h->cross.transport.get(), h->cross.rank,
-                                                     h->cross.size, fp, deadline, t.timeout,
-                                                     config);
-    }
-    if (h->local.transport) {
-      ctxs.local = std::make_unique<detail::Context>(h->local.transport.get(), h->local.rank,
-                                                     h->local.size, fp, deadline, t.timeout,
-                                                     config);
-    }
+    // The groups' contexts, their peers named as on their transport (SubGroup).
+    const auto group = [&](const detail::SubGroup& g) {
+      auto c = std::make_unique<detail::Context>(g.transport, g.rank, g.size, fp, deadline,
+                                                 t.timeout, config);
+      if (g.rides()) c->setPeerRanks(&g.ranks);
+      return c;
+    };
+    if (h->cross.transport != nullptr) ctxs.cross = group(h->cross);
+    if (h->local.transport != nullptr) ctxs.local = group(h->local);
   }
   Result<LinkProfile> out = probeLinks(store, t, ctxs, deadline);
   if (!out.isOk()) ctxs.abandon(t, out.status());

@@ -1,13 +1,13 @@
 // The device rows of the algorithm table (algorithm.h: "device_node", "device_staged") and
 // the host's wait on a device fence. A device call's buffers are memory the host does not
 // touch; every operation on them goes through the Device (device.h): copies and node stages
-// are queued on the device, the inter-node legs run on the host over the call's own
-// transports (the communicator's, or its hierarchy's cross group: no connection of their own),
-// on staging memory the copies fill.
+// are queued on the device, the inter-node legs run on the host over the communicator's
+// transport (its hierarchy's groups ride it: no connection of their own), on staging memory
+// the copies fill.
 //
-// Stages of a call use disjoint tag ranges on each transport: the node stages
-// Device::kNodeStageTags apart on the node's, the chunks of the cross stage their own ranges on
-// the cross group's.
+// Stages of a call use disjoint tag ranges in each group: the node stages
+// Device::kNodeStageTags apart in the node's, the chunks of the cross stage their own ranges in
+// the cross group's (the two groups' peers are disjoint).
 #include <algorithm>
 #include <chrono>
 #include <functional>

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <fstream>
+#include <string>
 #include <numeric>
 
 #include "collectives/planner.h"
@@ -674,22 +676,46 @@ int threadCount() {
   return n;
 }
 
-// The sub-communicators' progress threads and the pipeline's helpers all end with the
-// communicators.
-TEST(HierarchicalLifecycle, NoThreadsLeft) {
+// Threads named "nanoccl-<role>" of this process: how many have `role`.
+int threadsOf(const std::string& role) {
+  int n = 0;
+  if (DIR* d = opendir("/proc/self/task")) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream f(std::string("/proc/self/task/") + e->d_name + "/comm");
+      std::string name;
+      n += std::getline(f, name) && name == "nanoccl-" + role;
+    }
+    closedir(d);
+  }
+  return n;
+}
+
+// The groups ride the communicator's transport (no progress thread of their own), the
+// pipeline's helper is started by the first pipelined call and kept, and everything ends with
+// the communicators.
+TEST(HierarchicalLifecycle, NoThreadsOfTheirOwnNonePerCallNoneLeft) {
   const int before = threadCount();
   {
     Comms comms;
     NANOCCL_MAKE_WORLD_OR_SKIP(hierWorld("2p3i", "hierarchical", "uring", "shm"), comms);
-    constexpr size_t kCount = size_t{3} << 20;
+    EXPECT_EQ(threadsOf("tcp"), 5);
+    EXPECT_EQ(threadsOf("shm"), 5);
+    EXPECT_EQ(threadsOf("stage"), 0);
+    constexpr size_t kCount = size_t{3} << 20;  // 12 MB: 3 blocks
     std::vector<std::vector<float>> bufs(5, std::vector<float>(kCount, 1.0f));
-    std::vector<std::shared_ptr<Task>> tasks;
-    for (int r = 0; r < 5; ++r) {
-      tasks.push_back(
-          comms[r]->allreduce(bufs[r].data(), kCount, DataType::kFloat32, ReduceOp::kSum));
+    for (int call = 0; call < 2; ++call) {
+      std::vector<std::shared_ptr<Task>> tasks;
+      for (int r = 0; r < 5; ++r) {
+        tasks.push_back(
+            comms[r]->allreduce(bufs[r].data(), kCount, DataType::kFloat32, ReduceOp::kSum));
+      }
+      expectAllOk(tasks);
+      // Nodes of 2 and 3 ranks: 2 shards, carried by local ranks 0 and 1 of each node.
+      EXPECT_EQ(threadsOf("stage"), 4);
+      EXPECT_EQ(threadsOf("tcp") + threadsOf("shm"), 10);
     }
-    expectAllOk(tasks);
-    EXPECT_EQ(bufs[4][kCount - 1], 5.0f);
+    EXPECT_EQ(bufs[4][kCount - 1], 25.0f);
   }
   EXPECT_EQ(threadCount(), before);
 }

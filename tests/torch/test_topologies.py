@@ -76,6 +76,14 @@ def test_four_ranks_2x2_2x2i_1x4_4x1_2p1_1p2(run_topology_job: RunJob) -> None:
     ])
 
 
+@pytest.mark.timeout(90)
+def test_2x2_hierarchical_allreduces_run_at_most_4_threads_none_per_call(
+        run_topology_job: RunJob) -> None:
+    results = run_topology_job("threads", "aabb", timeout=80, pg_timeout=30).assert_ok()
+    for rank, result in enumerate(results):
+        assert result["peak"] <= 4, (rank, result["threads"])
+
+
 @pytest.mark.timeout(170)
 def test_six_ranks_3x2_2x3_3p2p1i(run_topology_job: RunJob) -> None:
     everyone = list(range(6))

@@ -26,6 +26,7 @@ import os
 import re
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -128,18 +129,19 @@ def own_segments(pid: int) -> list[str]:
 class KillingStore(dist.Store):
     """The job's store, seen through a wrapper that kills this rank at one chosen moment.
 
-    Armed, it waits, after this rank publishes its shared-memory segment in an intra-node
-    group, until every rank of every node has published its own (so every rank's listen(),
-    which removes stale segments, has run), then SIGKILLs its own process: its segment is
-    left behind in /dev/shm, which only the next run may clean.
+    Armed, it waits, after this rank publishes its address with a shared-memory segment in it
+    ("<tcp address>|<segment>": its group routes a node's collectives through shared memory),
+    until every rank of every multi-rank node has published its own (so every rank's listen(),
+    which removes stale segments, has run), then SIGKILLs its own process: its segment is left
+    behind in /dev/shm, which only the next run may clean.
     """
 
-    ADDR = re.compile(r"^(.*)/local/(\d+)/addr/(\d+)$")
+    ADDR = re.compile(r"^(.*)/addr/(\d+)$")
 
-    def __init__(self, inner: dist.Store, local_keys: list[tuple[int, int]], timeout: float):
+    def __init__(self, inner: dist.Store, routed_ranks: list[int], timeout: float):
         super().__init__()
         self.inner = inner
-        self.local_keys = local_keys  # (node index, local rank) of every intra-node rank
+        self.routed_ranks = routed_ranks  # the ranks of multi-rank nodes
         self.wait_s = timeout
         self.armed = False
 
@@ -148,10 +150,13 @@ class KillingStore(dist.Store):
         match = self.ADDR.match(key)
         if not (self.armed and match):
             return
+        address = value.decode() if isinstance(value, bytes) else str(value)
+        if "|" not in address:
+            return
         prefix = match.group(1)
-        keys = [f"{prefix}/local/{node}/addr/{lr}" for node, lr in self.local_keys]
+        keys = [f"{prefix}/addr/{r}" for r in self.routed_ranks]
         self.inner.wait(keys, datetime.timedelta(seconds=self.wait_s))
-        name = value.decode() if isinstance(value, bytes) else str(value)
+        name = address.split("|", 1)[1]
         print(f"VICTIM pid={os.getpid()} segment={name} exists={os.path.exists('/dev/shm' + name)}",
               flush=True)
         os.kill(os.getpid(), signal.SIGKILL)
@@ -167,13 +172,9 @@ for _method in ("get", "add", "check", "compare_set", "delete_key", "num_keys", 
             lambda self, *args, _m=_method: getattr(self.inner, _m)(*args))
 
 
-def local_keys_of(ids: list[str]) -> list[tuple[int, int]]:
-    """(node index, local rank) of the ranks of multi-rank nodes, as Topology numbers them
-    (nodes in the order of their lowest rank)."""
-    sizes: dict[str, int] = {}
-    for i in ids:
-        sizes[i] = sizes.get(i, 0) + 1
-    return [(node, lr) for node, n in enumerate(sizes.values()) if n > 1 for lr in range(n)]
+def routed_ranks_of(ids: list[str]) -> list[int]:
+    """The ranks of multi-rank nodes: those whose group routes through shared memory."""
+    return [r for r, i in enumerate(ids) if ids.count(i) > 1]
 
 
 def scenario_killed_in_shm(a: argparse.Namespace, ck: Checks) -> None:
@@ -182,7 +183,7 @@ def scenario_killed_in_shm(a: argparse.Namespace, ck: Checks) -> None:
     victim = a.victim
     inner = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world,
                           rank == 0, timeout=datetime.timedelta(seconds=a.pg_timeout + 30))
-    store = KillingStore(inner, local_keys_of(ids), a.pg_timeout)
+    store = KillingStore(inner, routed_ranks_of(ids), a.pg_timeout)
     init_default(a, store)
     inner.set(f"pid/{rank}", str(os.getpid()))
     pids = [int(inner.get(f"pid/{r}")) for r in range(world)]
@@ -264,8 +265,66 @@ def scenario_after_kill(a: argparse.Namespace, ck: Checks) -> None:
     dist.destroy_process_group()
 
 
+# ---- scenario: the threads a rank runs ----------------------------------------------------------
+
+
+def nanoccl_threads() -> dict[int, str]:
+    """This process's threads named nanoccl*, thread id -> name."""
+    out = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                name = f.read().strip()
+        except OSError:
+            continue  # it ended meanwhile
+        if name.startswith("nanoccl"):
+            out[int(tid)] = name
+    return out
+
+
+def scenario_threads(a: argparse.Namespace, ck: Checks) -> None:
+    """64 MB hierarchical allreduces: the threads named nanoccl* while they run, sampled by a
+    thread of our own (the calls release the GIL while they wait)."""
+    init_default(a)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    x = torch.ones(16 << 20)  # 64 MB of float32
+    dist.all_reduce(x)  # the first call starts what such calls need
+    first = nanoccl_threads()
+    seen: dict[int, str] = dict(first)
+    peak = len(first)
+    stop = threading.Event()
+
+    def sample() -> None:
+        nonlocal peak
+        while not stop.is_set():
+            now = nanoccl_threads()
+            peak = max(peak, len(now))
+            seen.update(now)
+            time.sleep(0.0005)
+
+    sampler = threading.Thread(target=sample, daemon=True)
+    sampler.start()
+    for _ in range(4):
+        x.fill_(1.0)
+        dist.all_reduce(x)
+    stop.set()
+    sampler.join()
+    ck.same("the last all_reduce", x, torch.full_like(x, float(world)))
+    calls = nanoccl.stats()["per_algorithm"]
+    ck.expect("every call hierarchical", calls.get("allreduce/hierarchical", 0) == 5, str(calls))
+    ck.expect("at most 4 threads named nanoccl*", peak <= 4,
+              f"peak {peak}: {sorted(seen.values())}")
+    ck.expect("no thread created by a call after the first", set(seen) == set(first),
+              f"after the first call {sorted(first.values())}, during the next "
+              f"{sorted(seen[t] for t in set(seen) - set(first))}")
+    ck.data["threads"] = sorted(first.values())
+    ck.data["peak"] = peak
+    dist.destroy_process_group()
+
+
 SCENARIOS: dict[str, Callable[[argparse.Namespace, Checks], None]] = {
     "topologies": scenario_topologies,
+    "threads": scenario_threads,
     "killed_in_shm": scenario_killed_in_shm,
     "after_kill": scenario_after_kill,
 }

@@ -147,10 +147,11 @@ class Routed : public RoutedTransport {
       local_.reset();
       return remote_->connect(remote, deadline);
     }
-    // The same order on every rank: each inner setup waits only for ranks that reach it.
-    NANOCCL_CHECK(remote_->connect(remote, deadline));
+    // The same order on every rank: each inner setup waits only for ranks that reach it. The
+    // node first: a node peer that died after publishing its address is named at once there
+    // (its segment's creator is gone), where the network would wait for it until the deadline.
     NANOCCL_CHECK(local_->connect(local, deadline).withContext(localContext_));
-    return Status::ok();
+    return remote_->connect(remote, deadline);
   }
 
   std::shared_ptr<Request> isend(int peer, const Envelope& env, const void* buf,
