@@ -247,7 +247,8 @@ class Context {
   std::unique_ptr<Context> withLanes(int lanes) const {
     OpFingerprint fp = fingerprint_;
     fp.lanes = static_cast<uint8_t>(lanes);
-    auto out = std::make_unique<Context>(transport_, rank_, size_, fp, deadline_, timeout_, config_);
+    auto out =
+        std::make_unique<Context>(transport_, rank_, size_, fp, deadline_, timeout_, config_);
     out->peerRanks_ = peerRanks_;
     return out;
   }

@@ -173,8 +173,8 @@ Result<std::unique_ptr<Hierarchy>> connectHierarchy(const CommunicatorOptions& o
   local.ranks = topo.nodeRanks[node];
   local.rank = lr;
   local.size = static_cast<int>(local.ranks.size());
-  local.name =
-      "intra-node stage among ranks " + ranksText(local.ranks) + " (node " + std::to_string(node) + ")";
+  local.name = "intra-node stage among ranks " + ranksText(local.ranks) + " (node " +
+               std::to_string(node) + ")";
   if (local.size > 1) local.transport = main;
 
   // Only local ranks below the smallest node's size carry a shard across nodes.

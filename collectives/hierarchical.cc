@@ -396,8 +396,8 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
     }
   };
   auto await = [&](const Completion& c) -> Status {
-    if (!c.wait(ctx.deadline())) return timeoutError("timed out waiting for the previous pipeline stage");
-    return c.status();
+    if (c.wait(ctx.deadline())) return c.status();
+    return timeoutError("timed out waiting for the previous pipeline stage");
   };
   // The compressed cross stage overlaps consecutive blocks: block b's encoded segments go out
   // before block b - 1's allgather is waited for, so the node links never wait for a round
@@ -435,12 +435,14 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
     }
     return Status::ok();
   };
-  Completion crossEnded;
+  // Shared with the job: complete() may still be running on the helper when this thread's
+  // wait returns and leaves.
+  auto crossEnded = std::make_shared<Completion>();
   if (helped) {
-    h.helper->run([&] {
+    h.helper->run([&, crossEnded] {
       const Status s = crossStage();
       if (!s.isOk()) fail(s);
-      crossEnded.complete(s);
+      crossEnded->complete(s);
     });
   }
   for (int b = 0; b < blocks + kAhead; ++b) {
@@ -459,7 +461,7 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
       break;
     }
   }
-  if (helped) crossEnded.wait(Deadline::never());  // its job uses this frame
+  if (helped) crossEnded->wait(Deadline::never());  // its job uses this frame
   std::lock_guard<std::mutex> lock(failMu);
   return failure;
 }
