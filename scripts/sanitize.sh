@@ -18,7 +18,7 @@ KINDS=("$@")
 # these binaries, each run whole.
 TSAN_TARGETS=(nanoccl_transports_test nanoccl_shm_test nanoccl_routed_test
               nanoccl_collectives_test nanoccl_collectives_fault_test
-              nanoccl_collectives_device_test)
+              nanoccl_collectives_device_test nanoccl_collectives_hier_test)
 
 # Runs one gtest binary; adds its counts to passed/failed/skipped.
 run_binary() {
