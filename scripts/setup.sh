@@ -34,8 +34,9 @@ APT_PACKAGES=(
   libssl-dev                                      # libcrypto: HMAC and AES-GCM
   clang libclang-rt-14-dev                        # libFuzzer targets (scripts/fuzz.sh)
 )
-# Python packages besides torch (tests, plots, building the extension module).
-PY_PACKAGES=(numpy pytest pytest-timeout matplotlib pybind11 scikit-build-core ninja)
+# Python packages besides torch (tests, plots, building the extension module; torchft for the
+# test of its DiLoCo over nanoccl, examples/torchft_diloco.py). Versions: scripts/constraints.txt.
+PY_PACKAGES=(numpy pytest pytest-timeout matplotlib pybind11 scikit-build-core ninja torchft)
 
 mkdir -p "$BUILD_DIR"
 LOG="$ROOT/$BUILD_DIR/setup.log"

@@ -110,6 +110,25 @@ def scenario_lifecycle(a: argparse.Namespace, ck: Checks) -> None:
                  [rank], 5, (RuntimeError,))
     del backend
 
+    # A group of one's own (nanoccl.new_process_group, as torchft builds them): it works over
+    # a fresh store prefix; bad options and ranks are refused where it is made.
+    store = dist.distributed_c10d._get_default_store()
+    own = nanoccl.new_process_group(dist.PrefixStore("own", store), rank, world,
+                                    datetime.timedelta(seconds=a.pg_timeout))
+    z = torch.full((1000,), float(rank))
+    opts_sum = dist.AllreduceOptions()
+    opts_sum.reduceOp = dist.ReduceOp.SUM
+    own.allreduce([z], opts_sum).wait()
+    ck.same("new_process_group all_reduce", z, torch.full((1000,), float(sum(range(world)))))
+    expect_error(ck, "new_process_group options of the wrong type",
+                 lambda: nanoccl.new_process_group(dist.PrefixStore("bad1", store), rank, world,
+                                                   options={"nsocks": 2}), [], 5, (TypeError,))
+    expect_error(ck, "new_process_group rank out of range",
+                 lambda: nanoccl.new_process_group(dist.PrefixStore("bad2", store), world, world),
+                 [], 5, (ValueError,))
+    dist.barrier()
+    del own
+
     # Node ids: from NANOCCL_NODE_ID at the group's creation; different nodes -> inter-node.
     os.environ["NANOCCL_NODE_ID"] = f"node{rank}"
     split = dist.new_group(backend="nanoccl")

@@ -3,6 +3,7 @@ fragment split in one process."""
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -155,3 +156,22 @@ def test_study_rows_of_diloco() -> None:
                                             "overlap_steps": 1}}
     assert study_plan.DiLoCoSpec.of_result(doc) == "diloco-h10-f2-t1"
     assert study_plan.DiLoCoSpec.of_result({"strategy": "dp", "diloco": None}) == "dp"
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("fragments", [1, 2], ids=["plain", "streaming"])
+def test_torchft_diloco_runs_over_nanoccl(fragments: int) -> None:
+    """torchft's DiLoCo (its lighthouse, two replica groups as processes) with its process
+    groups built by nanoccl.new_process_group: nanoccl carries every outer allreduce (2 a
+    fragment's sync: weight, bias), the loss falls, and plain DiLoCo leaves both replicas with
+    the same parameters after the last sync (examples/torchft_diloco.py checks and says so)."""
+    example = HERE.parent.parent / "examples" / "torchft_diloco.py"
+    done = subprocess.run([sys.executable, str(example), "--steps", "40", "--sync-every", "10",
+                           "--fragments", str(fragments)],
+                          capture_output=True, text=True, timeout=110)
+    out = done.stdout
+    assert done.returncode == 0 and "torchft_diloco: OK" in out, out + done.stderr[-3000:]
+    syncs = 4 * fragments  # 40 steps, one fragment synced every 10 / fragments
+    for r in (0, 1):
+        assert (f"replica {r}: {syncs} outer steps over torchft-nanoccl" in out
+                and f"{2 * syncs} nanoccl allreduces" in out), out

@@ -8,6 +8,7 @@ torch.distributed; then::
     dist.init_process_group("nanoccl", pg_options=nanoccl.Options(nsocks=4))
     sub = dist.new_group([0, 1], backend="nanoccl")
     nanoccl.stats()                                            # bytes moved, per link class
+    pg = nanoccl.new_process_group(store, rank, size)          # a group of one's own (torchft)
 
 Every nanoccl setting is an environment variable ``NANOCCL_<NAME>``; ``nanoccl.Options`` sets
 the same names in lower case for one group, over the environment. The process group's timeout
@@ -70,6 +71,7 @@ __all__ = [
     "Options",
     "get_backend",
     "link_profile",
+    "new_process_group",
     "reduce_scatter_compressed",
     "stats",
 ]
@@ -209,28 +211,45 @@ class Options:
     __hash__ = None  # type: ignore[assignment]  # mutable
 
 
-def _create(dist_opts: Any, options: Any) -> ProcessGroupNanoccl:
-    """torch's creator for the backend (Backend.register_backend(extended_api=True))."""
+def _backend(store: dist.Store, rank: int, size: int, timeout: Any, group_id: str,
+             global_ranks: list[int], options: Any, what: str) -> ProcessGroupNanoccl:
     if options is None:
         options = Options()
     elif not isinstance(options, Options):
-        raise TypeError(
-            f"the nanoccl backend takes pg_options=nanoccl.Options(...), got {type(options)!r}"
-        )
-    timeout = dist_opts.timeout
+        raise TypeError(f"{what}=nanoccl.Options(...), got {type(options)!r}")
     if isinstance(timeout, datetime.timedelta):
         timeout_ms = int(timeout.total_seconds() * 1000)
     else:
         timeout_ms = int(float(timeout) * 1000)
-    return _C.create_backend(
-        dist_opts.store,
-        dist_opts.group_rank,
-        dist_opts.group_size,
-        max(1, timeout_ms),
-        dist_opts.group_id or "",
-        [int(r) for r in dist_opts.global_ranks_in_group],
-        options.settings,
-    )
+    return _C.create_backend(store, rank, size, max(1, timeout_ms), group_id, global_ranks,
+                             options.settings)
+
+
+def _create(dist_opts: Any, options: Any) -> ProcessGroupNanoccl:
+    """torch's creator for the backend (Backend.register_backend(extended_api=True))."""
+    return _backend(dist_opts.store, dist_opts.group_rank, dist_opts.group_size,
+                    dist_opts.timeout, dist_opts.group_id or "",
+                    [int(r) for r in dist_opts.global_ranks_in_group], options,
+                    "the nanoccl backend takes pg_options")
+
+
+def new_process_group(store: dist.Store, rank: int, world_size: int,
+                      timeout: datetime.timedelta = datetime.timedelta(minutes=10),
+                      options: Options | None = None) -> dist.ProcessGroup:
+    """A process group of `world_size` ranks run by nanoccl (cpu and cuda), set up over `store`
+    without init_process_group: for frameworks that build and rebuild their own groups, such
+    as torchft (``ProcessGroupWrapper._create_pg``; examples/torchft_diloco.py). Every rank
+    calls it with the same store (a fresh prefix per group). The group is not registered with
+    torch.distributed: call its methods, or pass it where a framework takes a group.
+    """
+    backend = _backend(store, rank, world_size, timeout, "", list(range(world_size)), options,
+                       "new_process_group takes options")
+    pg = dist.ProcessGroup(store, rank, world_size)
+    custom = dist.ProcessGroup.BackendType.CUSTOM
+    pg._set_default_backend(custom)
+    for device in ("cpu", "cuda"):
+        pg._register_backend(torch.device(device), custom, backend)
+    return pg
 
 
 def _register() -> None:
