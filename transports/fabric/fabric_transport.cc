@@ -68,6 +68,7 @@ struct Peer {
   uint64_t nextSeq = 1;  // next frameSeq to handle
   std::map<uint64_t, std::vector<char>> early;  // frames that completed before their turn
   bool closed = false;  // it closed in order: everything it sent has been handled
+  bool closeSent = false;  // our close frame is queued or gone
 };
 
 class FabricTransport : public EngineTransport {
@@ -268,13 +269,27 @@ class FabricTransport : public EngineTransport {
     if (!engine.failed().isOk()) return;
     // Like closing a connection in order: the peers still get what was sent.
     for (int p = 0; p < o_.size; ++p) {
-      if (p != o_.rank && !peers_[p].closed) queueControl(p, Kind::kClose);
+      if (p != o_.rank && !peers_[p].closed) sendClose(p);
     }
   }
 
-  // Destroyed: done once the last frames (close, abort) have left, or at the bound.
+  // Destroyed: done once the last frames (close, abort) have left and, closing in order, every
+  // peer's close has come back (a peer answers ours with its own once it has handled all we
+  // sent: a send the provider completed may still sit in its queues, which closing the
+  // endpoint drops), or at the bound.
   bool stopped() const override {
-    return (sendsInFlight_.empty() && nothingQueued()) || Clock::now() >= stopBy_;
+    if (Clock::now() >= stopBy_) return true;
+    if (!sendsInFlight_.empty() || !nothingQueued()) return false;
+    if (!engine_.failed().isOk()) return true;
+    for (int p = 0; p < o_.size; ++p) {
+      if (p != o_.rank && !peers_[p].closed) return false;
+    }
+    return true;
+  }
+
+  void sendClose(int p) {
+    peers_[p].closeSent = true;
+    queueControl(p, Kind::kClose);
   }
 
   bool sendsPending() const override {
@@ -508,6 +523,8 @@ class FabricTransport : public EngineTransport {
           return engine_.fail(matcher.closedError(p, *req), true);
         }
         if (!peers_[p].queue.empty()) return engine_.fail(closedPeer(p), true);
+        // Its answer: everything it sent has been handled here (stopped()).
+        if (!peers_[p].closeSent) sendClose(p);
         return;
       }
       case Kind::kPing: return;

@@ -29,7 +29,10 @@
 //
 // Failure: abort() and a destroyed transport with work pending send an abort frame with the
 // reason to every peer; a transport destroyed idle sends a close frame (what it sent before
-// stays receivable, like a tcp connection closed in order). A send the provider fails
+// stays receivable, like a tcp connection closed in order), which a peer answers with its own
+// once it has handled everything before it, and waits for those answers (at most kCloseBound:
+// a completed send may still sit in the provider's queues, which closing the endpoint drops;
+// a peer that is gone does not answer). A send the provider fails
 // (fi_cq_readerr: a peer that died, unreachable) fails the transport naming the peer; while
 // requests are pending, each peer is pinged every kPingPeriod so that a dead peer is found
 // even by a rank that only receives from it.
