@@ -148,10 +148,10 @@ class Routed : public RoutedTransport {
       return remote_->connect(remote, deadline);
     }
     // The same order on every rank: each inner setup waits only for ranks that reach it. The
-    // node first: a node peer that died after publishing its address is named at once there
-    // (its segment's creator is gone), where the network would wait for it until the deadline.
-    NANOCCL_CHECK(local_->connect(local, deadline).withContext(localContext_));
-    return remote_->connect(remote, deadline);
+    // network first: its handshake proves the job secret, so a rank with another secret is
+    // named as such on both sides (the node's transport would only see a peer give up).
+    NANOCCL_CHECK(remote_->connect(remote, deadline));
+    return local_->connect(local, deadline).withContext(localContext_);
   }
 
   std::shared_ptr<Request> isend(int peer, const Envelope& env, const void* buf,
