@@ -436,7 +436,10 @@ class FabricTransport : public EngineTransport {
     sendsInFlight_.erase(std::find(sendsInFlight_.begin(), sendsInFlight_.end(), c));
     std::unique_ptr<OpCtx> done(c);
     --peers_[c->peer].inFlight;
-    if (!st.isOk()) engine_.fail(st, true);
+    // A control frame to a peer that closed (our answer to its close, a ping) may find its
+    // endpoint gone: nothing was lost.
+    const bool lateControl = c->req == nullptr && peers_[c->peer].closed;
+    if (!st.isOk() && !lateControl) engine_.fail(st, true);
     if (RequestPtr& r = c->req) {
       --r->framesInFlight;
       if (!engine_.failed().isOk()) return engine_.completeIfFree(r);
@@ -522,7 +525,13 @@ class FabricTransport : public EngineTransport {
         if (auto req = matcher.laneClosed(p, 0)) {
           return engine_.fail(matcher.closedError(p, *req), true);
         }
-        if (!peers_[p].queue.empty()) return engine_.fail(closedPeer(p), true);
+        // Data still queued for it is lost; a queued ping no longer matters (a queued close of
+        // ours still goes: it is the answer the peer waits for).
+        std::deque<OutFrame>& queue = peers_[p].queue;
+        if (std::any_of(queue.begin(), queue.end(), [](const OutFrame& f) { return f.req; })) {
+          return engine_.fail(closedPeer(p), true);
+        }
+        std::erase_if(queue, [](const OutFrame& f) { return f.kind == Kind::kPing; });
         // Its answer: everything it sent has been handled here (stopped()).
         if (!peers_[p].closeSent) sendClose(p);
         return;
