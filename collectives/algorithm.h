@@ -255,9 +255,9 @@ class Context {
   // Peer p of this context is rank (*ranks)[p] of its transport (a SubGroup that rides its
   // parent's transport); null: the same number.
   void setPeerRanks(const std::vector<int>* ranks) { peerRanks_ = ranks; }
-  // The transport's number of peer `peer` of this context.
+  // The transport's number of peer `peer` of this context (kAnySource stays itself).
   int transportRank(int peer) const {
-    return peerRanks_ != nullptr ? (*peerRanks_)[static_cast<size_t>(peer)] : peer;
+    return peerRanks_ != nullptr && peer >= 0 ? (*peerRanks_)[static_cast<size_t>(peer)] : peer;
   }
 
   int rank() const { return rank_; }
