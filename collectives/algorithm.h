@@ -126,6 +126,8 @@ struct SubGroup {
   std::string name;        // "intra-node stage among ranks 2 3 (node 1)", prefixed to its errors
   // Whether `transport` is the parent's (its ranks are `ranks`), not `own`.
   bool rides() const { return transport != nullptr && own == nullptr; }
+  // How a Context on this group names its peers on `transport` (Context::setPeerRanks).
+  const std::vector<int>* peerRanks() const { return rides() ? &ranks : nullptr; }
 };
 
 // One thread beside the one running a call, for a stage that runs at the same time as the
@@ -238,7 +240,7 @@ class Context {
         config_(parent.config_),
         codecChunkBytes_(parent.codecChunkBytes_),
         chunkBytes_(parent.chunkBytes_),
-        peerRanks_(group.rides() ? &group.ranks : nullptr),
+        peerRanks_(group.peerRanks()),
         parent_(&parent) {}
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;

@@ -183,17 +183,18 @@ Result<std::unique_ptr<Hierarchy>> connectHierarchy(const CommunicatorOptions& o
     for (int k = 0; k < topo.numNodes(); ++k) cross.ranks.push_back(topo.nodeRanks[k][lr]);
     cross.rank = node;
     cross.size = topo.numNodes();
+    // On its own transport the members are numbered by their place in the group; the name
+    // says so.
+    const bool ownRail = options.config.railPerLocalRank && choice.interNode == "tcp";
     cross.name = "inter-node stage among ranks " + ranksText(cross.ranks) + " (local rank " +
-                 std::to_string(lr) + " of every node)";
-    if (!options.config.railPerLocalRank || choice.interNode != "tcp") {
+                 std::to_string(lr) + " of every node" +
+                 (ownRail ? "; below, rank i is the i-th of them, on its own rail)" : ")");
+    if (!ownRail) {
       cross.transport = main;
       return h;
     }
     CommunicatorOptions crossOptions = options;
     NANOCCL_ASSIGN_OR_RETURN(crossOptions.config, oneRail(options.config, lr));
-    // Its own transport numbers the members by their place in the group; the name says so.
-    cross.name.pop_back();
-    cross.name += "; below, rank i is the i-th of them, on its own rail)";
     Result<std::unique_ptr<Transport>> t =
         connectGroup(choice.interNode, options.commId + "/cross/" + std::to_string(lr), node,
                      cross.ranks, secret, crossOptions, deadline);

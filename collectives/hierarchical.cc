@@ -387,8 +387,10 @@ Status allreduceHierarchical(Context& ctx, const CallArgs& args) {
       if (!failure.isOk()) return;
       failure = s;
     }
-    for (const SubGroup* g : {&h.local, &h.cross}) {
-      if (g->transport != nullptr) g->transport->abort(s);
+    // Both groups ride the same transport unless the cross group has a rail of its own.
+    if (h.local.transport != nullptr) h.local.transport->abort(s);
+    if (h.cross.transport != nullptr && h.cross.transport != h.local.transport) {
+      h.cross.transport->abort(s);
     }
     for (int b = 0; b < blocks; ++b) {
       reduced[b].complete(s);

@@ -302,7 +302,7 @@ Result<LinkProfile> probeLinks(Store& store, const TuningTarget& t, const Deadli
     const auto group = [&](const detail::SubGroup& g) {
       auto c = std::make_unique<detail::Context>(g.transport, g.rank, g.size, fp, deadline,
                                                  t.timeout, config);
-      if (g.rides()) c->setPeerRanks(&g.ranks);
+      c->setPeerRanks(g.peerRanks());
       return c;
     };
     if (h->cross.transport != nullptr) ctxs.cross = group(h->cross);
