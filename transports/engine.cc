@@ -1,6 +1,7 @@
 #include "transports/engine.h"
 
 #include <algorithm>
+#include <cstring>
 #include <future>
 #include <cstdio>
 #include <map>
@@ -359,6 +360,77 @@ void Engine::completeIfFree(const std::shared_ptr<BasicRequest>& r) {
 void Engine::updateDrained() {
   if (failed_.isOk() || mover_.busy(nullptr)) return;
   drained_.complete(Status::ok());
+}
+
+void Engine::failFrom(int peer, const Status& why) {
+  fail(why.withContext(me() + "from rank " + std::to_string(peer) + ": "), true);
+}
+
+void Engine::land(int peer, int lane, const FrameHeader& h, const char* data) {
+  Result<Matcher::IncomingPtr> msg = matcher_->onFrame(peer, lane, h);
+  if (!msg.isOk()) return fail(msg.status(), true);
+  if (h.length > 0) std::memcpy(msg.value()->dest(h.offset), data, h.length);
+  matcher_->landed(msg.value(), h.length);
+}
+
+void Engine::frameSent(const EngineRequestPtr& req) {
+  if (--req->framesLeft > 0) return;
+  counters_.sent(req->peer, req->bytes);
+  req->complete(Status::ok(), o_.rank);
+}
+
+void Engine::peerFailed(int peer, std::string_view text) {
+  const std::string stuck = mover_.sendStalls(peer);
+  const std::string hint = " (is a link down?)";
+  std::string why = me() + "rank " + std::to_string(peer) + " failed: " + std::string(text);
+  if (!stuck.empty()) {
+    why += "; on " + me() + stuck + (text.find(hint) == std::string_view::npos ? hint : "");
+  }
+  fail(peerError(why), true);
+}
+
+bool Engine::laneClosed(int peer, int lane) {
+  NANOCCL_INFO(me() << "rank " << peer << " closed " << eo_.name << " lane " << lane);
+  counters_.closed(peer);
+  const std::shared_ptr<BasicRequest> req = matcher_->laneClosed(peer, lane);
+  if (req) failSoon(matcher_->closedError(peer, *req));
+  return req != nullptr;
+}
+
+Status Engine::closedPeer(int peer) const {
+  return peerError(me() + "rank " + std::to_string(peer) + " closed its " + eo_.name +
+                   " transport (it exited, crashed or destroyed its communicator) while rank " +
+                   std::to_string(o_.rank) + " still had messages for it");
+}
+
+// ---- EngineTransport -------------------------------------------------------------------------
+
+Result<std::string> EngineTransport::listen() {
+  if (o_.size == 1) return std::string();
+  if (listened_) return invalidArgument(engine_.me() + "listen() called twice");
+  NANOCCL_ASSIGN_OR_RETURN(std::string address, publish());
+  listened_ = true;
+  return address;
+}
+
+Status EngineTransport::connect(const std::vector<std::string>& addresses,
+                                const Deadline& deadline) {
+  const std::string me = engine_.me();
+  if (connected_) return invalidArgument(me + "connect() called twice");
+  if (o_.size > 1) {
+    if (!listened_) return invalidArgument(me + "connect() before listen()");
+    if (addresses.size() != static_cast<size_t>(o_.size)) {
+      return invalidArgument(me + std::to_string(addresses.size()) + " addresses for " +
+                             std::to_string(o_.size) + " ranks");
+    }
+    NANOCCL_CHECK(attach(addresses, deadline));
+  }
+  connected_ = true;  // a connect() refused before this may be called again
+  engine_.start(matcherOptions());
+  if (o_.size > 1) NANOCCL_CHECK(started(deadline));
+  NANOCCL_INFO(me << describe() << " connected to " << o_.size - 1 << " peers");
+  engine_.open();
+  return Status::ok();
 }
 
 }  // namespace nanoccl

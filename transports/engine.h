@@ -35,6 +35,7 @@
 #include <mutex>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -219,6 +220,28 @@ class Engine {
   // operation targets a caller's buffer.
   void updateDrained();
 
+  // ---- what every mover reports alike (progress held) -------------------------------------
+  // "rank R: ", how every message of this transport begins.
+  std::string me() const { return "rank " + std::to_string(o_.rank) + ": "; }
+  // A frame from `peer` failed its checks: the transport fails with `why`, naming the sender.
+  void failFrom(int peer, const Status& why);
+  // A checked data frame from `peer` arrived whole at `data` (on `lane`): matched with its
+  // message and copied into it (shm's ring chunks, fabric's bounce buffers).
+  void land(int peer, int lane, const FrameHeader& h, const char* data);
+  // One of a send's frames has left; the last completes the send (and is counted).
+  void frameSent(const EngineRequestPtr& req);
+  // The peer failed and sent its reason (`text`): the transport fails with it, and with what
+  // this rank sees stuck on its way to that peer (the mover's sendStalls(): where the peer
+  // timed out waiting for bytes that left here, the link they are stuck on is told only here).
+  void peerFailed(int peer, std::string_view text);
+  // The peer closed `lane` in order: what arrived stays receivable; a receive that still needs
+  // bytes from it fails (failSoon: the peer's reason may still come on another lane). Returns
+  // whether one did.
+  bool laneClosed(int peer, int lane);
+  // The error of a send to a peer that closed its transport (exited, crashed, destroyed its
+  // communicator).
+  Status closedPeer(int peer) const;
+
  private:
   enum class CommandKind { kSend, kRecv, kAbort, kStop, kRun };
   struct Command {
@@ -273,8 +296,18 @@ class Engine {
 // A transport that runs under an Engine: the Transport calls every such transport answers alike
 // go to the engine; the derived class is the Mover, and calls stopEngine() first in its
 // destructor (the progress thread must end before the mover's state goes).
+//
+// Setup is the same steps for every mover: listen() (a world of one publishes nothing, a
+// second call is refused) asks the mover to publish(); connect() checks its arguments once for
+// all (after listen(), an address a rank; once it got past attach(), a second call is refused),
+// has the mover attach() to its peers,
+// starts the engine with the mover's matcherOptions(), lets the mover finish setup with the
+// progress thread running (started()), and opens the engine to requests. A world of one only
+// starts and opens the engine. All on the thread that calls them.
 class EngineTransport : public Transport, protected Mover {
  public:
+  Result<std::string> listen() final;
+  Status connect(const std::vector<std::string>& addresses, const Deadline& deadline) final;
   std::shared_ptr<Request> isend(int peer, const Envelope& env, const void* buf,
                                  size_t bytes) override {
     return engine_.isend(peer, env, buf, bytes);
@@ -290,11 +323,25 @@ class EngineTransport : public Transport, protected Mover {
  protected:
   EngineTransport(const TransportOptions& o, EngineOptions eo) : o_(o), engine_(o_, eo, *this) {}
   void stopEngine() {
-    engine_.stop(abortedError("rank " + std::to_string(o_.rank) + ": communicator destroyed"));
+    engine_.stop(abortedError(engine_.me() + "communicator destroyed"));
   }
+
+  // ---- setup, the mover's part (o_.size > 1) ------------------------------------------------
+  // Opens what peers reach this rank by (sockets, a segment, an endpoint); returns its address.
+  virtual Result<std::string> publish() = 0;
+  // Reaches every peer from their published addresses (index = rank, one a rank).
+  virtual Status attach(const std::vector<std::string>& addresses, const Deadline& deadline) = 0;
+  // How the Matcher sees this mover's lanes (default: one ordered lane a peer).
+  virtual MatcherOptions matcherOptions() { return oneOrderedLane(); }
+  // Setup that needs the progress thread (tcp's first receives, fabric's greetings).
+  virtual Status started(const Deadline& deadline) { return Status::ok(); }
 
   const TransportOptions o_;
   Engine engine_;
+
+ private:
+  bool listened_ = false;
+  bool connected_ = false;
 };
 
 }  // namespace nanoccl

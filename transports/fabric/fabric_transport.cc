@@ -82,8 +82,7 @@ class FabricTransport : public EngineTransport {
     closeFabric();
   }
 
-  Result<std::string> listen() override {
-    if (o_.size == 1) return std::string();
+  Result<std::string> publish() override {
     const size_t cqSize = 4 * (kRecvBuffers + kSendWindow * static_cast<size_t>(o_.size));
     NANOCCL_CHECK(endpoint_.open(o_, cqSize));
     NANOCCL_CHECK(crypto::randomBytes(nonce_, sizeof(nonce_)));
@@ -95,34 +94,21 @@ class FabricTransport : public EngineTransport {
     return formatAddress(name, len, nonce_);
   }
 
-  Status connect(const std::vector<std::string>& addresses, const Deadline& deadline) override {
-    const std::string me = "rank " + std::to_string(o_.rank) + ": ";
-    if (started_) return invalidArgument(me + "connect() called twice");
-    if (o_.size == 1) {  // nobody to reach: no endpoint, no progress thread
-      started_ = true;
-      engine_.start(oneOrderedLane());  // frames handled in sending order
-      engine_.open();
-      return Status::ok();
-    }
-    if (ep() == nullptr) return invalidArgument(me + "connect() before listen()");
-    if (addresses.size() != static_cast<size_t>(o_.size)) {
-      return invalidArgument(me + std::to_string(addresses.size()) + " addresses for " +
-                             std::to_string(o_.size) + " ranks");
-    }
+  Status attach(const std::vector<std::string>& addresses, const Deadline&) override {
     const CommIdentity member(o_.secret, o_.commId);
     for (int p = 0; p < o_.size; ++p) {
       if (p == o_.rank) continue;
       std::vector<uint8_t> name, nonce;
       const std::string& a = addresses[p];
       if (!parseAddress(a, &name, &nonce)) {
-        return invalidArgument(me + "rank " + std::to_string(p) + " published '" +
+        return invalidArgument(engine_.me() + "rank " + std::to_string(p) + " published '" +
                                a.substr(0, 40) +
                                "', not a fabric address (do all ranks use "
                                "NANOCCL_TRANSPORT=fabric?)");
       }
       fi_addr_t addr = FI_ADDR_UNSPEC;
       if (fi_av_insert(endpoint_.av(), name.data(), 1, &addr, 0, nullptr) != 1) {
-        return unavailableError(me + "fi_av_insert refused rank " + std::to_string(p) +
+        return unavailableError(engine_.me() + "fi_av_insert refused rank " + std::to_string(p) +
                                 "'s address");
       }
       Peer& peer = peers_[p];
@@ -137,14 +123,17 @@ class FabricTransport : public EngineTransport {
       NANOCCL_CHECK(postRecv(c));
     }
     // Every rank greets every peer with a frame only a holder of the job secret can make, and
-    // waits for theirs: a rank with another secret (or none there) is named here, at setup.
+    // waits for theirs (started()): a rank with another secret (or none there) is named at
+    // setup.
     hello_.assign(static_cast<size_t>(o_.size), false);
     badTokens_.assign(static_cast<size_t>(o_.size), 0);
     for (int p = 0; p < o_.size; ++p) {
       if (p != o_.rank) queueControl(p, Kind::kHello);
     }
-    started_ = true;
-    engine_.start(oneOrderedLane());  // frames handled in sending order
+    return Status::ok();
+  }
+
+  Status started(const Deadline& deadline) override {
     std::string missing, unproven;
     {
       std::unique_lock<std::mutex> lock(mu_);
@@ -162,20 +151,15 @@ class FabricTransport : public EngineTransport {
       }
       if (!setupFailure_.isOk()) return setupFailure_;  // a greeting refused, or a peer's abort
     }
-    if (!missing.empty()) {
-      return timeoutError(
-          me + "fabric setup timed out waiting for rank(s) " + missing + " to greet" +
-          (unproven.empty() ? std::string(" (did every rank reach connect(), with the same "
-                                          "FI_PROVIDER and FI_OFI_RXM_BUFFER_SIZE? ranks whose "
-                                          "rxm settings differ cannot reach each other)")
-                            : "; frames claiming to come from rank(s) " + unproven +
-                                  " did not prove this job's secret (do all ranks use the same "
-                                  "NANOCCL_SECRET_FILE or secret, and this communicator?)"));
-    }
-    NANOCCL_INFO("rank " << o_.rank << ": " << describe() << " connected to " << o_.size - 1
-                         << " peers");
-    engine_.open();
-    return Status::ok();
+    if (missing.empty()) return Status::ok();
+    return timeoutError(
+        engine_.me() + "fabric setup timed out waiting for rank(s) " + missing + " to greet" +
+        (unproven.empty() ? std::string(" (did every rank reach connect(), with the same "
+                                        "FI_PROVIDER and FI_OFI_RXM_BUFFER_SIZE? ranks whose "
+                                        "rxm settings differ cannot reach each other)")
+                          : "; frames claiming to come from rank(s) " + unproven +
+                                " did not prove this job's secret (do all ranks use the same "
+                                "NANOCCL_SECRET_FILE or secret, and this communicator?)"));
   }
 
   std::string describe() const override {
@@ -223,9 +207,7 @@ class FabricTransport : public EngineTransport {
       onError();
     } else if (n < 0 && n != -FI_EAGAIN && n != -FI_EINTR && n != -FI_ETIMEDOUT &&
                n != -FI_ECANCELED) {
-      engine_.fail(internalError("rank " + std::to_string(o_.rank) + ": fabric: " +
-                                 fiError("fi_cq_read", n)),
-                   true);
+      engine_.fail(internalError(engine_.me() + "fabric: " + fiError("fi_cq_read", n)), true);
     }
     // The clock first: the engine polls this in its spin, and hasPending() walks the queues.
     if (Clock::now() >= lastPing_ + kPingPeriod && engine_.failed().isOk() &&
@@ -247,7 +229,7 @@ class FabricTransport : public EngineTransport {
   void startSend(const RequestPtr& req) override {
     Peer& peer = peers_[req->peer];
     if (peer.closed) {
-      engine_.fail(closedPeer(req->peer), true);
+      engine_.fail(engine_.closedPeer(req->peer), true);
       return req->complete(engine_.failed(), -1);
     }
     const uint64_t frames = std::max<uint64_t>(1, (req->bytes + chunkBytes_ - 1) / chunkBytes_);
@@ -380,9 +362,9 @@ class FabricTransport : public EngineTransport {
       }
       if (rc != 0) {
         delete c;
-        return engine_.fail(peerError("rank " + std::to_string(o_.rank) +
-                                      ": fabric: sending to rank " + std::to_string(p) +
-                                      " failed: " + fi_strerror(static_cast<int>(-rc))),
+        return engine_.fail(peerError(engine_.me() + "fabric: sending to rank " +
+                                      std::to_string(p) + " failed: " +
+                                      fi_strerror(static_cast<int>(-rc))),
                             true);
       }
       peer.sentSeq = h.frameSeq;
@@ -396,8 +378,7 @@ class FabricTransport : public EngineTransport {
   Status postRecv(OpCtx* c) {
     const ssize_t rc = endpoint_.postRecv(c->buf.get(), recvBytes(), &c->ctx);
     if (rc != 0) {
-      return unavailableError("rank " + std::to_string(o_.rank) + ": fabric: " +
-                              fiError("fi_trecv", rc));
+      return unavailableError(engine_.me() + "fabric: " + fiError("fi_trecv", rc));
     }
     return Status::ok();
   }
@@ -420,9 +401,9 @@ class FabricTransport : public EngineTransport {
     const std::string what = fi_cq_strerror(cq(), err.prov_errno, err.err_data, nullptr, 0);
     if (c == nullptr) return;
     if (c->isSend) {
-      return onSendDone(c, peerError("rank " + std::to_string(o_.rank) +
-                                     ": fabric: sending to rank " + std::to_string(c->peer) +
-                                     " failed (" + fi_strerror(err.err) + ": " + what +
+      return onSendDone(c, peerError(engine_.me() + "fabric: sending to rank " +
+                                     std::to_string(c->peer) + " failed (" +
+                                     fi_strerror(err.err) + ": " + what +
                                      "; the rank died or is unreachable)"));
     }
     if (err.err == FI_ECANCELED) return;  // closing
@@ -443,10 +424,7 @@ class FabricTransport : public EngineTransport {
     if (RequestPtr& r = c->req) {
       --r->framesInFlight;
       if (!engine_.failed().isOk()) return engine_.completeIfFree(r);
-      if (--r->framesLeft == 0) {
-        engine_.peerCounters().sent(c->peer, r->bytes);
-        r->complete(Status::ok(), o_.rank);
-      }
+      engine_.frameSent(r);
     }
     engine_.updateDrained();
   }
@@ -477,13 +455,11 @@ class FabricTransport : public EngineTransport {
     // From here on the sender is a rank of this job: what is wrong is a protocol error.
     const int p = static_cast<int>(h.from);
     Peer& peer = peers_[p];
-    const std::string from =
-        "rank " + std::to_string(o_.rank) + ": from rank " + std::to_string(p) + ": ";
     Status st = checkFrame(h, len, chunkBytes_);  // wire.h
     if (st.isOk() && h.frameSeq < peer.nextSeq) {
       st = protocolError("frame #" + std::to_string(h.frameSeq) + " repeated");
     }
-    if (!st.isOk()) return engine_.fail(st.withContext(from), true);
+    if (!st.isOk()) return engine_.failFrom(p, st);
     if (h.frameSeq > peer.nextSeq) {  // completed before an earlier one: wait for it
       peer.early[h.frameSeq].assign(data, data + len);
       return;
@@ -502,34 +478,17 @@ class FabricTransport : public EngineTransport {
 
   void handleFrame(int p, const WireHeader& h, const char* payload) {
     if (!engine_.failed().isOk()) return;
-    Matcher& matcher = engine_.matcher();
     switch (h.kind) {
-      case Kind::kData: {
-        Result<Matcher::IncomingPtr> msg = matcher.onFrame(p, 0, h.frame);
-        if (!msg.isOk()) return engine_.fail(msg.status(), true);
-        if (h.frame.length > 0) {
-          std::memcpy(msg.value()->dest(h.frame.offset), payload, h.frame.length);
-        }
-        matcher.landed(msg.value(), h.frame.length);
-        return;
-      }
-      case Kind::kAbort:
-        return engine_.fail(peerError("rank " + std::to_string(o_.rank) + ": rank " +
-                                      std::to_string(p) + " failed: " +
-                                      std::string(payload, h.frame.length)),
-                            true);
+      case Kind::kData: return engine_.land(p, 0, h.frame, payload);
+      case Kind::kAbort: return engine_.peerFailed(p, std::string_view(payload, h.frame.length));
       case Kind::kClose: {
         peers_[p].closed = true;
-        NANOCCL_INFO("rank " << o_.rank << ": rank " << p << " closed its fabric transport");
-        engine_.peerCounters().closed(p);
-        if (auto req = matcher.laneClosed(p, 0)) {
-          return engine_.fail(matcher.closedError(p, *req), true);
-        }
+        if (engine_.laneClosed(p, 0)) return;
         // Data still queued for it is lost; a queued ping no longer matters (a queued close of
         // ours still goes: it is the answer the peer waits for).
         std::deque<OutFrame>& queue = peers_[p].queue;
         if (std::any_of(queue.begin(), queue.end(), [](const OutFrame& f) { return f.req; })) {
-          return engine_.fail(closedPeer(p), true);
+          return engine_.fail(engine_.closedPeer(p), true);
         }
         std::erase_if(queue, [](const OutFrame& f) { return f.kind == Kind::kPing; });
         // Its answer: everything it sent has been handled here (stopped()).
@@ -540,7 +499,7 @@ class FabricTransport : public EngineTransport {
       case Kind::kHello: {
         if (h.frame.total > chunkBytes_) {  // its frames would not fit our bounce buffers
           return engine_.fail(
-              invalidArgument("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(p) +
+              invalidArgument(engine_.me() + "rank " + std::to_string(p) +
                               " sends fabric frames of up to " + std::to_string(h.frame.total) +
                               " bytes, this rank takes " + std::to_string(chunkBytes_) +
                               " (FI_OFI_RXM_BUFFER_SIZE differs between the ranks: set the "
@@ -557,13 +516,6 @@ class FabricTransport : public EngineTransport {
     }
   }
 
-  Status closedPeer(int p) const {
-    return peerError("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(p) +
-                     " closed its fabric transport (it exited, crashed or destroyed its "
-                     "communicator) while rank " + std::to_string(o_.rank) +
-                     " still had messages for it");
-  }
-
   bool nothingQueued() const {
     for (const Peer& p : peers_) {
       if (!p.queue.empty()) return false;
@@ -578,7 +530,6 @@ class FabricTransport : public EngineTransport {
   Endpoint endpoint_;  // endpoint.h
   uint8_t nonce_[kNonceBytes]{};
   std::vector<Peer> peers_;
-  bool started_ = false;  // connect() got as far as starting the engine
 
   std::mutex mu_;  // guards hello_, badTokens_, setupFailure_
   Status setupFailure_;  // the engine's failure, for connect()

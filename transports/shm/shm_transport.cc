@@ -63,48 +63,29 @@ class ShmTransport : public EngineTransport {
     }
   }
 
-  Result<std::string> listen() override {
-    if (o_.size == 1) return std::string();
-    if (own_) return invalidArgument("rank " + std::to_string(o_.rank) + ": listen() called twice");
+  Result<std::string> publish() override {
     removeStaleSegments();
     NANOCCL_ASSIGN_OR_RETURN(own_, Segment::create(identity()));
     bell_ = &own_->header().bell;
     return own_->name();
   }
 
-  Status connect(const std::vector<std::string>& addresses, const Deadline& deadline) override {
-    if (started_) return invalidArgument("connect() called twice");
-    if (o_.size > 1) {
-      if (!own_) {
-        return invalidArgument("rank " + std::to_string(o_.rank) + ": connect() before listen()");
-      }
-      if (addresses.size() != static_cast<size_t>(o_.size)) {
-        return invalidArgument("rank " + std::to_string(o_.rank) + ": " +
-                               std::to_string(addresses.size()) + " addresses for " +
-                               std::to_string(o_.size) + " ranks");
-      }
-      if (Status st = attachAll(addresses, deadline); !st.isOk()) {
-        // Peers that mapped us, or will, fail at once with the reason instead of waiting. The
-        // name stays until this transport is destroyed, so that slower peers read the reason
-        // rather than find nothing.
-        publishAbort(st.message());
-        ringPeers();
-        return st;
-      }
-      // Every peer holds a mapping: the name is no longer needed by anyone.
-      own_->unlink();
-      std::vector<ShmBoard::Peer> boardPeers(peers_.size());
-      for (size_t p = 0; p < peers_.size(); ++p) {
-        boardPeers[p] = {peers_[p].seg.get(), peers_[p].identity};
-      }
-      board_.connect(own_.get(), std::move(boardPeers));
+  Status attach(const std::vector<std::string>& addresses, const Deadline& deadline) override {
+    if (Status st = attachAll(addresses, deadline); !st.isOk()) {
+      // Peers that mapped us, or will, fail at once with the reason instead of waiting. The
+      // name stays until this transport is destroyed, so that slower peers read the reason
+      // rather than find nothing.
+      publishAbort(st.message());
+      ringPeers();
+      return st;
     }
-    NANOCCL_INFO("rank " << o_.rank << ": " << describe() << " connected to " << o_.size - 1
-                         << " peers");
-    started_ = true;
-    // One lane per peer (its ring), which carries every message whole, chunk by chunk in order.
-    engine_.start(oneOrderedLane());
-    engine_.open();
+    // Every peer holds a mapping: the name is no longer needed by anyone.
+    own_->unlink();
+    std::vector<ShmBoard::Peer> boardPeers(peers_.size());
+    for (size_t p = 0; p < peers_.size(); ++p) {
+      boardPeers[p] = {peers_[p].seg.get(), peers_[p].identity};
+    }
+    board_.connect(own_.get(), std::move(boardPeers));
     return Status::ok();
   }
 
@@ -200,8 +181,7 @@ class ShmTransport : public EngineTransport {
       }
       if (missing.empty()) return Status::ok();
       if (deadline.expired()) {
-        return timeoutError("rank " + std::to_string(o_.rank) +
-                            ": shared-memory setup timed out waiting for rank(s) " + missing +
+        return timeoutError(engine_.me() + "shared-memory setup timed out waiting for rank(s) " + missing +
                             " to map this rank's segment (did every rank of this host reach "
                             "connect()?)");
       }
@@ -218,6 +198,7 @@ class ShmTransport : public EngineTransport {
       engine_.fail(peerState(req->peer), true);
       return req->complete(engine_.failed(), -1);
     }
+    req->framesLeft = 1;  // the message goes out chunk by chunk, but completes once
     peer.sendQueue.push_back(req);
     pumpTx(req->peer);  // a small send is in the peer's ring before isend() returns
   }
@@ -326,8 +307,7 @@ class ShmTransport : public EngineTransport {
         RequestPtr done = std::move(peer.sendQueue.front());
         peer.sendQueue.pop_front();
         peer.sentBytes = 0;
-        engine_.peerCounters().sent(p, done->bytes);
-        done->complete(Status::ok(), o_.rank);
+        engine_.frameSent(done);
         if (!ok()) break;  // its callback aborted the transport
       }
     }
@@ -344,10 +324,8 @@ class ShmTransport : public EngineTransport {
       const uint64_t head = rc.head.value.load(std::memory_order_acquire);
       if (head == peer.tail) break;
       if (head - peer.tail > kRingChunks) {
-        engine_.fail(protocolError("rank " + std::to_string(o_.rank) + ": the ring from rank " +
-                           std::to_string(p) + " is corrupt (head " + std::to_string(head) +
-                           ", tail " + std::to_string(peer.tail) + ")"),
-             true);
+        engine_.failFrom(p, protocolError("the ring is corrupt (head " + std::to_string(head) +
+                                          ", tail " + std::to_string(peer.tail) + ")"));
         break;
       }
       const uint64_t slot = peer.tail % kRingChunks;
@@ -382,15 +360,8 @@ class ShmTransport : public EngineTransport {
                          std::to_string(h.offset) + " of a " + std::to_string(h.total) +
                          "-byte message");
     }
-    if (!st.isOk()) {
-      return engine_.fail(st.withContext("rank " + std::to_string(o_.rank) + ": from rank " +
-                                 std::to_string(p) + ": "),
-                  true);
-    }
-    Result<Matcher::IncomingPtr> msg = engine_.matcher().onFrame(p, 0, h);
-    if (!msg.isOk()) return engine_.fail(msg.status(), true);
-    if (h.length > 0) std::memcpy(msg.value()->dest(h.offset), data, h.length);
-    engine_.matcher().landed(msg.value(), h.length);
+    if (!st.isOk()) return engine_.failFrom(p, st);
+    engine_.land(p, 0, h, data);
   }
 
   void checkPeerStates() {
@@ -409,9 +380,9 @@ class ShmTransport : public EngineTransport {
       while (ok() && pumpRx(p)) {
       }
       peers_[p].closed = true;
-      engine_.peerCounters().closed(p);
-      const bool needed = engine_.matcher().laneClosed(p, 0) != nullptr || !peers_[p].sendQueue.empty();
-      if (ok() && needed) engine_.fail(st, true);
+      if (!engine_.laneClosed(p, 0) && ok() && !peers_[p].sendQueue.empty()) {
+        engine_.fail(st, true);
+      }
     }
   }
 
@@ -426,7 +397,6 @@ class ShmTransport : public EngineTransport {
   Doorbell localBell_{};          // a world of one has no segment
   Doorbell* bell_ = &localBell_;
   std::vector<Peer> peers_;
-  bool started_ = false;  // connect() was called
 
   // When the peers' processes are next probed: set in progress() (progress held), read by
   // wait() (the progress thread, without it).

@@ -31,7 +31,7 @@ bool TcpTransport::pollEngine(int timeoutMs) {
     completed = true;
     onCompletion(c);
   });
-  if (!st.isOk()) engine_.fail(st.withContext("rank " + std::to_string(o_.rank) + ": "), true);
+  if (!st.isOk()) engine_.fail(st.withContext(engine_.me()), true);
   return completed;
 }
 
@@ -133,9 +133,8 @@ Status TcpTransport::openRecord(Conn& c) {
                   ? c.rx->open(c.rxStage.data(), sizeof(c.hdr), &c.hdr)
                   : c.rx->open(c.rxStage.data(), c.rxRecord, c.rxDest);
   if (!st.isOk()) {
-    return protocolError("rank " + std::to_string(o_.rank) + ": from rank " +
-                         std::to_string(c.peer) + " (connection " + std::to_string(c.index) +
-                         "): " + st.message() + "; the receive fails rather than deliver it");
+    return protocolError("connection " + std::to_string(c.index) + ": " + st.message() +
+                         "; the receive fails rather than deliver it");
   }
   if (c.stage != Conn::Stage::kHeader) c.rxDest += c.rxRecord;
   return Status::ok();
@@ -163,10 +162,7 @@ void TcpTransport::onSendDone(Conn& c, int64_t result) {
   if (!engine_.failed().isOk()) return engine_.completeIfFree(f.req);
   if (result < 0) return engine_.failSoon(connectionError(c, result), f.req);
   if (f.req) railSent_[c.index % rails_].fetch_add(f.hdr.length, std::memory_order_relaxed);
-  if (f.req && --f.req->framesLeft == 0) {
-    engine_.peerCounters().sent(c.peer, f.req->bytes);
-    f.req->complete(Status::ok(), o_.rank);
-  }
+  if (f.req) engine_.frameSent(f.req);
   kickSend(c);
 }
 
@@ -178,7 +174,11 @@ void TcpTransport::onRecvDone(Conn& c, int64_t result) {
     if (target) engine_.completeIfFree(target->req);
     return;
   }
-  if (result == 0 && c.stage == Conn::Stage::kHeader) return onOrderlyClose(c);
+  if (result == 0 && c.stage == Conn::Stage::kHeader) {  // closed in order, at a frame's end
+    c.closed = true;
+    engine_.laneClosed(c.peer, c.index);
+    return;
+  }
   // Cut mid-frame (a peer killed while sending, say): the receive the frame was for is held
   // by no table once `target` is dropped (a point-to-point message never is), so it is
   // parked to complete with the failure.
@@ -186,7 +186,7 @@ void TcpTransport::onRecvDone(Conn& c, int64_t result) {
     return engine_.failSoon(connectionError(c, result), target ? target->req : nullptr);
   }
   if (c.rx) {
-    if (Status st = openRecord(c); !st.isOk()) return engine_.fail(st, true);
+    if (Status st = openRecord(c); !st.isOk()) return engine_.failFrom(c.peer, st);
     if (c.stage != Conn::Stage::kHeader && c.rxLeft > 0) {
       c.target = std::move(target);
       return postNextRecord(c);
@@ -195,33 +195,17 @@ void TcpTransport::onRecvDone(Conn& c, int64_t result) {
   switch (c.stage) {
     case Conn::Stage::kHeader: return onHeader(c);
     case Conn::Stage::kPayload: return onPayload(c, target);
-    case Conn::Stage::kAbortText: return onAbortText(c);
+    case Conn::Stage::kAbortText: return engine_.peerFailed(c.peer, c.abortText);
   }
-}
-
-void TcpTransport::onAbortText(const Conn& c) {
-  const std::string stuck = sendStalls(c.peer);
-  const std::string hint = " (is a link down?)";
-  engine_.fail(peerError("rank " + std::to_string(o_.rank) + ": rank " + std::to_string(c.peer) +
-                 " failed: " + c.abortText +
-                 (stuck.empty() ? ""
-                                : "; on rank " + std::to_string(o_.rank) + ": " + stuck +
-                                      (c.abortText.find(hint) == std::string::npos ? hint
-                                                                                   : ""))),
-       true);
 }
 
 void TcpTransport::onHeader(Conn& c) {
   const FrameHeader& h = c.hdr;
-  if (Status st = validateFrameHeader(h); !st.isOk()) {
-    return engine_.fail(st.withContext("rank " + std::to_string(o_.rank) + ": from rank " +
-                                       std::to_string(c.peer) + ": "),
-                        true);
-  }
+  if (Status st = validateFrameHeader(h); !st.isOk()) return engine_.failFrom(c.peer, st);
   if (h.kind == FrameKind::kAbort) {
     c.stage = Conn::Stage::kAbortText;
     c.abortText.assign(h.length, '\0');
-    if (h.length == 0) return onAbortText(c);
+    if (h.length == 0) return engine_.peerFailed(c.peer, c.abortText);
     return postPayloadRecv(c, c.abortText.data(), h.length);
   }
   Result<IncomingPtr> msg = engine_.matcher().onFrame(c.peer, c.index, h);
@@ -241,18 +225,8 @@ void TcpTransport::onPayload(Conn& c, const IncomingPtr& msg) {
   postHeaderRecv(c);
 }
 
-void TcpTransport::onOrderlyClose(Conn& c) {
-  c.closed = true;
-  NANOCCL_INFO("rank " << o_.rank << ": rank " << c.peer << " closed connection " << c.index);
-  engine_.peerCounters().closed(c.peer);
-  if (auto req = engine_.matcher().laneClosed(c.peer, c.index)) {
-    engine_.failSoon(engine_.matcher().closedError(c.peer, *req));
-  }
-}
-
 Status TcpTransport::connectionError(const Conn& c, int64_t result) const {
-  const std::string who = "rank " + std::to_string(o_.rank) + ": connection to rank " +
-                          std::to_string(c.peer);
+  const std::string who = engine_.me() + "connection to rank " + std::to_string(c.peer);
   if (result == 0) {
     return peerError(who + " closed (rank " + std::to_string(c.peer) +
                      " exited, crashed or destroyed its communicator)");

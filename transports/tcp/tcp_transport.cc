@@ -41,8 +41,7 @@ TcpTransport::~TcpTransport() {
   }
 }
 
-Result<std::string> TcpTransport::listen() {
-  if (o_.size == 1) return std::string();
+Result<std::string> TcpTransport::publish() {
   if (o_.config.nsocks > kMaxSocketsPerPeer) {
     return invalidArgument("NANOCCL_NSOCKS=" + std::to_string(o_.config.nsocks) +
                            " exceeds the limit of " + std::to_string(kMaxSocketsPerPeer));
@@ -73,58 +72,57 @@ Result<std::string> TcpTransport::listen() {
   return formatRails(rails);
 }
 
-Status TcpTransport::connect(const std::vector<std::string>& addresses,
-                             const Deadline& deadline) {
+Status TcpTransport::attach(const std::vector<std::string>& addresses,
+                            const Deadline& deadline) {
   NANOCCL_ASSIGN_OR_RETURN(io_, createEngine(o_.config.tcpEngine));
-  rails_ = std::max<int>(1, static_cast<int>(listeners_.size()));
+  rails_ = static_cast<int>(listeners_.size());
   railSent_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(rails_));
   railReceived_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(rails_));
   NANOCCL_ASSIGN_OR_RETURN(railLayout_,
                            weighRails(addresses, rails_, o_.config.stripeMinBytes));
-  if (o_.size > 1) {
-    MeshParams mp{CommIdentity(o_.secret, o_.commId)};
-    mp.rank = o_.rank;
-    mp.size = o_.size;
-    mp.nsocks = connections();
-    mp.stripeMinBytes = o_.config.stripeMinBytes;
-    mp.encrypt = o_.config.encrypt;
-    mp.tcpCongestion = congestion_;
-    NANOCCL_ASSIGN_OR_RETURN(auto links, buildMesh(listeners_, addresses, mp, deadline));
-    // Setup is over: strangers now meet a closed port.
-    for (Listener& l : listeners_) {
-      close(l.fd);
-      l.fd = -1;
-    }
-    for (int p = 0; p < o_.size; ++p) {
-      for (int s = 0; s < static_cast<int>(links[p].size()); ++s) {
-        auto c = std::make_unique<Conn>();
-        c->fd = links[p][s].fd;
-        c->peer = p;
-        c->index = s;
-        peers_[p].push_back(std::move(c));
-        if (o_.config.encrypt) {
-          Conn& conn = *peers_[p].back();
-          NANOCCL_ASSIGN_OR_RETURN(conn.tx, crypto::Aead::create(links[p][s].txKey));
-          NANOCCL_ASSIGN_OR_RETURN(conn.rx, crypto::Aead::create(links[p][s].rxKey));
-          conn.txStage.resize(kSealedHeaderBytes +
-                              kRecordsPerSend * (kRecordBytes + crypto::kTagBytes));
-          conn.rxStage.resize(kRecordBytes + crypto::kTagBytes);
-        }
-      }
-    }
-    for (auto& row : peers_) {
-      for (auto& c : row) NANOCCL_CHECK(io_->addSocket(c->fd));
+  MeshParams mp{CommIdentity(o_.secret, o_.commId)};
+  mp.rank = o_.rank;
+  mp.size = o_.size;
+  mp.nsocks = connections();
+  mp.stripeMinBytes = o_.config.stripeMinBytes;
+  mp.encrypt = o_.config.encrypt;
+  mp.tcpCongestion = congestion_;
+  NANOCCL_ASSIGN_OR_RETURN(auto links, buildMesh(listeners_, addresses, mp, deadline));
+  // Setup is over: strangers now meet a closed port.
+  for (Listener& l : listeners_) {
+    close(l.fd);
+    l.fd = -1;
+  }
+  for (int p = 0; p < o_.size; ++p) {  // the destructor closes them from here on
+    for (int s = 0; s < static_cast<int>(links[p].size()); ++s) {
+      peers_[p].push_back(std::make_unique<Conn>());
+      Conn& c = *peers_[p].back();
+      c.fd = links[p][s].fd;
+      c.peer = p;
+      c.index = s;
     }
   }
-  NANOCCL_INFO("rank " << o_.rank << ": " << describe() << " connected to " << o_.size - 1
-                       << " peers");
-  engine_.start(matcherOptions());
-  engine_.run([this] {  // the progress thread's first turn: every connection awaits a header
+  for (auto& row : peers_) {
+    for (auto& c : row) {
+      NANOCCL_CHECK(io_->addSocket(c->fd));
+      if (!o_.config.encrypt) continue;
+      const MeshLink& link = links[c->peer][c->index];
+      NANOCCL_ASSIGN_OR_RETURN(c->tx, crypto::Aead::create(link.txKey));
+      NANOCCL_ASSIGN_OR_RETURN(c->rx, crypto::Aead::create(link.rxKey));
+      c->txStage.resize(kSealedHeaderBytes + kRecordsPerSend * (kRecordBytes + crypto::kTagBytes));
+      c->rxStage.resize(kRecordBytes + crypto::kTagBytes);
+    }
+  }
+  return Status::ok();
+}
+
+// The progress thread's first turn: every connection awaits a header.
+Status TcpTransport::started(const Deadline&) {
+  engine_.run([this] {
     for (auto& row : peers_) {
       for (auto& c : row) postHeaderRecv(*c);
     }
   });
-  engine_.open();
   return Status::ok();
 }
 
@@ -216,7 +214,8 @@ std::string TcpTransport::describe() const {
     via += via.empty() ? " via " : ",";
     via += l.ifname;
   }
-  return std::string("tcp/") + (io_ ? io_->name() : "?") + " x" +
+  if (!io_) return "tcp";  // a world of one
+  return std::string("tcp/") + io_->name() + " x" +
          std::to_string(o_.config.nsocks) +
          (rails_ > 1 ? " on each of " + std::to_string(rails_) + " rails" : "") +
          (o_.config.encrypt ? " encrypted" : "") + via;

@@ -103,8 +103,6 @@ class TcpTransport : public EngineTransport {
 
   ~TcpTransport() override;
 
-  Result<std::string> listen() override;
-  Status connect(const std::vector<std::string>& addresses, const Deadline& deadline) override;
   std::vector<RailCounters> railCounters() const override;
 
 
@@ -127,8 +125,14 @@ class TcpTransport : public EngineTransport {
     return std::clamp(o_.config.nsocks * rails_, 1, kMaxSocketsPerPeer);
   }
 
+  // ---- setup (engine.h's EngineTransport): tcp_transport.cc --------------------------------
+  // The listeners (one a rail) and their addresses with the rails' rates.
+  Result<std::string> publish() override;
+  // The mesh (handshake.cc), the IoEngine and the connections.
+  Status attach(const std::vector<std::string>& addresses, const Deadline& deadline) override;
   // Connections are the matcher's lanes; layout() says which carry what.
-  MatcherOptions matcherOptions();
+  MatcherOptions matcherOptions() override;
+  Status started(const Deadline& deadline) override;
 
   // ---- the Mover (engine.h), with the engine's progress held: progress.cc --------------
 
@@ -183,15 +187,8 @@ class TcpTransport : public EngineTransport {
   void onCompletion(const IoCompletion& ev);
   void onSendDone(Conn& c, int64_t result);
   void onRecvDone(Conn& c, int64_t result);
-  // The peer failed and says why. What this rank sees stuck on its way to that peer goes with
-  // it: where the peer timed out waiting for bytes that left here, the link they are stuck on
-  // (a rail down here, say) is told only on this side.
-  void onAbortText(const Conn& c);
   void onHeader(Conn& c);
   void onPayload(Conn& c, const IncomingPtr& msg);
-  // The peer closed `c` cleanly: what already arrived stays receivable; only receives that
-  // needed more from this connection fail.
-  void onOrderlyClose(Conn& c);
 
   Status connectionError(const Conn& c, int64_t result) const;
   // Socket operations still in flight (each may target a caller's buffer).
