@@ -13,6 +13,7 @@
 // - Completions are delivered only from poll(), never from inside a post call.
 #pragma once
 
+#include <sys/socket.h>
 #include <sys/uio.h>
 
 #include <cstddef>
@@ -20,6 +21,8 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
+#include <vector>
 
 #include "common/status.h"
 
@@ -30,27 +33,71 @@ struct IoCompletion {
   int64_t result;  // bytes moved (the full length), 0 at end-of-stream, or -errno
 };
 
+// What both engines share: the sockets and their one receive and one send, the bookkeeping of
+// a transfer (what is left of its iovec), the completions batched for poll(), and the eventfd
+// wakeup() writes. An engine says how a transfer starts and how it waits for events.
 class IoEngine {
  public:
-  virtual ~IoEngine() = default;
+  virtual ~IoEngine();
   virtual const char* name() const = 0;  // "uring" or "epoll"
 
   // Registers a connected, non-blocking socket / forgets it (its pending operations must
   // have completed, or it must have been shut down and drained first).
-  virtual Status addSocket(int fd) = 0;
-  virtual void removeSocket(int fd) = 0;
+  Status addSocket(int fd);
+  void removeSocket(int fd);
 
   // Receives exactly `len` bytes into `buf`.
-  virtual Status postRecv(int fd, void* buf, size_t len, void* cookie) = 0;
+  Status postRecv(int fd, void* buf, size_t len, void* cookie);
   // Sends all bytes of iov[0..iovcnt) (iovcnt <= kMaxIov). The iovec array is copied.
   static constexpr int kMaxIov = 4;
-  virtual Status postSend(int fd, const iovec* iov, int iovcnt, void* cookie) = 0;
+  Status postSend(int fd, const iovec* iov, int iovcnt, void* cookie);
 
   // Waits up to timeoutMs (-1: until something happens) for completions and calls `fn` for
   // each, in batches. Returns when at least one completion ran, on wakeup(), or on timeout.
-  virtual Status poll(int timeoutMs, const std::function<void(const IoCompletion&)>& fn) = 0;
+  Status poll(int timeoutMs, const std::function<void(const IoCompletion&)>& fn);
   // Makes a poll() in progress (or the next one) return promptly.
-  virtual void wakeup() = 0;
+  void wakeup();
+
+ protected:
+  // One transfer: a socket's receive or send.
+  struct Op {
+    enum Kind { kRecv, kSend, kWake } kind = kRecv;
+    int fd = -1;
+    bool active = false;
+    iovec iov[kMaxIov];  // what is left to move: iov[0] is the next byte
+    int iovcnt = 0;
+    msghdr msg{};  // a send's, pointing at iov (io_uring reads it while the send runs)
+    size_t left = 0;
+    size_t total = 0;
+    void* cookie = nullptr;
+  };
+  struct Socket {
+    Op recv;
+    Op send;
+  };
+
+  // Opens the eventfd wakeup() writes (`flags`: EFD_* besides EFD_CLOEXEC).
+  Status openWakeFd(int flags);
+  // The engine's part of addSocket()/removeSocket() (epoll: its interest list).
+  virtual Status watch(int fd) { return Status::ok(); }
+  virtual void unwatch(int fd) {}
+  // A posted transfer with bytes to move starts.
+  virtual void start(Op& op) = 0;
+  // Waits up to timeoutMs (0: not at all, -1: no limit) for events and moves transfers on.
+  virtual Status reap(int timeoutMs) = 0;
+
+  // `op` ends with `result` (its completion waits for poll() to deliver it).
+  void finish(Op& op, int64_t result);
+  // `n` more bytes of `op` moved; finishes it when none are left. Returns whether it did.
+  bool advance(Op& op, size_t n);
+
+  std::unordered_map<int, std::unique_ptr<Socket>> sockets_;  // stable addresses: io_uring's
+  int wakeFd_ = -1;
+
+ private:
+  Status post(Op& op, const iovec* iov, int iovcnt, void* cookie);
+
+  std::vector<IoCompletion> ready_;
 };
 
 // Moves iov[0..iovcnt) past `n` bytes moved: finished entries are dropped, so that iov[0] is

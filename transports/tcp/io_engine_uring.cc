@@ -13,10 +13,7 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <cstring>
 #include <memory>
-#include <unordered_map>
-#include <vector>
 
 namespace nanoccl::tcp {
 namespace {
@@ -27,15 +24,13 @@ class UringEngine : public IoEngine {
  public:
   ~UringEngine() override {
     if (ringReady_) io_uring_queue_exit(&ring_);
-    if (wakeFd_ >= 0) close(wakeFd_);
   }
 
   Status init() {
     const int rc = io_uring_queue_init(kRingEntries, &ring_, 0);
     if (rc < 0) return systemError("io_uring_queue_init", -rc);
     ringReady_ = true;
-    wakeFd_ = eventfd(0, EFD_CLOEXEC);
-    if (wakeFd_ < 0) return systemError("eventfd", errno);
+    NANOCCL_CHECK(openWakeFd(0));
     wakeOp_.kind = Op::kWake;
     armWake();
     return Status::ok();
@@ -43,61 +38,15 @@ class UringEngine : public IoEngine {
 
   const char* name() const override { return "uring"; }
 
-  Status addSocket(int fd) override {
-    auto& s = sockets_[fd];
-    s = std::make_unique<Socket>();
-    s->recv.fd = s->send.fd = fd;
-    s->recv.kind = Op::kRecv;
-    s->send.kind = Op::kSend;
-    return Status::ok();
-  }
+ private:
+  void start(Op& op) override { submit(op); }
 
-  void removeSocket(int fd) override { sockets_.erase(fd); }
-
-  Status postRecv(int fd, void* buf, size_t len, void* cookie) override {
-    Op& op = sockets_.at(fd)->recv;
-    if (op.active) return internalError("uring engine: second receive posted on a socket");
-    op.active = true;
-    op.iov[0] = {buf, len};
-    op.iovcnt = 1;
-    op.left = op.total = len;
-    op.cookie = cookie;
-    if (len == 0) {
-      complete(op, 0);
-    } else {
-      submit(op);
-    }
-    return Status::ok();
-  }
-
-  Status postSend(int fd, const iovec* iov, int iovcnt, void* cookie) override {
-    if (iovcnt < 1 || iovcnt > kMaxIov) return internalError("uring engine: bad iovcnt");
-    Op& op = sockets_.at(fd)->send;
-    if (op.active) return internalError("uring engine: second send posted on a socket");
-    op.active = true;
-    op.iovcnt = 0;
-    op.left = 0;
-    op.cookie = cookie;
-    for (int i = 0; i < iovcnt; ++i) {
-      if (iov[i].iov_len == 0) continue;
-      op.iov[op.iovcnt++] = iov[i];
-      op.left += iov[i].iov_len;
-    }
-    op.total = op.left;
-    if (op.left == 0) {
-      complete(op, 0);
-    } else {
-      submit(op);
-    }
-    return Status::ok();
-  }
-
-  Status poll(int timeoutMs, const std::function<void(const IoCompletion&)>& fn) override {
+  Status reap(int timeoutMs) override {
     io_uring_cqe* cqe = nullptr;
     __kernel_timespec ts{};
     ts.tv_sec = timeoutMs / 1000;
     ts.tv_nsec = static_cast<long long>(timeoutMs % 1000) * 1000000;
-    const bool wait = ready_.empty() && timeoutMs != 0;
+    const bool wait = timeoutMs != 0;
     int rc = io_uring_submit_and_wait_timeout(&ring_, &cqe, wait ? 1 : 0,
                                               timeoutMs < 0 || !wait ? nullptr : &ts, nullptr);
     if (rc < 0 && rc != -ETIME && rc != -EINTR && rc != -EAGAIN && rc != -EBUSY) {
@@ -110,33 +59,8 @@ class UringEngine : public IoEngine {
       onCqe(static_cast<Op*>(io_uring_cqe_get_data(cqe)), cqe->res);
     }
     io_uring_cq_advance(&ring_, seen);
-    std::vector<IoCompletion> batch;
-    batch.swap(ready_);
-    for (const auto& c : batch) fn(c);
     return Status::ok();
   }
-
-  void wakeup() override {
-    const uint64_t one = 1;
-    [[maybe_unused]] ssize_t r = write(wakeFd_, &one, sizeof(one));
-  }
-
- private:
-  struct Op {
-    enum Kind { kRecv, kSend, kWake } kind = kRecv;
-    int fd = -1;
-    bool active = false;
-    iovec iov[kMaxIov];
-    int iovcnt = 0;
-    msghdr msg{};
-    size_t left = 0;
-    size_t total = 0;
-    void* cookie = nullptr;
-  };
-  struct Socket {
-    Op recv;
-    Op send;
-  };
 
   io_uring_sqe* getSqe() {
     io_uring_sqe* sqe = io_uring_get_sqe(&ring_);
@@ -166,44 +90,24 @@ class UringEngine : public IoEngine {
     io_uring_sqe_set_data(sqe, &wakeOp_);
   }
 
-  void complete(Op& op, int64_t result) {
-    op.active = false;
-    ready_.push_back({op.cookie, result});
-  }
-
-  static void advance(Op& op, size_t n) {
-    op.left -= n;
-    advanceIov(op.iov, op.iovcnt, n);
-  }
-
   void onCqe(Op* op, int res) {
     if (op == &wakeOp_) {
       armWake();
-      return;
-    }
-    if (res == -EINTR || res == -EAGAIN) {
+    } else if (res == -EINTR || res == -EAGAIN) {
       submit(*op);
     } else if (res < 0) {
-      complete(*op, res);
+      finish(*op, res);
     } else if (res == 0 && op->kind == Op::kRecv) {
-      complete(*op, 0);  // end of stream
-    } else {
-      advance(*op, static_cast<size_t>(res));
-      if (op->left == 0) {
-        complete(*op, static_cast<int64_t>(op->total));
-      } else {
-        submit(*op);
-      }
+      finish(*op, 0);  // end of stream
+    } else if (!advance(*op, static_cast<size_t>(res))) {
+      submit(*op);
     }
   }
 
   io_uring ring_{};
   bool ringReady_ = false;
-  int wakeFd_ = -1;
   uint64_t wakeValue_ = 0;
   Op wakeOp_;
-  std::unordered_map<int, std::unique_ptr<Socket>> sockets_;
-  std::vector<IoCompletion> ready_;
 };
 
 }  // namespace
