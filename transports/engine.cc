@@ -48,6 +48,8 @@ void Engine::start(MatcherOptions mo) {
   mo.size = o_.size;
   mo.delivered = [this](int peer, uint64_t bytes) { counters_.received(peer, bytes); };
   matcher_.emplace(std::move(mo));
+  roll_.proven.assign(static_cast<size_t>(o_.size), false);
+  roll_.unproven.assign(static_cast<size_t>(o_.size), 0);
   if (o_.size > 1) thread_ = namedThread(eo_.name, [this] { progressLoop(); });
 }
 
@@ -318,6 +320,11 @@ void Engine::fail(const Status& why, bool notifyPeers) {
   if (!failed_.isOk()) return;
   failed_ = why;
   closing_.reset();
+  {
+    std::lock_guard<std::mutex> lock(roll_.mu);
+    roll_.failed = why;  // connect() may wait in awaitPeers()
+  }
+  roll_.cv.notify_all();
   // Failing with work pending is worth a warning; closing idle (a peer that finished and
   // left) is the normal end of a job.
   if (hasPending()) {
@@ -401,6 +408,42 @@ Status Engine::closedPeer(int peer) const {
   return peerError(me() + "rank " + std::to_string(peer) + " closed its " + eo_.name +
                    " transport (it exited, crashed or destroyed its communicator) while rank " +
                    std::to_string(o_.rank) + " still had messages for it");
+}
+
+void Engine::proven(int peer) {
+  {
+    std::lock_guard<std::mutex> lock(roll_.mu);
+    roll_.proven[static_cast<size_t>(peer)] = true;
+  }
+  roll_.cv.notify_all();
+}
+
+void Engine::unproven(int peer) {
+  std::lock_guard<std::mutex> lock(roll_.mu);
+  ++roll_.unproven[static_cast<size_t>(peer)];
+}
+
+Status Engine::awaitPeers(const Deadline& deadline, const std::string& hint) {
+  std::unique_lock<std::mutex> lock(roll_.mu);
+  waitUntil(roll_.cv, lock, deadline, [&] {
+    return !roll_.failed.isOk() ||
+           std::count(roll_.proven.begin(), roll_.proven.end(), true) == o_.size - 1;
+  });
+  if (!roll_.failed.isOk()) return roll_.failed;
+  std::string missing, unproven;
+  for (int p = 0; p < o_.size; ++p) {
+    if (p == o_.rank || roll_.proven[p]) continue;
+    missing += (missing.empty() ? "" : ", ") + std::to_string(p);
+    if (roll_.unproven[p] > 0) unproven += (unproven.empty() ? "" : ", ") + std::to_string(p);
+  }
+  if (missing.empty()) return Status::ok();
+  return timeoutError(me() + eo_.name + " setup timed out waiting for rank(s) " + missing +
+                      " to greet" +
+                      (unproven.empty() ? " (" + hint + ")"
+                                        : "; frames claiming to come from rank(s) " + unproven +
+                                              " did not prove this job's secret (do all ranks "
+                                              "use the same NANOCCL_SECRET_FILE or secret, and "
+                                              "this communicator?)"));
 }
 
 // ---- EngineTransport -------------------------------------------------------------------------

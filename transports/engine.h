@@ -27,6 +27,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <deque>
@@ -242,6 +243,16 @@ class Engine {
   // communicator).
   Status closedPeer(int peer) const;
 
+  // ---- membership at setup, for a mover whose peers prove it in frames (fabric) -------------
+  // Progress held: a frame from `peer` proved that it holds the job secret (its greeting), or
+  // one claiming to come from `peer` did not.
+  void proven(int peer);
+  void unproven(int peer);
+  // connect()'s thread (EngineTransport::started): waits until every peer has proven itself
+  // (OK), the engine fails (its error), or the deadline: kTimeout naming the ranks missing and
+  // those whose frames did not prove the secret, else `hint` (what to check).
+  Status awaitPeers(const Deadline& deadline, const std::string& hint);
+
  private:
   enum class CommandKind { kSend, kRecv, kAbort, kStop, kRun };
   struct Command {
@@ -291,6 +302,15 @@ class Engine {
   };
   std::optional<Closing> closing_;  // failSoon()
   RequestList parked_;
+
+  // The peers that proved membership at setup (awaitPeers), and the engine's failure for it.
+  struct Roll {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<bool> proven;
+    std::vector<uint64_t> unproven;  // frames per claimed sender that did not prove it
+    Status failed;
+  } roll_;
 };
 
 // A transport that runs under an Engine: the Transport calls every such transport answers alike

@@ -1,6 +1,8 @@
 // Formatting and parsing a rank's published fabric address (address.h).
 #include "transports/fabric/address.h"
 
+#include <string>
+
 namespace nanoccl::fabric {
 namespace {
 
@@ -16,17 +18,12 @@ std::string toHex(const void* p, size_t n) {
 }
 
 bool fromHex(const std::string& s, std::vector<uint8_t>* out) {
-  if (s.size() % 2 != 0) return false;
   out->clear();
+  if (s.size() % 2 != 0 || s.find_first_not_of("0123456789abcdef") != std::string::npos) {
+    return false;
+  }
   for (size_t i = 0; i < s.size(); i += 2) {
-    int v = 0;
-    for (size_t k = i; k < i + 2; ++k) {
-      const char c = s[k];
-      const int d = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-      if (d < 0) return false;
-      v = v * 16 + d;
-    }
-    out->push_back(static_cast<uint8_t>(v));
+    out->push_back(static_cast<uint8_t>(std::stoul(s.substr(i, 2), nullptr, 16)));
   }
   return true;
 }

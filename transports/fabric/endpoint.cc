@@ -121,15 +121,15 @@ Status Endpoint::open(const TransportOptions& o, size_t cqSize) {
                  << domainName_);
   });
 
+  const auto check = [&](const char* what, int rc) {
+    return rc == 0 ? Status::ok() : unavailableError(where + fiError(what, rc));
+  };
+  // Each object is kept (closed by close()) as soon as it is open.
   fid_fabric* fabric = nullptr;
-  if (int e = fi_fabric(info_->fabric_attr, &fabric, nullptr); e != 0) {
-    return unavailableError(where + fiError("fi_fabric", e));
-  }
+  NANOCCL_CHECK(check("fi_fabric", fi_fabric(info_->fabric_attr, &fabric, nullptr)));
   fabric_.reset(&fabric->fid);
   fid_domain* domain = nullptr;
-  if (int e = fi_domain(fabric, info_.get(), &domain, nullptr); e != 0) {
-    return unavailableError(where + fiError("fi_domain", e));
-  }
+  NANOCCL_CHECK(check("fi_domain", fi_domain(fabric, info_.get(), &domain, nullptr)));
   domain_.reset(&domain->fid);
   fi_cq_attr cqAttr{};
   cqAttr.format = FI_CQ_FORMAT_TAGGED;
@@ -139,31 +139,20 @@ Status Endpoint::open(const TransportOptions& o, size_t cqSize) {
   if (fi_cq_open(domain, &cqAttr, &cq, nullptr) != 0) {
     cqAttr.wait_obj = FI_WAIT_NONE;  // the provider cannot block: the loop sleeps instead
     canWait_ = false;
-    if (int e = fi_cq_open(domain, &cqAttr, &cq, nullptr); e != 0) {
-      return unavailableError(where + fiError("fi_cq_open", e));
-    }
+    NANOCCL_CHECK(check("fi_cq_open", fi_cq_open(domain, &cqAttr, &cq, nullptr)));
   }
   cq_.reset(&cq->fid);
   fi_av_attr avAttr{};
   avAttr.type = FI_AV_TABLE;
   fid_av* av = nullptr;
-  if (int e = fi_av_open(domain, &avAttr, &av, nullptr); e != 0) {
-    return unavailableError(where + fiError("fi_av_open", e));
-  }
+  NANOCCL_CHECK(check("fi_av_open", fi_av_open(domain, &avAttr, &av, nullptr)));
   av_.reset(&av->fid);
   fid_ep* ep = nullptr;
-  if (int e = fi_endpoint(domain, info_.get(), &ep, nullptr); e != 0) {
-    return unavailableError(where + fiError("fi_endpoint", e));
-  }
+  NANOCCL_CHECK(check("fi_endpoint", fi_endpoint(domain, info_.get(), &ep, nullptr)));
   ep_.reset(&ep->fid);
-  if (int e = fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV); e != 0) {
-    return unavailableError(where + fiError("fi_ep_bind(cq)", e));
-  }
-  if (int e = fi_ep_bind(ep, &av->fid, 0); e != 0) {
-    return unavailableError(where + fiError("fi_ep_bind(av)", e));
-  }
-  if (int e = fi_enable(ep); e != 0) return unavailableError(where + fiError("fi_enable", e));
-  return Status::ok();
+  NANOCCL_CHECK(check("fi_ep_bind(cq)", fi_ep_bind(ep, &cq->fid, FI_TRANSMIT | FI_RECV)));
+  NANOCCL_CHECK(check("fi_ep_bind(av)", fi_ep_bind(ep, &av->fid, 0)));
+  return check("fi_enable", fi_enable(ep));
 }
 
 void Endpoint::close() {

@@ -7,11 +7,9 @@
 
 #include <algorithm>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -26,7 +24,7 @@
 namespace nanoccl::fabric {
 namespace {
 
-constexpr int kRecvBuffers = 64;  // bounce buffers kept posted
+constexpr size_t kRecvBuffers = 64;  // bounce buffers kept posted
 constexpr int kSendWindow = 64;   // frames in flight per peer
 constexpr auto kPingPeriod = std::chrono::milliseconds(250);
 // How long abort() waits for sends the provider still reads from callers' buffers, and a
@@ -36,33 +34,31 @@ constexpr auto kCloseBound = std::chrono::seconds(2);
 
 using RequestPtr = EngineRequestPtr;
 
-// One operation the provider holds; fi_context first (FI_CONTEXT mode).
+// A frame to send (queued for a peer, then posted) or a receive's bounce buffer: what the
+// provider holds while it runs; fi_context first (FI_CONTEXT mode).
 struct OpCtx {
   fi_context ctx{};
   bool isSend = false;
   int peer = -1;
-  // Send: the header (and an abort text, or the whole frame where the provider takes one
-  // iov only); `req` is null for control frames.
+  // Send: the header (its token and frameSeq set when posted) and the payload (a caller's
+  // bytes, or `text`: an abort's); `req` is null for control frames. `scratch` holds the whole
+  // frame where the provider takes one iov only.
   WireHeader hdr{};
-  std::string extra;
+  const char* payload = nullptr;
+  uint64_t length = 0;
+  std::string text;
+  std::string scratch;
   RequestPtr req;
   // Receive: a bounce buffer.
   std::unique_ptr<char[]> buf;
 };
-
-struct OutFrame {
-  Kind kind = Kind::kData;
-  RequestPtr req;  // kData
-  uint64_t offset = 0;
-  uint64_t length = 0;
-  std::string text;  // kAbort
-};
+using FramePtr = std::unique_ptr<OpCtx>;
 
 struct Peer {
   fi_addr_t addr = FI_ADDR_UNSPEC;
   uint8_t txToken[kTokenBytes]{};
   uint8_t rxToken[kTokenBytes]{};
-  std::deque<OutFrame> queue;  // not yet posted
+  std::deque<FramePtr> queue;  // not yet posted
   int inFlight = 0;
   uint64_t sentSeq = 0;  // last frameSeq posted
   uint64_t nextSeq = 1;  // next frameSeq to handle
@@ -75,26 +71,39 @@ class FabricTransport : public EngineTransport {
  public:
   explicit FabricTransport(const TransportOptions& o)
       : EngineTransport(o, {.name = "fabric", .drainBound = kDrainBound}),
-        peers_(static_cast<size_t>(o.size)) {}
+        peers_(static_cast<size_t>(o.size)) {
+    peers_[o.rank].closed = true;  // this rank's own entry: never sent to, never heard from
+  }
 
+  // The endpoint is closed before the buffers its operations target are freed.
   ~FabricTransport() override {
     stopEngine();
-    closeFabric();
+    endpoint_.close();
+    for (OpCtx* c : recvs_) delete c;
+    for (OpCtx* c : sendsInFlight_) delete c;
   }
 
   Result<std::string> publish() override {
-    const size_t cqSize = 4 * (kRecvBuffers + kSendWindow * static_cast<size_t>(o_.size));
-    NANOCCL_CHECK(endpoint_.open(o_, cqSize));
+    // The completion queue has room for every bounce buffer and every peer's window, 4 times.
+    NANOCCL_CHECK(endpoint_.open(o_, 4 * (kRecvBuffers + kSendWindow * peers_.size())));
     NANOCCL_CHECK(crypto::randomBytes(nonce_, sizeof(nonce_)));
     char name[256];
     size_t len = sizeof(name);
-    if (const int rc = fi_getname(&ep()->fid, name, &len); rc != 0) {
+    if (const int rc = fi_getname(&endpoint_.ep()->fid, name, &len); rc != 0) {
       return unavailableError(fiError("fi_getname", rc));
     }
     return formatAddress(name, len, nonce_);
   }
 
+  // Every rank greets every peer with a frame only a holder of the job secret can make, and
+  // waits for theirs (started()): a rank with another secret (or none there) is named at setup.
   Status attach(const std::vector<std::string>& addresses, const Deadline&) override {
+    for (size_t i = recvs_.size(); i < kRecvBuffers; ++i) {  // a refused connect() posted some
+      auto* c = new OpCtx();
+      c->buf.reset(new char[recvBytes()]);
+      recvs_.push_back(c);
+      NANOCCL_CHECK(postRecv(c));
+    }
     const CommIdentity member(o_.secret, o_.commId);
     for (int p = 0; p < o_.size; ++p) {
       if (p == o_.rank) continue;
@@ -106,60 +115,23 @@ class FabricTransport : public EngineTransport {
                                "', not a fabric address (do all ranks use "
                                "NANOCCL_TRANSPORT=fabric?)");
       }
-      fi_addr_t addr = FI_ADDR_UNSPEC;
-      if (fi_av_insert(endpoint_.av(), name.data(), 1, &addr, 0, nullptr) != 1) {
+      Peer& peer = peers_[p];
+      if (fi_av_insert(endpoint_.av(), name.data(), 1, &peer.addr, 0, nullptr) != 1) {
         return unavailableError(engine_.me() + "fi_av_insert refused rank " + std::to_string(p) +
                                 "'s address");
       }
-      Peer& peer = peers_[p];
-      peer.addr = addr;
       frameToken(member, o_.rank, p, nonce_, nonce.data(), peer.txToken);  // wire.h
       frameToken(member, p, o_.rank, nonce.data(), nonce_, peer.rxToken);
-    }
-    for (int i = 0; i < kRecvBuffers; ++i) {
-      auto* c = new OpCtx();
-      c->buf.reset(new char[recvBytes()]);
-      recvs_.push_back(c);
-      NANOCCL_CHECK(postRecv(c));
-    }
-    // Every rank greets every peer with a frame only a holder of the job secret can make, and
-    // waits for theirs (started()): a rank with another secret (or none there) is named at
-    // setup.
-    hello_.assign(static_cast<size_t>(o_.size), false);
-    badTokens_.assign(static_cast<size_t>(o_.size), 0);
-    for (int p = 0; p < o_.size; ++p) {
-      if (p != o_.rank) queueControl(p, Kind::kHello);
+      queueControl(p, Kind::kHello);
     }
     return Status::ok();
   }
 
   Status started(const Deadline& deadline) override {
-    std::string missing, unproven;
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      const auto allGreeted = [&] {
-        return std::count(hello_.begin(), hello_.end(), true) == o_.size - 1 ||
-               !setupFailure_.isOk();
-      };
-      if (!waitUntil(cv_, lock, deadline, allGreeted)) {
-        for (int p = 0; p < o_.size; ++p) {
-          if (p == o_.rank || hello_[p]) continue;
-          missing += std::string(missing.empty() ? "" : ", ") + std::to_string(p);
-          if (badTokens_[p] == 0) continue;
-          unproven += std::string(unproven.empty() ? "" : ", ") + std::to_string(p);
-        }
-      }
-      if (!setupFailure_.isOk()) return setupFailure_;  // a greeting refused, or a peer's abort
-    }
-    if (missing.empty()) return Status::ok();
-    return timeoutError(
-        engine_.me() + "fabric setup timed out waiting for rank(s) " + missing + " to greet" +
-        (unproven.empty() ? std::string(" (did every rank reach connect(), with the same "
-                                        "FI_PROVIDER and FI_OFI_RXM_BUFFER_SIZE? ranks whose "
-                                        "rxm settings differ cannot reach each other)")
-                          : "; frames claiming to come from rank(s) " + unproven +
-                                " did not prove this job's secret (do all ranks use the same "
-                                "NANOCCL_SECRET_FILE or secret, and this communicator?)"));
+    return engine_.awaitPeers(deadline,
+                              "did every rank reach connect(), with the same FI_PROVIDER and "
+                              "FI_OFI_RXM_BUFFER_SIZE? ranks whose rxm settings differ cannot "
+                              "reach each other");
   }
 
   std::string describe() const override {
@@ -168,17 +140,7 @@ class FabricTransport : public EngineTransport {
   }
 
  private:
-  fid_ep* ep() const { return endpoint_.ep(); }
   fid_cq* cq() const { return endpoint_.cq(); }
-
-  // The endpoint is closed before the buffers its operations target are freed.
-  void closeFabric() {
-    endpoint_.close();
-    for (OpCtx* c : recvs_) delete c;
-    recvs_.clear();
-    for (OpCtx* c : sendsInFlight_) delete c;
-    sendsInFlight_.clear();
-  }
 
   // ---- the Mover (engine.h): with the engine's progress held ----------------------------
 
@@ -214,15 +176,11 @@ class FabricTransport : public EngineTransport {
         engine_.hasPending()) {
       // A dead peer fails the sends to it: ping those this rank waits on, sends to or not.
       for (int p = 0; p < o_.size; ++p) {
-        if (p != o_.rank && !peers_[p].closed && peers_[p].queue.empty()) {
-          queueControl(p, Kind::kPing);
-        }
+        if (!peers_[p].closed && peers_[p].queue.empty()) queueControl(p, Kind::kPing);
       }
       lastPing_ = Clock::now();
     }
-    for (int p = 0; p < o_.size; ++p) {
-      if (p != o_.rank) pump(p);
-    }
+    for (int p = 0; p < o_.size; ++p) pump(p);
     return n > 0 || n == -FI_EAVAIL;
   }
 
@@ -235,11 +193,12 @@ class FabricTransport : public EngineTransport {
     const uint64_t frames = std::max<uint64_t>(1, (req->bytes + chunkBytes_ - 1) / chunkBytes_);
     req->framesLeft = frames;
     for (uint64_t i = 0; i < frames; ++i) {
-      OutFrame f;
-      f.kind = Kind::kData;
-      f.req = req;
-      f.offset = i * chunkBytes_;
-      f.length = std::min<uint64_t>(chunkBytes_, req->bytes - f.offset);
+      FramePtr f = frame(req->peer, Kind::kData, req);
+      const uint64_t offset = i * chunkBytes_;
+      f->length = std::min<uint64_t>(chunkBytes_, req->bytes - offset);
+      f->payload = req->buf + offset;
+      f->hdr.frame = dataFrameHeader(req->env.fingerprint, req->env.tag, req->wireSeq,
+                                     req->bytes, offset, f->length);
       peer.queue.push_back(std::move(f));
     }
     pump(req->peer);
@@ -251,7 +210,7 @@ class FabricTransport : public EngineTransport {
     if (!engine.failed().isOk()) return;
     // Like closing a connection in order: the peers still get what was sent.
     for (int p = 0; p < o_.size; ++p) {
-      if (p != o_.rank && !peers_[p].closed) sendClose(p);
+      if (!peers_[p].closed) sendClose(p);
     }
   }
 
@@ -261,12 +220,10 @@ class FabricTransport : public EngineTransport {
   // endpoint drops), or at the bound.
   bool stopped() const override {
     if (Clock::now() >= stopBy_) return true;
-    if (!sendsInFlight_.empty() || !nothingQueued()) return false;
-    if (!engine_.failed().isOk()) return true;
-    for (int p = 0; p < o_.size; ++p) {
-      if (p != o_.rank && !peers_[p].closed) return false;
-    }
-    return true;
+    const bool inOrder = engine_.failed().isOk();
+    return sendsInFlight_.empty() && std::all_of(peers_.begin(), peers_.end(), [&](const Peer& p) {
+             return p.queue.empty() && (p.closed || !inOrder);
+           });
   }
 
   void sendClose(int p) {
@@ -276,40 +233,30 @@ class FabricTransport : public EngineTransport {
 
   bool sendsPending() const override {
     for (const Peer& p : peers_) {
-      for (const OutFrame& f : p.queue) {
-        if (f.req) return true;
+      for (const FramePtr& f : p.queue) {
+        if (f->req) return true;
       }
     }
-    for (const OpCtx* c : sendsInFlight_) {
-      if (c->req) return true;
-    }
-    return false;
+    return busy(nullptr);
   }
 
   // The provider may still read a send's buffer while one of its frames is posted.
   bool busy(const BasicRequest* r) const override {
     if (r != nullptr) return r->isSend && static_cast<const EngineRequest*>(r)->framesInFlight > 0;
-    for (const OpCtx* c : sendsInFlight_) {
-      if (c->req) return true;
-    }
-    return false;
+    return std::any_of(sendsInFlight_.begin(), sendsInFlight_.end(),
+                       [](const OpCtx* c) { return c->req != nullptr; });
   }
 
   // The queued frames are dropped (a send the provider still reads from completes when its
   // last posted frame does), and the peers are told if asked.
   void onFail(const Status& why, bool notifyPeers, RequestList& out) override {
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      setupFailure_ = why;  // connect() may be waiting for greetings
-    }
-    cv_.notify_all();
     for (int p = 0; p < o_.size; ++p) {
       Peer& peer = peers_[p];
-      for (OutFrame& f : peer.queue) {
-        if (f.req) out.push_back(f.req);
+      for (const FramePtr& f : peer.queue) {
+        if (f->req) out.push_back(f->req);
       }
       peer.queue.clear();
-      if (notifyPeers && p != o_.rank && !peer.closed) {
+      if (notifyPeers && !peer.closed) {
         queueControl(p, Kind::kAbort, why.message().substr(0, kMaxAbortText));
       }
     }
@@ -317,10 +264,25 @@ class FabricTransport : public EngineTransport {
 
   // ---- frames ---------------------------------------------------------------------------
 
+  FramePtr frame(int p, Kind kind, const RequestPtr& req = nullptr) {
+    auto f = std::make_unique<OpCtx>();
+    f->isSend = true;
+    f->peer = p;
+    f->req = req;
+    f->hdr.from = static_cast<uint32_t>(o_.rank);
+    f->hdr.kind = kind;
+    return f;
+  }
+
   void queueControl(int p, Kind kind, std::string text = {}) {
-    OutFrame f;
-    f.kind = kind;
-    f.text = std::move(text);
+    FramePtr f = frame(p, kind);
+    if (kind == Kind::kHello) f->hdr.frame.total = chunkBytes_;  // the largest payload here
+    if (kind == Kind::kAbort) {
+      f->text = std::move(text);
+      f->hdr.frame = abortFrameHeader(f->text.size());
+      f->payload = f->text.data();
+      f->length = f->text.size();
+    }
     peers_[p].queue.push_back(std::move(f));
     pump(p);
   }
@@ -329,48 +291,22 @@ class FabricTransport : public EngineTransport {
   void pump(int p) {
     Peer& peer = peers_[p];
     while (!peer.queue.empty() && peer.inFlight < kSendWindow) {
-      OutFrame& f = peer.queue.front();
-      auto* c = new OpCtx();
-      c->isSend = true;
-      c->peer = p;
-      c->req = f.req;
-      WireHeader& h = c->hdr;
-      std::memcpy(h.token, peer.txToken, kTokenBytes);
-      h.from = static_cast<uint32_t>(o_.rank);
-      h.kind = f.kind;
-      h.frameSeq = peer.sentSeq + 1;
-      const char* payload = nullptr;
-      uint64_t length = 0;
-      if (f.kind == Kind::kData) {
-        const EngineRequest& r = *f.req;
-        h.frame = dataFrameHeader(r.env.fingerprint, r.env.tag, r.wireSeq, r.bytes, f.offset,
-                                  f.length);
-        payload = r.buf + f.offset;
-        length = f.length;
-      } else if (f.kind == Kind::kHello) {
-        h.frame.total = chunkBytes_;  // the largest payload this rank sends (and receives)
-      } else if (f.kind == Kind::kAbort) {
-        c->extra = f.text;  // a copy: an -FI_EAGAIN below leaves the frame queued
-        h.frame = abortFrameHeader(c->extra.size());
-        payload = c->extra.data();
-        length = c->extra.size();
-      }
-      const ssize_t rc = endpoint_.send(peer.addr, &h, payload, length, &c->extra, &c->ctx);
-      if (rc == -FI_EAGAIN) {  // the provider's queue is full: again after progress
-        delete c;
-        return;
-      }
+      OpCtx& f = *peer.queue.front();
+      std::memcpy(f.hdr.token, peer.txToken, kTokenBytes);
+      f.hdr.frameSeq = peer.sentSeq + 1;
+      const ssize_t rc = endpoint_.send(peer.addr, &f.hdr, f.payload, f.length, &f.scratch,
+                                        &f.ctx);
+      if (rc == -FI_EAGAIN) return;  // the provider's queue is full: again after progress
       if (rc != 0) {
-        delete c;
         return engine_.fail(peerError(engine_.me() + "fabric: sending to rank " +
                                       std::to_string(p) + " failed: " +
                                       fi_strerror(static_cast<int>(-rc))),
                             true);
       }
-      peer.sentSeq = h.frameSeq;
+      peer.sentSeq = f.hdr.frameSeq;
       ++peer.inFlight;
-      if (c->req) ++c->req->framesInFlight;
-      sendsInFlight_.push_back(c);
+      if (f.req) ++f.req->framesInFlight;
+      sendsInFlight_.push_back(peer.queue.front().release());
       peer.queue.pop_front();
     }
   }
@@ -445,10 +381,7 @@ class FabricTransport : public EngineTransport {
       return dropped("no such rank");
     }
     if (!crypto::equalConstantTime(h.token, peers_[h.from].rxToken, kTokenBytes)) {
-      {
-        std::lock_guard<std::mutex> lock(mu_);
-        ++badTokens_[h.from];  // named if that rank never greets (connect)
-      }
+      engine_.unproven(static_cast<int>(h.from));  // named if that rank never greets
       return dropped("bad token");
     }
     if (!engine_.failed().isOk()) return;
@@ -464,20 +397,20 @@ class FabricTransport : public EngineTransport {
       peer.early[h.frameSeq].assign(data, data + len);
       return;
     }
-    handleFrame(p, h, data + sizeof(h));
-    ++peer.nextSeq;
-    for (auto it = peer.early.begin(); it != peer.early.end() && it->first == peer.nextSeq &&
-                                       engine_.failed().isOk();
+    handleFrame(p, data);
+    for (auto it = peer.early.begin(); it != peer.early.end() && it->first == peer.nextSeq;
          it = peer.early.erase(it)) {
-      WireHeader e;
-      std::memcpy(&e, it->second.data(), sizeof(e));
-      handleFrame(p, e, it->second.data() + sizeof(e));
-      ++peer.nextSeq;
+      handleFrame(p, it->second.data());
     }
   }
 
-  void handleFrame(int p, const WireHeader& h, const char* payload) {
+  // The next frame from `p` in its order (checked: onFrame).
+  void handleFrame(int p, const char* data) {
+    ++peers_[p].nextSeq;
     if (!engine_.failed().isOk()) return;
+    WireHeader h;
+    std::memcpy(&h, data, sizeof(h));
+    const char* payload = data + sizeof(h);
     switch (h.kind) {
       case Kind::kData: return engine_.land(p, 0, h.frame, payload);
       case Kind::kAbort: return engine_.peerFailed(p, std::string_view(payload, h.frame.length));
@@ -486,11 +419,11 @@ class FabricTransport : public EngineTransport {
         if (engine_.laneClosed(p, 0)) return;
         // Data still queued for it is lost; a queued ping no longer matters (a queued close of
         // ours still goes: it is the answer the peer waits for).
-        std::deque<OutFrame>& queue = peers_[p].queue;
-        if (std::any_of(queue.begin(), queue.end(), [](const OutFrame& f) { return f.req; })) {
+        std::deque<FramePtr>& queue = peers_[p].queue;
+        if (std::any_of(queue.begin(), queue.end(), [](const FramePtr& f) { return f->req; })) {
           return engine_.fail(engine_.closedPeer(p), true);
         }
-        std::erase_if(queue, [](const OutFrame& f) { return f.kind == Kind::kPing; });
+        std::erase_if(queue, [](const FramePtr& f) { return f->hdr.kind == Kind::kPing; });
         // Its answer: everything it sent has been handled here (stopped()).
         if (!peers_[p].closeSent) sendClose(p);
         return;
@@ -506,21 +439,9 @@ class FabricTransport : public EngineTransport {
                               "same value, or none, on every rank)"),
               true);
         }
-        {
-          std::lock_guard<std::mutex> lock(mu_);
-          hello_[p] = true;
-        }
-        cv_.notify_all();
-        return;
+        return engine_.proven(p);
       }
     }
-  }
-
-  bool nothingQueued() const {
-    for (const Peer& p : peers_) {
-      if (!p.queue.empty()) return false;
-    }
-    return true;
   }
 
   static constexpr int kEntries = 16;
@@ -531,11 +452,6 @@ class FabricTransport : public EngineTransport {
   uint8_t nonce_[kNonceBytes]{};
   std::vector<Peer> peers_;
 
-  std::mutex mu_;  // guards hello_, badTokens_, setupFailure_
-  Status setupFailure_;  // the engine's failure, for connect()
-  std::condition_variable cv_;
-  std::vector<bool> hello_;           // the peers whose greeting proved the secret
-  std::vector<uint64_t> badTokens_;   // frames per claimed sender that did not
 
   // Progress state (the engine's progress held).
   std::vector<OpCtx*> recvs_;          // the bounce buffers, always posted

@@ -50,22 +50,21 @@ inline void frameToken(const CommIdentity& member, int from, int to, const void*
 // and a data or abort frame's payload is at most `chunkBytes`. Its place in the sender's order
 // (frameSeq) is the receiver's to check.
 inline Status checkFrame(const WireHeader& h, size_t len, uint64_t chunkBytes) {
-  Status st = Status::ok();
-  if (h.kind == Kind::kData || h.kind == Kind::kAbort) {
-    st = validateFrameHeader(h.frame);
-    if (st.isOk() && (h.frame.kind == FrameKind::kData) != (h.kind == Kind::kData)) {
-      st = protocolError("frame kind disagrees with its header");
+  if (h.kind != Kind::kData && h.kind != Kind::kAbort) {
+    if (h.kind != Kind::kClose && h.kind != Kind::kPing && h.kind != Kind::kHello) {
+      return protocolError("unknown frame kind " + std::to_string(static_cast<uint32_t>(h.kind)));
     }
-    if (st.isOk() && (h.frame.length > chunkBytes || len != sizeof(h) + h.frame.length)) {
-      st = protocolError("frame of " + std::to_string(len) + " bytes announces " +
-                         std::to_string(h.frame.length) + " payload bytes");
-    }
-  } else if (h.kind != Kind::kClose && h.kind != Kind::kPing && h.kind != Kind::kHello) {
-    st = protocolError("unknown frame kind " + std::to_string(static_cast<uint32_t>(h.kind)));
-  } else if (len != sizeof(h)) {
-    st = protocolError("control frame with a payload");
+    return len == sizeof(h) ? Status::ok() : protocolError("control frame with a payload");
   }
-  return st;
+  NANOCCL_CHECK(validateFrameHeader(h.frame));
+  if ((h.frame.kind == FrameKind::kData) != (h.kind == Kind::kData)) {
+    return protocolError("frame kind disagrees with its header");
+  }
+  if (h.frame.length > chunkBytes || len != sizeof(h) + h.frame.length) {
+    return protocolError("frame of " + std::to_string(len) + " bytes announces " +
+                         std::to_string(h.frame.length) + " payload bytes");
+  }
+  return Status::ok();
 }
 
 }  // namespace nanoccl::fabric
