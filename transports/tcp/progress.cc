@@ -65,21 +65,25 @@ void TcpTransport::startSend(const RequestPtr& req) {
 
 void TcpTransport::kickSend(Conn& c) {
   if (c.sendInFlight || c.queue.empty() || !engine_.failed().isOk()) return;
-  OutFrame& f = c.queue.front();
-  iovec iov[2] = {{&f.hdr, sizeof(f.hdr)},
-                  {const_cast<char*>(f.payload), static_cast<size_t>(f.hdr.length)}};
-  int iovcnt = 2;
-  if (c.tx) {
-    Result<size_t> sealed = sealNext(c, f);
-    if (!sealed.isOk()) return engine_.fail(sealed.status(), true);
-    iov[0] = {c.txStage.data(), sealed.value()};
-    iovcnt = 1;
-  }
+  iovec iov[2];
+  Result<int> iovcnt = nextBytes(c, c.queue.front(), iov);
+  if (!iovcnt.isOk()) return engine_.fail(iovcnt.status(), true);
   c.sendInFlight = true;
-  if (Status st = io_->postSend(c.fd, iov, iovcnt, &c.sendCookie); !st.isOk()) {
+  if (Status st = io_->postSend(c.fd, iov, *iovcnt, &c.sendCookie); !st.isOk()) {
     c.sendInFlight = false;
     engine_.fail(st, true);
   }
+}
+
+Result<int> TcpTransport::nextBytes(Conn& c, OutFrame& f, iovec* iov) {
+  if (!c.tx) {
+    iov[0] = {&f.hdr, sizeof(f.hdr)};
+    iov[1] = {const_cast<char*>(f.payload), static_cast<size_t>(f.hdr.length)};
+    return 2;
+  }
+  NANOCCL_ASSIGN_OR_RETURN(const size_t sealed, sealNext(c, f));
+  iov[0] = {c.txStage.data(), sealed};
+  return 1;
 }
 
 Result<size_t> TcpTransport::sealNext(Conn& c, OutFrame& f) {
@@ -258,26 +262,14 @@ void TcpTransport::onFail(const Status& why, bool notifyPeers, RequestList& out)
       // Every idle connection to this peer carries the reason before it closes, so the peer
       // reads it whichever connection it hears from first.
       for (auto& c : row) {
-        if (c->sendInFlight) continue;
-        FrameHeader h = abortFrameHeader(text.size());
-        iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(text.data()), text.size()}};
-        size_t iovlen = 2;
-        std::string sealed;  // header and text records, on an encrypted connection
-        if (c->tx) {
-          sealed.resize(kSealedHeaderBytes + text.size() + crypto::kTagBytes);
-          if (!c->tx->seal(&h, sizeof(h), sealed.data()).isOk() ||
-              (!text.empty() &&
-               !c->tx->seal(text.data(), text.size(), sealed.data() + kSealedHeaderBytes)
-                    .isOk())) {
-            continue;
-          }
-          if (text.empty()) sealed.resize(kSealedHeaderBytes);
-          iov[0] = {sealed.data(), sealed.size()};
-          iovlen = 1;
-        }
+        if (c->sendInFlight) continue;  // then its staging buffer is free, too
+        OutFrame f{abortFrameHeader(text.size()), text.data(), nullptr};
+        iovec iov[2];
+        Result<int> iovcnt = nextBytes(*c, f, iov);
+        if (!iovcnt.isOk()) continue;
         msghdr m{};
         m.msg_iov = iov;
-        m.msg_iovlen = iovlen;
+        m.msg_iovlen = static_cast<size_t>(*iovcnt);
         [[maybe_unused]] ssize_t n = sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
       }
     }

@@ -42,10 +42,6 @@ TcpTransport::~TcpTransport() {
 }
 
 Result<std::string> TcpTransport::publish() {
-  if (o_.config.nsocks > kMaxSocketsPerPeer) {
-    return invalidArgument("NANOCCL_NSOCKS=" + std::to_string(o_.config.nsocks) +
-                           " exceeds the limit of " + std::to_string(kMaxSocketsPerPeer));
-  }
   NANOCCL_ASSIGN_OR_RETURN(listeners_, openListeners(o_.config.socketIfname));
   // Set on the listeners, the connections they accept inherit it; refused here, before any
   // peer waits on this rank, where the kernel does not allow it.
@@ -66,7 +62,7 @@ Result<std::string> TcpTransport::publish() {
   }
   if (o_.config.nsocks * static_cast<int>(rails.size()) > kMaxSocketsPerPeer) {
     return invalidArgument("NANOCCL_NSOCKS=" + std::to_string(o_.config.nsocks) + " on " +
-                           std::to_string(rails.size()) + " rails is more than " +
+                           std::to_string(rails.size()) + " rail(s) is more than " +
                            std::to_string(kMaxSocketsPerPeer) + " connections a peer");
   }
   return formatRails(rails);

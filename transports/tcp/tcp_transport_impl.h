@@ -173,6 +173,9 @@ class TcpTransport : public EngineTransport {
                            int lanes) const;
 
   void kickSend(Conn& c);
+  // The bytes of `f` that go out next on `c` as iov[0..n), n returned: the header and the
+  // payload, or, on an encrypted connection, the frame's next records sealed into c.txStage.
+  Result<int> nextBytes(Conn& c, OutFrame& f, iovec* iov);
   // Seals the frame's next records (its header first) into c.txStage; returns their bytes.
   Result<size_t> sealNext(Conn& c, OutFrame& f);
 
