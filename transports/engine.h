@@ -20,9 +20,9 @@
 //   Engine's progress state need no locks; completion callbacks run there too (they must not
 //   block). wake(), sendStalls() and unstick() may come from any thread; arm(), rung() and a
 //   drivable mover's wait() from the progress thread alone.
-// - The transport calls start() once connected enough to move frames (its own setup frames
-//   included), open() once it takes requests, stop() (EngineTransport::stopEngine()) first in
-//   its destructor.
+// - EngineTransport::connect() calls start() once the mover is attached to its peers (its own
+//   setup frames move from then on) and open() once setup is through; the transport calls
+//   stop() (EngineTransport::stopEngine()) first in its destructor.
 #pragma once
 
 #include <atomic>
