@@ -38,7 +38,7 @@ using RequestPtr = EngineRequestPtr;
 // provider holds while it runs; fi_context first (FI_CONTEXT mode).
 struct OpCtx {
   fi_context ctx{};
-  bool isSend = false;
+  bool isSend() const { return buf == nullptr; }  // a receive owns a bounce buffer
   int peer = -1;
   // Send: the header (its token and frameSeq set when posted) and the payload (a caller's
   // bytes, or `text`: an abort's); `req` is null for control frames. `scratch` holds the whole
@@ -97,12 +97,13 @@ class FabricTransport : public EngineTransport {
 
   // Every rank greets every peer with a frame only a holder of the job secret can make, and
   // waits for theirs (started()): a rank with another secret (or none there) is named at setup.
+  // Here: the bounce buffers, and every peer's address and tokens.
   Status attach(const std::vector<std::string>& addresses, const Deadline&) override {
-    for (size_t i = recvs_.size(); i < kRecvBuffers; ++i) {  // a refused connect() posted some
-      auto* c = new OpCtx();
+    while (recvs_.size() < kRecvBuffers) {  // a refused connect() may have posted some
+      auto c = std::make_unique<OpCtx>();
       c->buf.reset(new char[recvBytes()]);
-      recvs_.push_back(c);
-      NANOCCL_CHECK(postRecv(c));
+      NANOCCL_CHECK(postRecv(c.get()));
+      recvs_.push_back(c.release());
     }
     const CommIdentity member(o_.secret, o_.commId);
     for (int p = 0; p < o_.size; ++p) {
@@ -122,12 +123,18 @@ class FabricTransport : public EngineTransport {
       }
       frameToken(member, o_.rank, p, nonce_, nonce.data(), peer.txToken);  // wire.h
       frameToken(member, p, o_.rank, nonce.data(), nonce_, peer.rxToken);
-      queueControl(p, Kind::kHello);
     }
     return Status::ok();
   }
 
+  // The greetings go out on the progress thread's first turn (a frame that fails to post fails
+  // the engine, which must be running).
   Status started(const Deadline& deadline) override {
+    engine_.run([this] {
+      for (int p = 0; p < o_.size; ++p) {
+        if (!peers_[p].closed) queueControl(p, Kind::kHello);
+      }
+    });
     return engine_.awaitPeers(deadline,
                               "did every rank reach connect(), with the same FI_PROVIDER and "
                               "FI_OFI_RXM_BUFFER_SIZE? ranks whose rxm settings differ cannot "
@@ -266,7 +273,6 @@ class FabricTransport : public EngineTransport {
 
   FramePtr frame(int p, Kind kind, const RequestPtr& req = nullptr) {
     auto f = std::make_unique<OpCtx>();
-    f->isSend = true;
     f->peer = p;
     f->req = req;
     f->hdr.from = static_cast<uint32_t>(o_.rank);
@@ -313,10 +319,8 @@ class FabricTransport : public EngineTransport {
 
   Status postRecv(OpCtx* c) {
     const ssize_t rc = endpoint_.postRecv(c->buf.get(), recvBytes(), &c->ctx);
-    if (rc != 0) {
-      return unavailableError(engine_.me() + "fabric: " + fiError("fi_trecv", rc));
-    }
-    return Status::ok();
+    return rc == 0 ? Status::ok()
+                   : unavailableError(engine_.me() + "fabric: " + fiError("fi_trecv", rc));
   }
 
   void repost(OpCtx* c) {
@@ -325,7 +329,7 @@ class FabricTransport : public EngineTransport {
 
   void onCompletion(const fi_cq_tagged_entry& e) {
     auto* c = reinterpret_cast<OpCtx*>(e.op_context);
-    if (c->isSend) return onSendDone(c, Status::ok());
+    if (c->isSend()) return onSendDone(c, Status::ok());
     onFrame(c->buf.get(), e.len);
     repost(c);
   }
@@ -336,7 +340,7 @@ class FabricTransport : public EngineTransport {
     auto* c = reinterpret_cast<OpCtx*>(err.op_context);
     const std::string what = fi_cq_strerror(cq(), err.prov_errno, err.err_data, nullptr, 0);
     if (c == nullptr) return;
-    if (c->isSend) {
+    if (c->isSend()) {
       return onSendDone(c, peerError(engine_.me() + "fabric: sending to rank " +
                                      std::to_string(c->peer) + " failed (" +
                                      fi_strerror(err.err) + ": " + what +
@@ -366,10 +370,9 @@ class FabricTransport : public EngineTransport {
   }
 
   void dropped(const std::string& why) {
-    if (++strangers_ == 1) {
-      NANOCCL_WARN("rank " << o_.rank << ": fabric: dropped a message that did not prove the "
-                              "job secret (" << why << "); later ones are dropped silently");
-    }
+    if (++strangers_ > 1) return;
+    NANOCCL_WARN(engine_.me() << "fabric: dropped a message that did not prove the job secret ("
+                              << why << "); later ones are dropped silently");
   }
 
   // A frame arrived in a bounce buffer (`len` bytes). Checked before anything is used.

@@ -42,6 +42,8 @@ TcpTransport::~TcpTransport() {
 }
 
 Result<std::string> TcpTransport::publish() {
+  for (const Listener& l : listeners_) close(l.fd);  // a listen() refused below, called again
+  listeners_.clear();
   NANOCCL_ASSIGN_OR_RETURN(listeners_, openListeners(o_.config.socketIfname));
   // Set on the listeners, the connections they accept inherit it; refused here, before any
   // peer waits on this rank, where the kernel does not allow it.
@@ -70,6 +72,10 @@ Result<std::string> TcpTransport::publish() {
 
 Status TcpTransport::attach(const std::vector<std::string>& addresses,
                             const Deadline& deadline) {
+  if (listeners_.front().fd < 0) {  // a connect() that failed after the mesh was built
+    return invalidArgument(engine_.me() + "connect() again after its mesh was built and the "
+                           "setup failed: make a new transport");
+  }
   NANOCCL_ASSIGN_OR_RETURN(io_, createEngine(o_.config.tcpEngine));
   rails_ = static_cast<int>(listeners_.size());
   railSent_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(rails_));
