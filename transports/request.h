@@ -60,14 +60,13 @@ class BasicRequest : public Request {
 // The checks both transports make on a request and on the message that meets it, worded once
 // so that tcp and shm report the same situation in the same words.
 
-// A peer rank `req` may name (kAnySource only for a point-to-point receive), a size the frame
-// format can carry, and a transport that is connected.
+// A peer rank `req` may name (kAnySource only for a point-to-point receive, where there is a
+// peer), a size the frame format can carry, and a transport that is connected.
 inline Status checkRequest(int rank, int size, const BasicRequest& req, bool connected) {
-  const bool anyAllowed = !req.isSend && req.peer == kAnySource &&
-                          req.env.fingerprint.op == OpType::kSendRecv;
-  if (anyAllowed) return Status::ok();
+  const bool anySource = !req.isSend && req.peer == kAnySource &&
+                         req.env.fingerprint.op == OpType::kSendRecv && size > 1;
   const int peer = req.peer;
-  if (peer < 0 || peer >= size || peer == rank) {
+  if (!anySource && (peer < 0 || peer >= size || peer == rank)) {
     return invalidArgument("rank " + std::to_string(rank) + ": invalid peer rank " +
                            std::to_string(peer) + " (communicator size " + std::to_string(size) +
                            ")");

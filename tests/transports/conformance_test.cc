@@ -85,7 +85,48 @@ TEST_P(Conformance, AWorldOfOneNeedsNoPeers) {
   uint8_t x = 0;
   EXPECT_EQ(ts[0]->isend(0, collectiveEnvelope(1, 0, 1), &x, 1)->wait(soon()).code(),
             StatusCode::kInvalidArgument);
+  // Nobody to receive from either, any source included.
+  EXPECT_EQ(ts[0]->irecv(kAnySource, p2pEnvelope(0, 1), &x, 1)->wait(soon()).code(),
+            StatusCode::kInvalidArgument);
   ts[0]->abort(abortedError("rank 0: done"));  // nothing to drain, nobody to tell
+}
+
+// Setup's steps in their order only (EngineTransport): connect() before listen(), listen() or a
+// successful connect() twice, and a wrong number of addresses are refused on the rank that
+// makes them, and so are requests before connect(), an any-source receive included.
+TEST_P(Conformance, SetupStepsOutOfOrderAreRefused) {
+  auto opts = optionsFor(0, 2, GetParam().config);
+  auto t = createTransport(GetParam().transport, opts);
+  ASSERT_TRUE(t.isOk()) << t.status().toString();
+  Transport& early = *t.value();
+  const Status beforeListen = early.connect({"", ""}, soon());
+  EXPECT_EQ(beforeListen.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(beforeListen.message().find("before listen()"), std::string::npos)
+      << beforeListen.toString();
+  uint8_t x = 0;
+  EXPECT_EQ(early.irecv(kAnySource, p2pEnvelope(0, 1), &x, 1)->wait(soon()).code(),
+            StatusCode::kInvalidArgument);
+  auto address = early.listen();
+  ASSERT_TRUE(address.isOk()) << address.status().toString();
+  const auto again = early.listen();
+  EXPECT_EQ(again.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(again.status().message().find("listen() called twice"), std::string::npos);
+  const Status threeAddresses = early.connect({*address, "", ""}, soon());
+  EXPECT_EQ(threeAddresses.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(threeAddresses.message().find("3 addresses for 2 ranks"), std::string::npos)
+      << threeAddresses.toString();
+
+  auto ts = mesh(2);
+  ASSERT_EQ(ts.size(), 2u);
+  const Status twice = ts[0]->connect({"", ""}, soon());
+  EXPECT_EQ(twice.code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(twice.message().find("connect() called twice"), std::string::npos) << twice.toString();
+  // The mesh still works.
+  auto r = ts[1]->irecv(0, collectiveEnvelope(1, 0, 1), &x, 1);
+  uint8_t y = 7;
+  ASSERT_TRUE(ts[0]->isend(1, collectiveEnvelope(1, 0, 1), &y, 1)->wait(soon()).isOk());
+  ASSERT_TRUE(r->wait(soon()).isOk());
+  EXPECT_EQ(x, 7);
 }
 
 TEST_P(Conformance, DeliversMessagesOfEverySize) {
