@@ -10,7 +10,8 @@
     python bench/study.py --collect DIR              # report from the JSON files of DIR/runs
     python bench/study.py --profile full --setups 1x2 --out NEW   # some setups again, then
     python bench/study.py --merge NEW --into results/study/full --why TEXT   # in place of
-                                                     # the study's (meta.json: "reruns")
+                                                     # the study's (meta.json: "reruns";
+                                                     # --rows dp@nanoccl: only those rows)
     (across nodes, measure them at the study's link rates: --dilation-of results/study/full)
     python bench/study.py --profile long --setups 2x1 --dilation-of results/study/full \
         --out results/study/long                     # hours: held-out loss curves on real
@@ -376,6 +377,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
                         "replace those of the study in --into (report built again)")
     p.add_argument("--into", default=None, metavar="DIR", help="see --merge")
     p.add_argument("--why", default="", help="--merge: why they were measured again (meta.json)")
+    p.add_argument("--rows", type=_csv, default=None, metavar="STRATEGY@BACKEND,...",
+                   help="--merge: only these rows of the setups replace (or join) the study's; "
+                        "its T_1 and other rows stay")
     p.add_argument("--inside", action="store_true",
                    help="cluster mode under an existing torchrun: run this launch's setup")
     p.add_argument("--master-addr", default="NODE0_ADDRESS", help="cluster mode: node 0")
@@ -459,7 +463,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             print("study: --merge NEW and --into DIR go together", file=sys.stderr)
             return 2
         try:
-            report = study_report.merge(Path(args.merge), Path(args.into), args.why)
+            report = study_report.merge(Path(args.merge), Path(args.into), args.why,
+                                        args.rows or ())
         except (OSError, ValueError, KeyError) as exc:
             print(f"study: merge: {exc}", file=sys.stderr)
             return 1

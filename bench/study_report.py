@@ -469,7 +469,8 @@ def write_report(out_dir: Path, records: Sequence[dict[str, Any]], meta: dict[st
     for rerun in meta.get("reruns", []):
         window_again = (f", about {rerun['min_window_s']:g} s timed"
                         if rerun.get("min_window_s") else "")
-        lines.append(f"- Setups {', '.join(rerun.get('setups', []))} measured again on "
+        only = (f" (rows {', '.join(rerun['rows'])})" if rerun.get("rows") else "")
+        lines.append(f"- Setups {', '.join(rerun.get('setups', []))}{only} measured again on "
                      f"{rerun.get('started', '?')} ({rerun.get('steps', '?')} steps, the first "
                      f"{rerun.get('warmup', '?')} left out{window_again}; "
                      f"{rerun.get('reps', '?')} repetition(s); {rerun.get('cpu', '?')}): "
@@ -627,15 +628,23 @@ def save_figure(fig: Any, path: Path) -> str:
     return str(path)
 
 
-def _remeasured(rec: dict[str, Any], setups: set[str]) -> bool:
-    """rec belongs to one of `setups`: a run on it, or T_1 under its CPU sharing."""
+def _remeasured(rec: dict[str, Any], setups: set[str], rows: set[str]) -> bool:
+    """rec belongs to one of `setups`: a run on it, or T_1 under its CPU sharing; with `rows`
+    ("strategy@backend"), only a run of one of those rows on it."""
+    if rows:
+        return (rec.get("kind") != "baseline" and rec.get("setup") in setups
+                and f"{rec.get('strategy')}@{rec.get('backend')}" in rows)
     if rec.get("kind") == "baseline":
         return int(rec.get("concurrency") or 1) > 1 and rec.get("for_setup") in setups
     return rec.get("setup") in setups
 
 
-def _file_of(name: str, setups: set[str]) -> bool:
-    """A runs/ or logs/ file name (study_plan's Run.key, Baseline.key) of one of `setups`."""
+def _file_of(name: str, setups: set[str], rows: set[str]) -> bool:
+    """A runs/ or logs/ file name (study_plan's Run.key, Baseline.key) of one of `setups`
+    (with `rows`, of one of those rows on it)."""
+    if rows:
+        return any(f"_{s}_{r.replace('@', '_').replace('+', '-')}_" in name
+                   for s in setups for r in rows)
     parts = name.split("_")
     return (len(parts) > 1 and parts[1] in setups) or any(f"_for{s}_" in name for s in setups)
 
@@ -658,13 +667,17 @@ def _check_link_rates(new: list[dict[str, Any]], dilation: dict[str, Any],
                 f"dilation): measure again with --dilation-of {into_dir}")
 
 
-def merge(new_dir: Path, into_dir: Path, why: str) -> Path:
+def merge(new_dir: Path, into_dir: Path, why: str, rows: Sequence[str] = ()) -> Path:
     """Puts the setups measured in new_dir (a study run with --setups) into the study of
     into_dir in place of its own: their runs, their T_1 under the same CPU sharing, their
     files; into_dir keeps its single-rank T_1 alone (and so its time dilation) and every
-    other setup. meta.json's "reruns" says which setups were measured again, when and why;
-    the summary, plots and report are built again."""
-    new = read_runs_csv(new_dir / "runs.csv")
+    other setup. With `rows` ("strategy@backend"), only those rows of the setups are put in
+    place of (or beside) the study's, which keeps the setups' T_1 and other rows. meta.json's
+    "reruns" says which setups (and rows) were measured again, when and why; the summary,
+    plots and report are built again."""
+    wanted = set(rows)
+    new = [r for r in read_runs_csv(new_dir / "runs.csv")
+           if not wanted or _remeasured(r, {str(r.get("setup"))}, wanted)]
     setups = {r["setup"] for r in new if r.get("kind") == "train" and r.get("setup") != "1x1"}
     if not setups:
         raise ValueError(f"{new_dir / 'runs.csv'}: no runs on a setup other than 1x1")
@@ -674,19 +687,20 @@ def merge(new_dir: Path, into_dir: Path, why: str) -> Path:
         raise ValueError(f"{meta_path}: not a study's meta.json")
     _check_link_rates(new, meta.get("dilation", {}), into_dir)
     old = read_runs_csv(into_dir / "runs.csv")
-    kept = [r for r in old if not _remeasured(r, setups)]
-    records = kept + [r for r in new if _remeasured(r, setups)]
+    kept = [r for r in old if not _remeasured(r, setups, wanted)]
+    records = kept + [r for r in new if _remeasured(r, setups, wanted)]
     for sub in ("runs", "logs"):
         for path in (into_dir / sub).glob("*"):
-            if _file_of(path.stem, setups):
+            if _file_of(path.stem, setups, wanted):
                 path.unlink()
         for path in (new_dir / sub).glob("*"):
-            if _file_of(path.stem, setups):
+            if _file_of(path.stem, setups, wanted):
                 shutil.copy2(path, into_dir / sub / path.name)
     write_runs_csv(into_dir / "runs.csv", records)
     new_meta = json.loads((new_dir / "meta.json").read_text())
     meta.setdefault("reruns", []).append({
-        "setups": sorted(setups), "started": new_meta.get("started"),
+        "setups": sorted(setups), **({"rows": sorted(wanted)} if wanted else {}),
+        "started": new_meta.get("started"),
         "finished": new_meta.get("finished"), "steps": new_meta.get("steps"),
         "warmup": new_meta.get("warmup"), "min_window_s": new_meta.get("min_window_s"),
         "reps": new_meta.get("reps"), "cpu": new_meta.get("environment", {}).get("cpu"),

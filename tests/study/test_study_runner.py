@@ -174,6 +174,40 @@ def test_merge_puts_a_setup_measured_again_in_place_of_the_studys(tmp_path: Path
     assert "Setups 1x2 measured again on new" in report.read_text()
 
 
+def test_merge_of_rows_keeps_the_setups_other_rows_and_t1(tmp_path: Path) -> None:
+    base = {"model": "m", "batch": 8, "unit": "tokens", "status": "ok", "timed_steps": 4,
+            "step_time_mean_s": 0.1, "strategy": "single", "backend": "-", "world": 1,
+            "nodes": 1}
+    t1 = {**base, "kind": "baseline", "setup": "1x1", "concurrency": 1, "units_per_s": 1000.0}
+    shared = {**base, "kind": "baseline", "setup": "1x1", "concurrency": 2, "for_setup": "2x1"}
+    run = {**base, "strategy": "dp", "world": 2, "rep": 0, "setup": "2x1", "nodes": 2}
+    old = _study_dir(tmp_path / "study", [
+        t1, {**shared, "units_per_s": 900.0},
+        {**run, "kind": "train", "backend": "gloo", "units_per_s": 300.0},
+        {**run, "kind": "train", "backend": "nanoccl+int4", "units_per_s": 700.0},
+        {**run, "kind": "prefix", "backend": "nanoccl", "units_per_s": 310.0},
+        {**run, "kind": "train", "backend": "nanoccl", "status": "skipped"}],
+        ["m_baseline_x2_for2x1_b8_r0_c0", "m_2x1_dp_gloo_b8_r0", "m_2x1_dp_nanoccl-int4_b8_r0",
+         "m_2x1_dp_nanoccl_b8_r0_prefix"], "old")
+    new = _study_dir(tmp_path / "again", [
+        {**t1, "units_per_s": 5.0}, {**shared, "units_per_s": 1.0},
+        {**run, "kind": "train", "backend": "nanoccl", "units_per_s": 320.0}],
+        ["m_baseline_x2_for2x1_b8_r0_c0", "m_2x1_dp_nanoccl_b8_r0"], "new")
+    report = study_report.merge(new, old, "run to the end", rows=["dp@nanoccl"])
+    rows = {(r["kind"], r["backend"], r["for_setup"], r["units_per_s"])
+            for r in study_report.read_runs_csv(old / "runs.csv")}
+    assert rows == {("baseline", "-", "", "1000.0"), ("baseline", "-", "2x1", "900.0"),
+                    ("train", "gloo", "", "300.0"), ("train", "nanoccl+int4", "", "700.0"),
+                    ("train", "nanoccl", "", "320.0")}
+    for sub, ext in (("runs", "json"), ("logs", "log")):
+        text = {p.stem: p.read_text() for p in (old / sub).glob(f"*.{ext}")}
+        assert text == {"m_baseline_x2_for2x1_b8_r0_c0": "old", "m_2x1_dp_gloo_b8_r0": "old",
+                        "m_2x1_dp_nanoccl-int4_b8_r0": "old", "m_2x1_dp_nanoccl_b8_r0": "new"}
+    meta = json.loads((old / "meta.json").read_text())
+    assert meta["reruns"][0]["setups"] == ["2x1"] and meta["reruns"][0]["rows"] == ["dp@nanoccl"]
+    assert "Setups 2x1 (rows dp@nanoccl) measured again on new" in report.read_text()
+
+
 def test_merge_refuses_what_it_cannot_merge(tmp_path: Path) -> None:
     t1 = {"model": "m", "batch": 8, "kind": "baseline", "setup": "1x1", "concurrency": 1,
           "status": "ok"}
