@@ -8,8 +8,10 @@
 // provider, its version and fabric are logged once at NANOCCL_DEBUG=INFO.
 //
 // Setup: listen() opens the endpoint and returns "fabric:<endpoint name>:<nonce>" (hex) as the
-// address; connect() inserts every peer's name into the address vector. Nothing travels
-// before the first message: an RDM endpoint has no connection handshake.
+// address; connect() inserts every peer's name into the address vector, then greets every peer
+// with a frame (its token proves the job secret, its size says this rank's frame size) and
+// waits until every peer's greeting has come (the engine's roll, Engine::awaitPeers): an RDM
+// endpoint has no connection handshake of its own.
 //
 // Who may send: every frame starts with a 16-byte token, a member's MAC (transports/identity.h:
 // the job secret and comm id) over (sender, receiver, both ranks' nonces from the store). Only a
