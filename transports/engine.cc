@@ -150,7 +150,9 @@ void Engine::post(Command cmd) {
     commands_.push_back(std::move(cmd));
     commandsWaiting_.store(true, std::memory_order_release);
   }
-  mover_.wake();
+  // Without a progress thread (a world of one, or before start()) there is no wait to end,
+  // and the mover may have nothing to wake with (tcp's IoEngine, fabric's queue).
+  if (thread_.joinable()) mover_.wake();
 }
 
 // Runs a send or receive on the posting thread where it can (no one holds progress, no command

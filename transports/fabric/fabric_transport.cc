@@ -164,7 +164,7 @@ class FabricTransport : public EngineTransport {
   }
 
   void wake() override {
-    if (cq() != nullptr && endpoint_.canWait()) fi_cq_signal(cq());
+    if (endpoint_.canWait()) fi_cq_signal(cq());
   }
 
   // What fi_cq_read/sread returned: completions handled, then the queued frames posted, and

@@ -181,9 +181,9 @@ class ShmTransport : public EngineTransport {
       }
       if (missing.empty()) return Status::ok();
       if (deadline.expired()) {
-        return timeoutError(engine_.me() + "shared-memory setup timed out waiting for rank(s) " + missing +
-                            " to map this rank's segment (did every rank of this host reach "
-                            "connect()?)");
+        return timeoutError(engine_.me() + "shared-memory setup timed out waiting for rank(s) " +
+                            missing + " to map this rank's segment (did every rank of this host "
+                            "reach connect()?)");
       }
       const auto left = std::chrono::milliseconds(deadline.remainingMs(100));
       bell_->sleep(seen, std::max<std::chrono::microseconds>(left, std::chrono::microseconds(1)));

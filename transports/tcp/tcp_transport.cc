@@ -211,12 +211,12 @@ bool TcpTransport::interfaceDown(int fd, const std::string& ifname) {
 }
 
 std::string TcpTransport::describe() const {
+  if (!io_) return "tcp";  // a world of one
   std::string via;
   for (const Listener& l : listeners_) {
     via += via.empty() ? " via " : ",";
     via += l.ifname;
   }
-  if (!io_) return "tcp";  // a world of one
   return std::string("tcp/") + io_->name() + " x" +
          std::to_string(o_.config.nsocks) +
          (rails_ > 1 ? " on each of " + std::to_string(rails_) + " rails" : "") +

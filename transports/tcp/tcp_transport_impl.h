@@ -141,9 +141,7 @@ class TcpTransport : public EngineTransport {
   bool wait(std::chrono::microseconds d) override {
     return pollEngine(static_cast<int>(std::chrono::ceil<std::chrono::milliseconds>(d).count()));
   }
-  void wake() override {
-    if (io_) io_->wakeup();  // none in a world of one
-  }
+  void wake() override { io_->wakeup(); }
   bool sendsPending() const override;
   // Whether a socket operation in flight reads or writes `r`'s buffer (any: socket operations
   // still in flight, each may target a caller's buffer).
