@@ -52,8 +52,7 @@ EF_ROW = "dp@nanoccl+int4"  # DP with int4 error feedback, the second yardstick
 TARGET_MARGIN = 0.02
 
 
-def row_name(rec: dict[str, Any]) -> str:
-    return f"{rec.get('strategy')}@{rec.get('backend')}"
+row_name = study_report.row_name  # "strategy@backend"
 
 
 # ----------------------------------------------------------------------------- curves

@@ -628,12 +628,21 @@ def save_figure(fig: Any, path: Path) -> str:
     return str(path)
 
 
+def row_name(rec: dict[str, Any]) -> str:
+    """A run's row, "strategy@backend" (as --rows and a profile's computed rows name it)."""
+    return f"{rec.get('strategy')}@{rec.get('backend')}"
+
+
+def _of_rows(rec: dict[str, Any], rows: set[str]) -> bool:
+    """rec is a run (not a T_1) of one of `rows`."""
+    return rec.get("kind") != "baseline" and row_name(rec) in rows
+
+
 def _remeasured(rec: dict[str, Any], setups: set[str], rows: set[str]) -> bool:
     """rec belongs to one of `setups`: a run on it, or T_1 under its CPU sharing; with `rows`
     ("strategy@backend"), only a run of one of those rows on it."""
     if rows:
-        return (rec.get("kind") != "baseline" and rec.get("setup") in setups
-                and f"{rec.get('strategy')}@{rec.get('backend')}" in rows)
+        return rec.get("setup") in setups and _of_rows(rec, rows)
     if rec.get("kind") == "baseline":
         return int(rec.get("concurrency") or 1) > 1 and rec.get("for_setup") in setups
     return rec.get("setup") in setups
@@ -676,8 +685,7 @@ def merge(new_dir: Path, into_dir: Path, why: str, rows: Sequence[str] = ()) -> 
     "reruns" says which setups (and rows) were measured again, when and why; the summary,
     plots and report are built again."""
     wanted = set(rows)
-    new = [r for r in read_runs_csv(new_dir / "runs.csv")
-           if not wanted or _remeasured(r, {str(r.get("setup"))}, wanted)]
+    new = [r for r in read_runs_csv(new_dir / "runs.csv") if not wanted or _of_rows(r, wanted)]
     setups = {r["setup"] for r in new if r.get("kind") == "train" and r.get("setup") != "1x1"}
     if not setups:
         raise ValueError(f"{new_dir / 'runs.csv'}: no runs on a setup other than 1x1")
