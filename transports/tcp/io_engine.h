@@ -4,13 +4,22 @@
 // one log line when the kernel, its io_uring_disabled setting or a seccomp filter refuses it.
 //
 // Threads and ownership
-// - One engine per progress thread. postRecv/postSend/poll/addSocket/removeSocket are called
+// - One engine per progress thread. postRecv/postSend/sendNow/poll/addSocket are called
 //   from that thread only; wakeup() may be called from any thread.
 // - At most one receive and one send may be pending per socket. An operation completes when
 //   all its bytes have moved (short transfers are continued inside the engine), or with an
 //   error: result < 0 is -errno, and a receive that meets end-of-stream completes with
 //   result 0. Buffers and iovec targets stay owned by the caller until the completion.
 // - Completions are delivered only from poll(), never from inside a post call.
+// - A socket added with keys is sealed (NANOCCL_ENCRYPT=1): its bytes travel as records, each
+//   AES-256-GCM sealed under its direction's key and record counter (crypto::Aead), each
+//   followed by its tag. A send seals each iov entry as records of at most kRecordBytes (a
+//   frame's header, then its payload), up to kRecordsPerSend a time into the op's staging
+//   buffer while the previous ones drain; a receive of `len` bytes reads records of at most
+//   kRecordBytes (so the receiver must cut its receives as the sender cut its iov entries: a
+//   frame's header alone, then its payload) and opens each into the caller's buffer. The
+//   callers see plaintext and its byte counts only; a record that does not open completes the
+//   receive with -EBADMSG and the reason.
 #pragma once
 
 #include <sys/socket.h>
@@ -20,17 +29,27 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <unordered_map>
 #include <vector>
 
+#include "common/crypto.h"
 #include "common/status.h"
+#include "transports/frame.h"
 
 namespace nanoccl::tcp {
+
+// Sealed sockets' records (see above).
+constexpr uint64_t kRecordBytes = 256 * 1024;
+constexpr uint64_t kRecordsPerSend = 2;
+constexpr uint64_t kSealedHeaderBytes = sizeof(FrameHeader) + crypto::kTagBytes;
+static_assert(kMaxAbortText <= kRecordBytes, "an abort text is one record");
 
 struct IoCompletion {
   void* cookie;    // as given to the post call
   int64_t result;  // bytes moved (the full length), 0 at end-of-stream, or -errno
+  Status error;    // -EBADMSG: why a sealed record did not open
 };
 
 // What both engines share: the sockets and their one receive and one send, the bookkeeping of
@@ -41,10 +60,12 @@ class IoEngine {
   virtual ~IoEngine();
   virtual const char* name() const = 0;  // "uring" or "epoll"
 
-  // Registers a connected, non-blocking socket / forgets it (its pending operations must
-  // have completed, or it must have been shut down and drained first).
-  Status addSocket(int fd);
-  void removeSocket(int fd);
+  // Registers a connected, non-blocking socket, sealed with `keys` (this side's tx and rx
+  // keys, from the handshake) where given.
+  struct Keys {
+    crypto::Key tx, rx;
+  };
+  Status addSocket(int fd, const Keys* keys = nullptr);
 
   // Receives exactly `len` bytes into `buf`.
   Status postRecv(int fd, void* buf, size_t len, void* cookie);
@@ -57,6 +78,10 @@ class IoEngine {
   Status poll(int timeoutMs, const std::function<void(const IoCompletion&)>& fn);
   // Makes a poll() in progress (or the next one) return promptly.
   void wakeup();
+  // Sends iov[0..iovcnt) at once, sealed where the socket is, as far as the socket takes it
+  // without blocking, and forgets it (no completion): how a failing transport tells a peer on
+  // a connection with no send posted.
+  void sendNow(int fd, const iovec* iov, int iovcnt);
 
  protected:
   // One transfer: a socket's receive or send.
@@ -67,9 +92,16 @@ class IoEngine {
     iovec iov[kMaxIov];  // what is left to move: iov[0] is the next byte
     int iovcnt = 0;
     msghdr msg{};  // a send's, pointing at iov (io_uring reads it while the send runs)
-    size_t left = 0;
-    size_t total = 0;
+    size_t left = 0;   // wire bytes
+    size_t total = 0;  // the caller's bytes
     void* cookie = nullptr;
+    // A sealed socket's: the caller's bytes still to seal or open (plain[0] is the next), the
+    // records on the wire (`stage`, what iov moves), a receive's record's plaintext bytes.
+    std::optional<crypto::Aead> aead;
+    std::vector<char> stage;
+    iovec plain[kMaxIov];
+    int plainCnt = 0;
+    size_t record = 0;
   };
   struct Socket {
     Op recv;
@@ -78,17 +110,17 @@ class IoEngine {
 
   // Opens the eventfd wakeup() writes (`flags`: EFD_* besides EFD_CLOEXEC).
   Status openWakeFd(int flags);
-  // The engine's part of addSocket()/removeSocket() (epoll: its interest list).
+  // The engine's part of addSocket() (epoll: its interest list).
   virtual Status watch(int fd) { return Status::ok(); }
-  virtual void unwatch(int fd) {}
   // A posted transfer with bytes to move starts.
   virtual void start(Op& op) = 0;
   // Waits up to timeoutMs (0: not at all, -1: no limit) for events and moves transfers on.
   virtual Status reap(int timeoutMs) = 0;
 
   // `op` ends with `result` (its completion waits for poll() to deliver it).
-  void finish(Op& op, int64_t result);
-  // `n` more bytes of `op` moved; finishes it when none are left. Returns whether it did.
+  void finish(Op& op, int64_t result, Status error = Status::ok());
+  // `n` more bytes of `op` moved; finishes it when none are left (a sealed op: when no record
+  // is left; else the next one is on the wire iov). Returns whether it finished.
   bool advance(Op& op, size_t n);
 
   std::unordered_map<int, std::unique_ptr<Socket>> sockets_;  // stable addresses: io_uring's
@@ -96,6 +128,14 @@ class IoEngine {
 
  private:
   Status post(Op& op, const iovec* iov, int iovcnt, void* cookie);
+  // Makes iov[0..iovcnt) (its non-empty entries) `op`'s bytes, and a sealed op's first records.
+  Status load(Op& op, const iovec* iov, int iovcnt);
+  // A sealed op: puts its next records on the wire iov (a send: sealed from plain; a receive:
+  // the next record's room in stage).
+  Status nextRecords(Op& op);
+  // A sealed receive's record has arrived: opens it into plain. False (and the op finished
+  // with -EBADMSG) where it does not open.
+  bool openRecord(Op& op);
 
   std::vector<IoCompletion> ready_;
 };

@@ -43,8 +43,6 @@ class EpollEngine : public IoEngine {
     return Status::ok();
   }
 
-  void unwatch(int fd) override { epoll_ctl(epollFd_, EPOLL_CTL_DEL, fd, nullptr); }
-
   void start(Op& op) override { transfer(op); }
 
   Status reap(int timeoutMs) override {

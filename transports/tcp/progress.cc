@@ -10,13 +10,13 @@
 #include <sys/uio.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
 
-#include "common/crypto.h"
 #include "common/logging.h"
 #include "transports/frame.h"
 #include "transports/matcher.h"
@@ -65,63 +65,21 @@ void TcpTransport::startSend(const RequestPtr& req) {
 
 void TcpTransport::kickSend(Conn& c) {
   if (c.sendInFlight || c.queue.empty() || !engine_.failed().isOk()) return;
-  iovec iov[2];
-  Result<int> iovcnt = nextBytes(c, c.queue.front(), iov);
-  if (!iovcnt.isOk()) return engine_.fail(iovcnt.status(), true);
+  OutFrame& f = c.queue.front();
+  const iovec iov[2] = {{&f.hdr, sizeof(f.hdr)},
+                        {const_cast<char*>(f.payload), static_cast<size_t>(f.hdr.length)}};
   c.sendInFlight = true;
-  if (Status st = io_->postSend(c.fd, iov, *iovcnt, &c.sendCookie); !st.isOk()) {
+  if (Status st = io_->postSend(c.fd, iov, 2, &c.sendCookie); !st.isOk()) {
     c.sendInFlight = false;
     engine_.fail(st, true);
   }
-}
-
-Result<int> TcpTransport::nextBytes(Conn& c, OutFrame& f, iovec* iov) {
-  if (!c.tx) {
-    iov[0] = {&f.hdr, sizeof(f.hdr)};
-    iov[1] = {const_cast<char*>(f.payload), static_cast<size_t>(f.hdr.length)};
-    return 2;
-  }
-  NANOCCL_ASSIGN_OR_RETURN(const size_t sealed, sealNext(c, f));
-  iov[0] = {c.txStage.data(), sealed};
-  return 1;
-}
-
-Result<size_t> TcpTransport::sealNext(Conn& c, OutFrame& f) {
-  char* out = c.txStage.data();
-  size_t len = 0;
-  if (!f.headerSealed) {
-    NANOCCL_CHECK(c.tx->seal(&f.hdr, sizeof(f.hdr), out));
-    len += kSealedHeaderBytes;
-    f.headerSealed = true;
-  }
-  for (uint64_t i = 0; i < kRecordsPerSend && f.payloadSealed < f.hdr.length; ++i) {
-    const uint64_t n = std::min(kRecordBytes, f.hdr.length - f.payloadSealed);
-    NANOCCL_CHECK(c.tx->seal(f.payload + f.payloadSealed, n, out + len));
-    len += n + crypto::kTagBytes;
-    f.payloadSealed += n;
-  }
-  return len;
 }
 
 void TcpTransport::postHeaderRecv(Conn& c) {
   if (!engine_.failed().isOk()) return;
   c.stage = Conn::Stage::kHeader;
   c.target.reset();
-  if (c.rx) return postRecv(c, c.rxStage.data(), kSealedHeaderBytes);
   postRecv(c, &c.hdr, sizeof(c.hdr));
-}
-
-void TcpTransport::postPayloadRecv(Conn& c, char* dest, uint64_t len) {
-  if (!c.rx) return postRecv(c, dest, len);
-  c.rxDest = dest;
-  c.rxLeft = len;
-  postNextRecord(c);
-}
-
-void TcpTransport::postNextRecord(Conn& c) {
-  c.rxRecord = std::min(kRecordBytes, c.rxLeft);
-  c.rxLeft -= c.rxRecord;
-  postRecv(c, c.rxStage.data(), c.rxRecord + crypto::kTagBytes);
 }
 
 void TcpTransport::postRecv(Conn& c, void* dest, uint64_t len) {
@@ -132,35 +90,19 @@ void TcpTransport::postRecv(Conn& c, void* dest, uint64_t len) {
   }
 }
 
-Status TcpTransport::openRecord(Conn& c) {
-  Status st = c.stage == Conn::Stage::kHeader
-                  ? c.rx->open(c.rxStage.data(), sizeof(c.hdr), &c.hdr)
-                  : c.rx->open(c.rxStage.data(), c.rxRecord, c.rxDest);
-  if (!st.isOk()) {
-    return protocolError("connection " + std::to_string(c.index) + ": " + st.message() +
-                         "; the receive fails rather than deliver it");
-  }
-  if (c.stage != Conn::Stage::kHeader) c.rxDest += c.rxRecord;
-  return Status::ok();
-}
-
 void TcpTransport::onCompletion(const IoCompletion& ev) {
   const Cookie& cookie = *static_cast<Cookie*>(ev.cookie);
   Conn& c = *cookie.conn;
   if (cookie.send) {
     onSendDone(c, ev.result);
   } else {
-    onRecvDone(c, ev.result);
+    onRecvDone(c, ev);
   }
   engine_.updateDrained();
 }
 
 void TcpTransport::onSendDone(Conn& c, int64_t result) {
   c.sendInFlight = false;
-  if (c.tx && result > 0 && engine_.failed().isOk() &&
-      c.queue.front().payloadSealed < c.queue.front().hdr.length) {
-    return kickSend(c);  // the frame's next records
-  }
   OutFrame f = std::move(c.queue.front());
   c.queue.pop_front();
   if (!engine_.failed().isOk()) return engine_.completeIfFree(f.req);
@@ -170,7 +112,8 @@ void TcpTransport::onSendDone(Conn& c, int64_t result) {
   kickSend(c);
 }
 
-void TcpTransport::onRecvDone(Conn& c, int64_t result) {
+void TcpTransport::onRecvDone(Conn& c, const IoCompletion& ev) {
+  const int64_t result = ev.result;
   c.recvInFlight = false;
   IncomingPtr target = std::move(c.target);
   if (!engine_.failed().isOk()) {
@@ -183,18 +126,16 @@ void TcpTransport::onRecvDone(Conn& c, int64_t result) {
     engine_.laneClosed(c.peer, c.index);
     return;
   }
+  if (result == -EBADMSG) {  // a sealed record that did not open
+    return engine_.failFrom(c.peer, protocolError("connection " + std::to_string(c.index) + ": " +
+                                                  ev.error.message() +
+                                                  "; the receive fails rather than deliver it"));
+  }
   // Cut mid-frame (a peer killed while sending, say): the receive the frame was for is held
   // by no table once `target` is dropped (a point-to-point message never is), so it is
   // parked to complete with the failure.
   if (result <= 0) {
     return engine_.failSoon(connectionError(c, result), target ? target->req : nullptr);
-  }
-  if (c.rx) {
-    if (Status st = openRecord(c); !st.isOk()) return engine_.failFrom(c.peer, st);
-    if (c.stage != Conn::Stage::kHeader && c.rxLeft > 0) {
-      c.target = std::move(target);
-      return postNextRecord(c);
-    }
   }
   switch (c.stage) {
     case Conn::Stage::kHeader: return onHeader(c);
@@ -210,7 +151,7 @@ void TcpTransport::onHeader(Conn& c) {
     c.stage = Conn::Stage::kAbortText;
     c.abortText.assign(h.length, '\0');
     if (h.length == 0) return engine_.peerFailed(c.peer, c.abortText);
-    return postPayloadRecv(c, c.abortText.data(), h.length);
+    return postRecv(c, c.abortText.data(), h.length);
   }
   Result<IncomingPtr> msg = engine_.matcher().onFrame(c.peer, c.index, h);
   if (!msg.isOk()) return engine_.fail(msg.status(), true);
@@ -220,7 +161,7 @@ void TcpTransport::onHeader(Conn& c) {
   }
   c.stage = Conn::Stage::kPayload;
   c.target = msg.value();
-  postPayloadRecv(c, c.target->dest(h.offset), h.length);
+  postRecv(c, c.target->dest(h.offset), h.length);
 }
 
 void TcpTransport::onPayload(Conn& c, const IncomingPtr& msg) {
@@ -263,14 +204,9 @@ void TcpTransport::onFail(const Status& why, bool notifyPeers, RequestList& out)
       // reads it whichever connection it hears from first.
       for (auto& c : row) {
         if (c->sendInFlight) continue;  // then its staging buffer is free, too
-        OutFrame f{abortFrameHeader(text.size()), text.data(), nullptr};
-        iovec iov[2];
-        Result<int> iovcnt = nextBytes(*c, f, iov);
-        if (!iovcnt.isOk()) continue;
-        msghdr m{};
-        m.msg_iov = iov;
-        m.msg_iovlen = static_cast<size_t>(*iovcnt);
-        [[maybe_unused]] ssize_t n = sendmsg(c->fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+        FrameHeader h = abortFrameHeader(text.size());
+        const iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(text.data()), text.size()}};
+        io_->sendNow(c->fd, iov, 2);
       }
     }
     // Ends every in-flight operation on these sockets promptly.

@@ -19,7 +19,6 @@
 #include <string>
 #include <vector>
 
-#include "common/crypto.h"
 #include "common/logging.h"
 #include "transports/identity.h"
 #include "transports/tcp/address.h"
@@ -106,13 +105,9 @@ Status TcpTransport::attach(const std::vector<std::string>& addresses,
   }
   for (auto& row : peers_) {
     for (auto& c : row) {
-      NANOCCL_CHECK(io_->addSocket(c->fd));
-      if (!o_.config.encrypt) continue;
       const MeshLink& link = links[c->peer][c->index];
-      NANOCCL_ASSIGN_OR_RETURN(c->tx, crypto::Aead::create(link.txKey));
-      NANOCCL_ASSIGN_OR_RETURN(c->rx, crypto::Aead::create(link.rxKey));
-      c->txStage.resize(kSealedHeaderBytes + kRecordsPerSend * (kRecordBytes + crypto::kTagBytes));
-      c->rxStage.resize(kRecordBytes + crypto::kTagBytes);
+      const IoEngine::Keys keys{link.txKey, link.rxKey};
+      NANOCCL_CHECK(io_->addSocket(c->fd, o_.config.encrypt ? &keys : nullptr));
     }
   }
   return Status::ok();

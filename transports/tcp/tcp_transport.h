@@ -15,11 +15,11 @@
 // that arrives first is held in a buffer of the announced size (bounded by kMaxMessageBytes
 // and checked before allocation) and copied out when the receive is posted.
 //
-// Encryption (NANOCCL_ENCRYPT=1): each frame is sent as AES-256-GCM records instead (the
-// header one record, the payload records of at most 256 KiB), sealed by the progress thread
-// into a per-connection staging buffer and opened from one into the destination; the keys
-// come from the handshake (one per connection and direction), the nonces from a record
-// counter. A record that does not open fails the transport like any protocol violation.
+// Encryption (NANOCCL_ENCRYPT=1): the connections are the IoEngine's sealed sockets (the
+// header one AES-256-GCM record, the payload records of at most 256 KiB: io_engine.h); the
+// keys come from the handshake (one per connection and direction), the nonces from a record
+// counter. The transport sends and receives frames alike either way; a record that does not
+// open fails the transport like any protocol violation.
 //
 // Failure: any broken connection, protocol violation, mismatch, or abort() fails the whole
 // transport (see transport.h). The peers learn why from an abort frame where a connection is

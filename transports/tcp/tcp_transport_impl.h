@@ -17,7 +17,6 @@
 #include <string>
 #include <vector>
 
-#include "common/crypto.h"
 #include "common/status.h"
 #include "transports/engine.h"
 #include "transports/frame.h"
@@ -31,17 +30,6 @@ namespace nanoccl::tcp {
 constexpr int kMaxSocketsPerPeer = 64;  // stripes are tracked in a 64-bit mask
 // stallReport() names a connection whose peer has not acknowledged its bytes for this long.
 constexpr uint32_t kStallReportMs = 1000;
-
-// Encryption (NANOCCL_ENCRYPT=1): every frame travels as sealed records, its header as one
-// record of sizeof(FrameHeader) bytes and its payload as records of at most kRecordBytes, each
-// followed by its GCM tag; each direction of each connection has its own key (from the
-// handshake) and record counter (crypto::Aead). A send seals up to kRecordsPerSend records into
-// the connection's staging buffer while the previous ones drain from the socket buffer; a
-// receive takes one record into staging and opens it into the message's buffer.
-constexpr uint64_t kRecordBytes = 256 * 1024;
-constexpr uint64_t kRecordsPerSend = 2;
-constexpr uint64_t kSealedHeaderBytes = sizeof(FrameHeader) + crypto::kTagBytes;
-static_assert(kMaxAbortText <= kRecordBytes, "an abort text is one record");
 
 // A peer that fails sends its reason on every idle connection, but a connection busy with a
 // frame only closes. When a close would fail this transport, it waits this long for a reason
@@ -58,9 +46,6 @@ struct OutFrame {
   FrameHeader hdr;
   const char* payload;
   RequestPtr req;
-  // Encrypted connections: how much of the frame is sealed (and posted) so far.
-  bool headerSealed = false;
-  uint64_t payloadSealed = 0;
 };
 
 struct Conn;
@@ -85,14 +70,6 @@ struct Conn {
   // Send side.
   std::deque<OutFrame> queue;
   bool sendInFlight = false;
-  // Encryption: set when the job encrypts (see kRecordBytes).
-  std::optional<crypto::Aead> tx;
-  std::optional<crypto::Aead> rx;
-  std::vector<char> txStage;
-  std::vector<char> rxStage;
-  char* rxDest = nullptr;    // where the record being received opens to
-  uint64_t rxRecord = 0;     // its payload bytes
-  uint64_t rxLeft = 0;       // payload bytes of the frame still to come after it
 };
 
 class TcpTransport : public EngineTransport {
@@ -173,23 +150,12 @@ class TcpTransport : public EngineTransport {
                            int lanes) const;
 
   void kickSend(Conn& c);
-  // The bytes of `f` that go out next on `c` as iov[0..n), n returned: the header and the
-  // payload, or, on an encrypted connection, the frame's next records sealed into c.txStage.
-  Result<int> nextBytes(Conn& c, OutFrame& f, iovec* iov);
-  // Seals the frame's next records (its header first) into c.txStage; returns their bytes.
-  Result<size_t> sealNext(Conn& c, OutFrame& f);
-
   void postHeaderRecv(Conn& c);
-  void postPayloadRecv(Conn& c, char* dest, uint64_t len);
-  void postNextRecord(Conn& c);
   void postRecv(Conn& c, void* dest, uint64_t len);
-  // Opens the record that just arrived on an encrypted connection: the frame header, or the
-  // next piece of a payload. A record that fails its tag fails the transport.
-  Status openRecord(Conn& c);
 
   void onCompletion(const IoCompletion& ev);
   void onSendDone(Conn& c, int64_t result);
-  void onRecvDone(Conn& c, int64_t result);
+  void onRecvDone(Conn& c, const IoCompletion& ev);
   void onHeader(Conn& c);
   void onPayload(Conn& c, const IncomingPtr& msg);
 
