@@ -405,7 +405,7 @@ def apply_overrides(profile: Profile, args: argparse.Namespace) -> Profile:
             except ValueError as exc:
                 raise SystemExit(f"study: {exc}") from None
             names.append(strategy if spec is None else spec.name)  # one name a variant
-        prof.strategies = {m: tuple(names) for m in prof.models}
+        prof.strategies = {m: tuple(dict.fromkeys(names)) for m in prof.models}
     if args.setups:
         prof.setups = args.setups
     if args.backends:

@@ -92,13 +92,15 @@ DILOCO_CYCLES = 2
 
 @dataclass(frozen=True)
 class DiLoCoSpec:
-    """A diloco row of the study: "diloco" (H 50, one fragment, no overlap) or
-    "diloco-h<H>[-f<F>][-t<TAU>]", e.g. "diloco-h10-f4-t2" (Streaming DiLoCo, 4 fragments,
-    each exchange 2 inner steps behind). The outer codec is the row's backend's."""
+    """A diloco row of the study: "diloco" (H 50, one fragment, no overlap, outer lr 0.7) or
+    "diloco-h<H>[-f<F>][-t<TAU>][-lr<LR>]", e.g. "diloco-h10-f4-t2" (Streaming DiLoCo, 4
+    fragments, each exchange 2 inner steps behind) or "diloco-h10-lr0.35" (the outer Nesterov's
+    lr; momentum 0.9 always). The outer codec is the row's backend's."""
 
     sync_every: int = 50
     fragments: int = 1
     overlap_steps: int = 0
+    outer_lr: float = 0.7
 
     @staticmethod
     def parse(strategy: str) -> "DiLoCoSpec | None":
@@ -106,25 +108,36 @@ class DiLoCoSpec:
         a malformed one."""
         if strategy != "diloco" and not strategy.startswith("diloco-"):
             return None
-        values = {"h": 50, "f": 1, "t": 0}
+        usage = ("use diloco or diloco-h<H>[-f<F>][-t<TAU>][-lr<LR>], e.g. diloco-h10-f4-t2 "
+                 "or diloco-h10-lr0.35")
+        values: dict[str, float] = {"h": 50, "f": 1, "t": 0, "lr": 0.7}
         for part in strategy.split("-")[1:]:
-            key, digits = part[:1], part[1:]
-            if key not in values or not digits.isdigit():
-                raise ValueError(f"bad diloco strategy {strategy!r}: use diloco or "
-                                 "diloco-h<H>[-f<F>][-t<TAU>], e.g. diloco-h10-f4-t2")
-            values[key] = int(digits)
-        spec = DiLoCoSpec(values["h"], values["f"], values["t"])
+            key = "lr" if part.startswith("lr") else part[:1]
+            text = part[len(key):]
+            if key not in values:
+                raise ValueError(f"bad diloco strategy {strategy!r}: {usage}")
+            try:
+                values[key] = float(text) if key == "lr" else int(text) if text.isdigit() else -1
+            except ValueError:
+                values[key] = -1
+            if values[key] < 0:
+                raise ValueError(f"bad diloco strategy {strategy!r}: {usage}")
+        spec = DiLoCoSpec(int(values["h"]), int(values["f"]), int(values["t"]), values["lr"])
         if (spec.sync_every < 1 or spec.fragments < 1
-                or not 0 <= spec.overlap_steps < spec.sync_every):
-            raise ValueError(f"bad diloco strategy {strategy!r}: H >= 1, F >= 1, 0 <= TAU < H")
+                or not 0 <= spec.overlap_steps < spec.sync_every
+                or not 0 < spec.outer_lr <= 10):
+            raise ValueError(f"bad diloco strategy {strategy!r}: H >= 1, F >= 1, 0 <= TAU < H, "
+                             "0 < LR <= 10")
         return spec
 
     @property
     def name(self) -> str:
-        """The canonical strategy name: "diloco" for the defaults, else every field."""
+        """The canonical strategy name: "diloco" for the defaults, else every field (the lr
+        only where it is not the default)."""
         if self == DiLoCoSpec():
             return "diloco"
-        return f"diloco-h{self.sync_every}-f{self.fragments}-t{self.overlap_steps}"
+        lr = "" if self.outer_lr == DiLoCoSpec.outer_lr else f"-lr{self.outer_lr:g}"
+        return f"diloco-h{self.sync_every}-f{self.fragments}-t{self.overlap_steps}{lr}"
 
     @staticmethod
     def of_result(doc: dict[str, Any]) -> str:
@@ -134,11 +147,12 @@ class DiLoCoSpec:
         if doc.get("strategy") != "diloco" or not isinstance(fields, dict):
             return str(doc.get("strategy"))
         return DiLoCoSpec(int(fields["sync_every"]), int(fields["fragments"]),
-                          int(fields["overlap_steps"])).name
+                          int(fields["overlap_steps"]),
+                          float(fields.get("outer_lr", DiLoCoSpec.outer_lr))).name
 
     def trainer_args(self) -> list[str]:
         return ["--sync-every", str(self.sync_every), "--fragments", str(self.fragments),
-                "--overlap-steps", str(self.overlap_steps)]
+                "--overlap-steps", str(self.overlap_steps), "--outer-lr", f"{self.outer_lr:g}"]
 
     def steps(self, steps: int, warmup: int) -> int:
         """The run's steps: at least the warm-up and DILOCO_CYCLES cycles of H."""

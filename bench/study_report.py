@@ -493,9 +493,10 @@ def write_report(out_dir: Path, records: Sequence[dict[str, Any]], meta: dict[st
               "are the published GPT-2 small numbers for the same setup and parallelism "
               f"({seeds.NANO_SOURCE}); * = derived T_1.", ""]
     if any(s.strategy.startswith("diloco") for s in summaries):
-        lines += ["`diloco` rows (diloco-h<H>-f<F>-t<TAU>: H inner steps between two outer "
-                  "steps of a fragment, F fragments, each exchange TAU steps behind; the "
-                  "outer gradients with the backend's codec) run at least two whole H-step "
+        lines += ["`diloco` rows (diloco-h<H>-f<F>-t<TAU>[-lr<LR>]: H inner steps between two "
+                  "outer steps of a fragment, F fragments, each exchange TAU steps behind, the "
+                  "outer Nesterov's lr where not 0.7; the outer gradients with the backend's "
+                  "codec) run at least two whole H-step "
                   "cycles (runs.csv's steps) and time whole cycles: their `Final loss` is "
                   "after those steps, not comparable with the other rows'.", ""]
     models = sorted({s.model for s in summaries})

@@ -121,7 +121,8 @@ def test_trainer_refuses_bad_diloco_arguments_on_every_rank(tmp_path: Path) -> N
 
 
 def test_study_rows_of_diloco() -> None:
-    """bench/study.py --strategies diloco,diloco-h10-f4-t2: the spec's trainer flags, whole
+    """bench/study.py --strategies diloco,diloco-h10-f4-t2,diloco-h10-lr0.35: the spec's trainer
+    flags (the outer lr among them), whole
     H-step cycles, left out (with a note) on one node and on Gloo; a cluster result's row
     named back from its result line."""
     import study_plan
@@ -132,7 +133,11 @@ def test_study_rows_of_diloco() -> None:
     assert parse("diloco") == study_plan.DiLoCoSpec(50, 1, 0)
     assert parse("diloco-h10-f4-t2") == study_plan.DiLoCoSpec(10, 4, 2)
     assert parse("diloco-h10").name == "diloco-h10-f1-t0" and parse("diloco-h50").name == "diloco"
-    for bad in ("diloco-x3", "diloco-h", "diloco-h0", "diloco-h4-t4", "diloco-f0"):
+    assert parse("diloco-h10-lr0.35") == study_plan.DiLoCoSpec(10, 1, 0, 0.35)
+    assert parse("diloco-h10-lr0.35").name == "diloco-h10-f1-t0-lr0.35"
+    assert parse("diloco-lr0.7").name == "diloco"  # the default lr is not named
+    for bad in ("diloco-x3", "diloco-h", "diloco-h0", "diloco-h4-t4", "diloco-f0", "diloco-lr",
+                "diloco-lr0", "diloco-lrx", "diloco-lrnan", "diloco-lr11", "diloco-h10-lr-1"):
         with pytest.raises(ValueError, match="bad diloco strategy"):
             parse(bad)
     prof = study_plan.Profile("t", ("gpt2-tiny",), {"gpt2-tiny": ("dp", "diloco-h10-f2-t1")},
@@ -152,9 +157,15 @@ def test_study_rows_of_diloco() -> None:
     assert argv[argv.index("--sync-every") + 1] == "10"
     assert argv[argv.index("--fragments") + 1] == "2"
     assert argv[argv.index("--overlap-steps") + 1] == "1"
+    assert argv[argv.index("--outer-lr") + 1] == "0.7"
+    argv = study_runs.train_argv("gpt2-tiny", "diloco-h10-lr0.35", "nanoccl+int4", 16, prof,
+                                 "out.json")
+    assert argv[argv.index("--outer-lr") + 1] == "0.35"
     doc = {"strategy": "diloco", "diloco": {"sync_every": 10, "fragments": 2,
                                             "overlap_steps": 1}}
     assert study_plan.DiLoCoSpec.of_result(doc) == "diloco-h10-f2-t1"
+    doc["diloco"]["outer_lr"] = 0.35
+    assert study_plan.DiLoCoSpec.of_result(doc) == "diloco-h10-f2-t1-lr0.35"
     assert study_plan.DiLoCoSpec.of_result({"strategy": "dp", "diloco": None}) == "dp"
 
 
