@@ -38,7 +38,6 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   p.rank = 0;
   p.size = 2;
   p.nsocks = 1;
-  p.stripeMinBytes = 65536;
   std::thread stranger([&] {
     const int fd = dial(listener.address);
     if (fd < 0) return;

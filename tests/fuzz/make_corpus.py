@@ -11,7 +11,7 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 MAGIC = 0x4C43434E
 FRAME_VERSION = 1
-HANDSHAKE_VERSION = 2
+HANDSHAKE_VERSION = 5
 
 
 def fnv1a(s: str) -> int:
@@ -28,10 +28,10 @@ def frame(kind: int, op: int, dtype: int, total: int, offset: int, length: int,
                        -1, 0, 0, seq, total, total, offset, length)
 
 
-def hello(rank: int = 1, size: int = 2, nsocks: int = 1, flags: int = 0,
-          version: int = HANDSHAKE_VERSION, comm: str = "fuzz") -> bytes:
-    return struct.pack("<IHHiiiIQQ32s", MAGIC, version, 0, rank, size, nsocks, flags,
-                       fnv1a(comm), 65536, bytes(range(32)))
+def hello(rank: int = 1, size: int = 2, socket: int = 0, version: int = HANDSHAKE_VERSION,
+          comm: str = "fuzz") -> bytes:
+    return struct.pack("<IHHiiQ32s", MAGIC, version, socket, rank, size, fnv1a(comm),
+                       bytes(range(32)))
 
 
 def proof() -> bytes:
@@ -66,10 +66,10 @@ SEEDS: dict[str, dict[str, bytes]] = {
     "fuzz_handshake": {
         "hello": hello(),
         "hello-proof": hello() + proof(),
-        "hello-encrypt": hello(flags=1) + proof(),
-        "old-version": hello(version=1),
+        "second-socket": hello(socket=1) + proof(),
+        "old-version": hello(version=4),
         "other-comm": hello(comm="other"),
-        "absurd": hello(rank=1 << 30, size=-1, nsocks=1 << 20) + proof(),
+        "absurd": hello(rank=1 << 30, size=-1, socket=0xFFFF) + proof(),
         "garbage": bytes(range(256)),
     },
 }

@@ -31,7 +31,6 @@ namespace {
 
 using tcp::Challenge;
 using tcp::Hello;
-using tcp::HelloAck;
 using tcp::Proof;
 
 // Forwards one TCP connection to `target` (a rank's listening address), letting a test change
@@ -109,7 +108,7 @@ TEST_P(HandshakeTest, AfterSetupThePortIsClosed) {
   auto setup0 = std::async(std::launch::async, [&] { return t0->connect({a0, a1}, soon(20)); });
   ASSERT_TRUE(t1->connect({a0, a1}, soon(20)).isOk());
   ASSERT_TRUE(setup0.get().isOk());
-  auto late = SocketAddress::parse(a0).value();
+  const SocketAddress late = tcp::parseRails(a0).value().front().address;
   const int fd = socket(late.family(), SOCK_STREAM, 0);
   EXPECT_NE(connect(fd, reinterpret_cast<const sockaddr*>(&late.storage), late.length), 0);
   close(fd);
@@ -125,7 +124,8 @@ class InsiderTest : public HandshakeTest {
     t0_ = createTransport("tcp", optionsFor(0, 2, cfg_)).value();
     const std::string a0 = t0_->listen().value();
     auto setup = std::async(std::launch::async,
-                            [&] { return t0_->connect({a0, "127.0.0.1:1"}, soon(20)); });
+                            [&] { return t0_->connect({a0, publishedLike("127.0.0.1:1", a0)},
+                                                      soon(20)); });
     const int fd = dial(a0);
     const Played p = handshake(fd, helloFor(1, 2), keyOf("test-secret"));
     EXPECT_TRUE(p.acceptorProved);
@@ -253,7 +253,8 @@ TEST_P(HandshakeTest, AReplayedHandshakeIsTurnedAway) {
     auto t0 = createTransport("tcp", optionsFor(0, 2, cfg)).value();
     const std::string a0 = t0->listen().value();
     auto setup = std::async(std::launch::async,
-                            [&] { return t0->connect({a0, "127.0.0.1:1"}, soon(20)); });
+                            [&] { return t0->connect({a0, publishedLike("127.0.0.1:1", a0)},
+                                                     soon(20)); });
     const int fd = dial(a0);
     const Played p = handshake(fd, helloFor(1, 2), keyOf("test-secret"));
     ASSERT_TRUE(p.ack.has_value());
@@ -283,7 +284,8 @@ TEST_P(HandshakeTest, TheTimeoutNamesTheCauseNotALaterBareClose) {
   auto t0 = createTransport("tcp", optionsFor(0, 2, cfg)).value();
   const std::string a0 = t0->listen().value();
   auto setup = std::async(std::launch::async,
-                          [&] { return t0->connect({a0, "127.0.0.1:1"}, soon(3)); });
+                          [&] { return t0->connect({a0, publishedLike("127.0.0.1:1", a0)},
+                                                   soon(3)); });
   const int wrong = dial(a0);
   EXPECT_FALSE(handshake(wrong, helloFor(1, 2), keyOf("not-the-secret")).ack.has_value());
   EXPECT_TRUE(closedByPeer(wrong));
@@ -317,56 +319,38 @@ TEST_P(HandshakeTest, TheAcceptorMustProveTheSecretToo) {
   });
   auto t1 = createTransport("tcp", optionsFor(1, 2, loopbackConfig(GetParam(), 1))).value();
   const std::string a1 = t1->listen().value();
-  const Status st = t1->connect({fake, a1}, soon(20));
+  const Status st = t1->connect({publishedLike(fake, a1), a1}, soon(20));
   ASSERT_EQ(st.code(), StatusCode::kProtocolError) << st.toString();
   EXPECT_NE(st.message().find("did not prove"), std::string::npos) << st.message();
   EXPECT_FALSE(proofSeen.get()) << "rank 1 sent its Proof to an impostor";
   close(impostor);
 }
 
-TEST_P(HandshakeTest, AVerdictOnAnotherConnectionWinsOverAHangUp) {
-  // A rank 0 holding the job's secret finds rank 1's settings differ: it hangs up one of rank
-  // 1's two connections first and answers the other with the verdict 50 ms later (a real rank
-  // 0 answers, then fails and closes the rest; which one rank 1 reads first is a race). Rank 1
-  // reports the verdict, naming both settings, not the hang-up.
-  std::string address;
-  const int listener = listenLoopback(&address);
-  auto played = std::async(std::launch::async, [&] {
-    const CommIdentity key = keyOf("test-secret");
-    int fds[2];
-    Hello hellos[2];
-    Challenge challenges[2]{};
-    for (int i = 0; i < 2; ++i) {
-      fds[i] = accept(listener, nullptr, nullptr);
-      if (fds[i] < 0 || !recvAll(fds[i], &hellos[i], sizeof(Hello))) return false;
-      Challenge& c = challenges[i];
-      c.magic = kMagic;
-      c.rank = 0;
-      EXPECT_TRUE(crypto::randomBytes(c.nonce, sizeof(c.nonce)).isOk());
-      const crypto::Mac mac = tcp::challengeMac(key, hellos[i], c);
-      std::memcpy(c.mac, mac.data(), mac.size());
-      if (!sendAll(fds[i], &c, sizeof(c))) return false;
-    }
-    for (int i = 0; i < 2; ++i) {
-      Proof p{};
-      if (!recvAll(fds[i], &p, sizeof(p))) return false;
-    }
-    close(fds[1]);
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    const HelloAck ack{kMagic, tcp::HelloVerdict::kConfigMismatch, 0, 3, 64 * 1024, 0, 0};
-    const bool sent = sendAll(fds[0], &ack, sizeof(ack));
-    closedByPeer(fds[0]);
-    close(fds[0]);
-    return sent;
-  });
-  auto t1 = createTransport("tcp", optionsFor(1, 2, loopbackConfig(GetParam(), 2))).value();
+TEST_P(HandshakeTest, AHelloOutOfRangeIsTurnedAwayAndTheRealPeerGetsIn) {
+  // Signed with the job's secret, but for a rank or connection rank 0 does not accept: rank 0
+  // itself, a rank past the end, another size, a connection index past nsocks (1 here). Each
+  // is closed before any Challenge, and setup goes on.
+  const Config cfg = loopbackConfig(GetParam(), 1);
+  auto t0 = createTransport("tcp", optionsFor(0, 2, cfg)).value();
+  auto t1 = createTransport("tcp", optionsFor(1, 2, cfg)).value();
+  const std::string a0 = t0->listen().value();
   const std::string a1 = t1->listen().value();
-  const Status st = t1->connect({address, a1}, soon(20));
-  EXPECT_TRUE(played.get());
-  ASSERT_EQ(st.code(), StatusCode::kMismatch) << st.toString();
-  EXPECT_NE(st.message().find("nsocks=3"), std::string::npos) << st.message();
-  EXPECT_NE(st.message().find("nsocks=2"), std::string::npos) << st.message();
-  close(listener);
+  auto setup0 = std::async(std::launch::async, [&] { return t0->connect({a0, a1}, soon(20)); });
+  for (const Hello& h : {helloFor(0, 2), helloFor(2, 2), helloFor(-1, 2), helloFor(1, 3),
+                         helloFor(1, 2, /*socket=*/1)}) {
+    SCOPED_TRACE("rank " + std::to_string(h.rank) + " of " + std::to_string(h.size) +
+                 ", connection " + std::to_string(h.socketIndex));
+    const int fd = dial(a0);
+    const Played p = handshake(fd, h, keyOf("test-secret"));
+    EXPECT_FALSE(p.acceptorProved) << "rank 0 answered with a Challenge";
+    EXPECT_FALSE(p.ack.has_value()) << "rank 0 admitted it";
+    EXPECT_TRUE(closedByPeer(fd));
+    close(fd);
+  }
+  const Status st1 = t1->connect({a0, a1}, soon(20));
+  ASSERT_TRUE(st1.isOk()) << st1.toString();
+  const Status st0 = setup0.get();
+  ASSERT_TRUE(st0.isOk()) << st0.toString();
 }
 
 // Encrypted connections through a proxy that changes what rank 1 sends to rank 0: rank 0
@@ -382,7 +366,7 @@ class TamperTest : public HandshakeTest {
     const std::string a1 = t1->listen().value();
     Proxy proxy(a0, mutate);
     auto setup0 = std::async(std::launch::async, [&] { return t0->connect({a0, a1}, soon(20)); });
-    ASSERT_TRUE(t1->connect({proxy.address(), a1}, soon(20)).isOk());
+    ASSERT_TRUE(t1->connect({publishedLike(proxy.address(), a0), a1}, soon(20)).isOk());
     ASSERT_TRUE(setup0.get().isOk());
 
     std::vector<uint8_t> src(4096, 0x5a), dst(4096, 0);
@@ -433,7 +417,8 @@ TEST_P(InsiderTest, AReasonOnAnotherStreamWinsOverABareClose) {
   t0_ = createTransport("tcp", optionsFor(0, 3, cfg_)).value();
   const std::string a0 = t0_->listen().value();
   auto setup = std::async(std::launch::async, [&] {
-    return t0_->connect({a0, "127.0.0.1:1", "127.0.0.1:2"}, soon(20));
+    return t0_->connect(
+        {a0, publishedLike("127.0.0.1:1", a0), publishedLike("127.0.0.1:2", a0)}, soon(20));
   });
   const int fd1 = dial(a0);
   ASSERT_TRUE(handshake(fd1, helloFor(1, 3), keyOf("test-secret")).ack.has_value());
@@ -541,9 +526,17 @@ TEST(Rails, PublishedAddressesRoundTrip) {
   EXPECT_EQ((*a)[1].mbps, 0);  // unknown
   EXPECT_EQ(tcp::formatRails(*a), "10.0.0.1:4000@1000,[::1]:4001");
   EXPECT_EQ(tcp::parseRails("127.0.0.1:9")->size(), 1u);
+  EXPECT_EQ(tcp::publishedSettings("127.0.0.1:9"), "");
+  // With the settings every rank must share, after a space: parseRails() reads the rails only.
+  const std::string published = tcp::formatRails(*a, "nsocks=2 encrypt=0");
+  EXPECT_EQ(published, "10.0.0.1:4000@1000,[::1]:4001 nsocks=2 encrypt=0");
+  ASSERT_TRUE(tcp::parseRails(published).isOk());
+  EXPECT_EQ(tcp::formatRails(tcp::parseRails(published).value()), "10.0.0.1:4000@1000,[::1]:4001");
+  EXPECT_EQ(tcp::publishedSettings(published), "nsocks=2 encrypt=0");
   for (const std::string s : {"", ",", "10.0.0.1:4000,", ",10.0.0.1:4000", "10.0.0.1:4000;x:1",
                               "10.0.0.1:4000@", "10.0.0.1:4000@0", "10.0.0.1:4000@-5",
-                              "10.0.0.1:4000@1g", "10.0.0.1:4000@99999999999999999999"}) {
+                              "10.0.0.1:4000@1g", "10.0.0.1:4000@99999999999999999999",
+                              " nsocks=2", "10.0.0.1:4000@ nsocks=2"}) {
     EXPECT_EQ(tcp::parseRails(s).status().code(), StatusCode::kInvalidArgument) << s;
   }
 }
@@ -640,7 +633,6 @@ TEST(Rails, ConnectionSRunsOnRailSModuloRails) {
     p.rank = rank;
     p.size = 2;
     p.nsocks = 4;
-    p.stripeMinBytes = 65536;
     return p;
   };
   const tcp::MeshParams p0 = params(0), p1 = params(1);
@@ -689,6 +681,34 @@ TEST(Rails, RanksWithDifferentRailCountsFailAlike) {
   }
   for (auto& l : two) close(l.fd);
   close(one[0].fd);
+}
+
+// The settings every rank must share travel in the published addresses: a rank whose settings
+// differ fails setup on every rank, each naming both values, before any connection is made.
+TEST(TcpSettings, ARankWhoseSettingsDifferFailsEveryRankBeforeAnyConnection) {
+  auto lo = iface("lo", "127.0.0.1");
+  std::vector<tcp::Listener> listeners = {tcp::openListener(lo).value(),
+                                          tcp::openListener(lo).value()};
+  const std::vector<std::string> addresses = {
+      tcp::formatRails({{listeners[0].address}}, "nsocks=2 stripe_min_bytes=65536 encrypt=0"),
+      tcp::formatRails({{listeners[1].address}}, "nsocks=3 stripe_min_bytes=65536 encrypt=0")};
+  tcp::MeshParams p{keyOf("test-secret")};
+  p.size = 2;
+  p.nsocks = 2;
+  for (int rank : {0, 1}) {
+    p.rank = rank;
+    const auto mesh = tcp::buildMesh({listeners[rank]}, addresses, p, soon(5));
+    ASSERT_EQ(mesh.status().code(), StatusCode::kMismatch) << mesh.status().toString();
+    for (const char* named : {"nsocks=2", "nsocks=3", rank == 0 ? "rank 1" : "rank 0"}) {
+      EXPECT_NE(mesh.status().message().find(named), std::string::npos) << mesh.status().message();
+    }
+  }
+  // Rank 1 never connected: no connection waits at rank 0's listener (nor at its own).
+  for (const tcp::Listener& l : listeners) {
+    pollfd pf{l.fd, POLLIN, 0};
+    EXPECT_EQ(poll(&pf, 1, 100), 0) << "a connection was made to " << l.address.toString();
+    close(l.fd);
+  }
 }
 
 // NANOCCL_TCP_CONGESTION: every connection of the mesh, connected and accepted, runs the

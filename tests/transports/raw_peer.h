@@ -22,17 +22,27 @@
 
 namespace nanoccl::testing {
 
+// Connects to the first rail of a rank's published address (address.h) or a plain address.
 inline int dial(const std::string& address) {
-  auto a = SocketAddress::parse(address);
-  EXPECT_TRUE(a.isOk());
-  const int fd = socket(a->family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
-  EXPECT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&a->storage), a->length), 0);
+  auto rails = tcp::parseRails(address);
+  EXPECT_TRUE(rails.isOk()) << address;
+  if (!rails.isOk()) return -1;
+  const SocketAddress& a = rails->front().address;
+  const int fd = socket(a.family(), SOCK_STREAM | SOCK_CLOEXEC, 0);
+  EXPECT_EQ(connect(fd, reinterpret_cast<const sockaddr*>(&a.storage), a.length), 0);
   return fd;
+}
+
+// What a fake peer at `rails` publishes: those rails with the settings of `real` (a real
+// rank's published address), so that the real rank's setup goes on to connect.
+inline std::string publishedLike(const std::string& rails, const std::string& real) {
+  const std::string settings = tcp::publishedSettings(real);
+  return settings.empty() ? rails : rails + " " + settings;
 }
 
 // Whether the other side closed `fd` within `ms` (a read returns 0 or an error).
 // A listening socket on 127.0.0.1 with a port the kernel picks, for a fake peer or a proxy;
-// `address` is what a rank would publish.
+// `address` is its rail (publishedLike() makes it what a rank would publish).
 inline int listenLoopback(std::string* address) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   sockaddr_in a{};
@@ -58,7 +68,7 @@ inline CommIdentity keyOf(const std::string& secret, const std::string& commId =
   return CommIdentity(secret, commId);
 }
 
-inline tcp::Hello helloFor(int rank, int size, int nsocks = 1, int socket = 0, uint32_t flags = 0,
+inline tcp::Hello helloFor(int rank, int size, int socket = 0,
                            const std::string& commId = "test-comm") {
   tcp::Hello h{};
   h.magic = kMagic;
@@ -66,10 +76,7 @@ inline tcp::Hello helloFor(int rank, int size, int nsocks = 1, int socket = 0, u
   h.socketIndex = static_cast<uint16_t>(socket);
   h.rank = rank;
   h.size = size;
-  h.nsocks = nsocks;
-  h.flags = flags;
   h.commIdHash = hashCommId(commId);
-  h.stripeMinBytes = 64 * 1024;
   EXPECT_TRUE(crypto::randomBytes(h.nonce, sizeof(h.nonce)).isOk());
   return h;
 }

@@ -11,6 +11,7 @@
 #include <random>
 
 #include "tests/transports/mesh.h"
+#include "transports/tcp/address.h"
 
 namespace nanoccl::testing {
 namespace {
@@ -21,6 +22,18 @@ TEST(TcpTransportSetup, WorldOfOneNeedsNoSockets) {
   uint8_t x = 0;
   EXPECT_EQ(ts[0]->isend(0, collectiveEnvelope(1, 0, 1), &x, 1)->wait(soon()).code(),
             StatusCode::kInvalidArgument);
+}
+
+// The settings every rank must share travel in the published address (address.h), compared
+// by every rank before it connects.
+TEST(TcpTransportSetup, ThePublishedAddressCarriesTheSharedSettings) {
+  Config c = loopbackConfig("epoll", 3);
+  c.encrypt = true;
+  auto t = createTransport("tcp", optionsFor(0, 2, c)).value();
+  const std::string address = t->listen().value();
+  EXPECT_EQ(tcp::publishedSettings(address), "nsocks=3 stripe_min_bytes=65536 encrypt=1")
+      << address;
+  EXPECT_EQ(tcp::parseRails(address).value().size(), 1u) << address;
 }
 
 TEST(TcpTransportSetup, DifferentSettingsAcrossRanksFailSetupNamingBoth) {

@@ -6,7 +6,7 @@
 
 namespace nanoccl::tcp {
 
-std::string formatRails(const std::vector<RailAddress>& rails) {
+std::string formatRails(const std::vector<RailAddress>& rails, const std::string& settings) {
   std::string out;
   for (const RailAddress& r : rails) {
     if (!out.empty()) out += ',';
@@ -16,12 +16,12 @@ std::string formatRails(const std::vector<RailAddress>& rails) {
       out += std::to_string(r.mbps);
     }
   }
-  return out;
+  return settings.empty() ? out : out + ' ' + settings;
 }
 
 Result<std::vector<RailAddress>> parseRails(const std::string& text) {
   std::vector<RailAddress> out;
-  for (std::string item : splitList(text)) {
+  for (std::string item : splitList(text.substr(0, text.find(' ')))) {
     RailAddress& r = out.emplace_back();
     if (const size_t at = item.find('@'); at != std::string::npos) {
       const std::string rate = item.substr(at + 1);
@@ -38,6 +38,11 @@ Result<std::vector<RailAddress>> parseRails(const std::string& text) {
     NANOCCL_ASSIGN_OR_RETURN(r.address, SocketAddress::parse(item));
   }
   return out;
+}
+
+std::string publishedSettings(const std::string& text) {
+  const size_t space = text.find(' ');
+  return space == std::string::npos ? std::string() : text.substr(space + 1);
 }
 
 }  // namespace nanoccl::tcp

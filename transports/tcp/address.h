@@ -1,5 +1,5 @@
 // The TCP transport's published address: its rails (network interfaces, transports/netif.h)
-// with their line rates.
+// with their line rates, and the settings every rank must share.
 #pragma once
 
 #include <cstdint>
@@ -19,9 +19,13 @@ struct RailAddress {
 };
 
 // A rank's published TCP address: its rails joined by ',', each "<address>" or
-// "<address>@<Mbit/s>" ("10.0.0.1:4000@1000,10.0.1.1:4001@100"); parseRails() reads it back
-// (kInvalidArgument on anything else).
-std::string formatRails(const std::vector<RailAddress>& rails);
+// "<address>@<Mbit/s>", then, after a space, the settings every rank must share as
+// TcpTransport::publish() writes them ("10.0.0.1:4000@1000,10.0.1.1:4001@100 nsocks=2
+// stripe_min_bytes=65536 encrypt=0"; none when `settings` is empty). parseRails() reads the
+// rails back (kInvalidArgument on anything else) and publishedSettings() the settings ("" when
+// none): setup compares every rank's with its own, as text (buildMesh, handshake.h).
+std::string formatRails(const std::vector<RailAddress>& rails, const std::string& settings = "");
 Result<std::vector<RailAddress>> parseRails(const std::string& text);
+std::string publishedSettings(const std::string& text);
 
 }  // namespace nanoccl::tcp

@@ -22,11 +22,6 @@ namespace {
 // Most half-open connections we keep while waiting for Hellos; more are closed at once, so a
 // flood of strangers cannot exhaust descriptors.
 constexpr std::ptrdiff_t kMaxPendingIncoming = 256;
-// A peer that hangs up one of our connections mid-handshake may have told us why on another:
-// a rank that finds our settings differ answers the first connection with a verdict, then fails
-// and closes the rest. The close is reported only once the peer's other connections have
-// answered or closed too, or after this long (within the setup deadline).
-constexpr std::chrono::milliseconds kHangUpGrace{250};
 
 // Every connection: no Nagle delay, and the congestion control asked for (if any).
 Status tuneSocket(int fd, const std::string& congestion) {
@@ -144,10 +139,7 @@ class MeshBuilder {
     }
     const size_t nListeners = listeners_.size();
     while (linked_ < (p_.size - 1) * p_.nsocks) {
-      if (!hungUp_.isOk() && (Clock::now() >= hungUpReportAt_ || !outgoingPendingTo(hungUpPeer_))) {
-        return hungUp_;
-      }
-      if (deadline.expired()) return hungUp_.isOk() ? timeoutError(describeMissing()) : hungUp_;
+      if (deadline.expired()) return timeoutError(describeMissing());
       std::vector<pollfd> pfds;
       for (const Listener& l : listeners_) pfds.push_back({l.fd, POLLIN, 0});
       for (const Pending& pc : pending_) {
@@ -172,27 +164,11 @@ class MeshBuilder {
  private:
   int rails() const { return static_cast<int>(listeners_.size()); }
 
-  bool outgoingPendingTo(int peer) const {
-    return std::any_of(pending_.begin(), pending_.end(), [peer](const Pending& pc) {
-      return pc.outgoing && pc.peer == peer && pc.fd >= 0;
-    });
-  }
-
-  // A rank's settings (a Hello's or a HelloAck's) as mismatch errors name them. A Hello's
-  // connection count is given as the setting it comes from: NANOCCL_NSOCKS is a rail's (the
-  // ranks' rail counts agree by now: readTargets()).
-  template <typename Record>
-  std::string settingsText(const Record& r) const {
-    const uint32_t connections = r.nsocks;
-    std::string out = "nsocks=" + std::to_string(connections / rails());
-    if (rails() > 1) out += "/rail (x" + std::to_string(rails()) + " rails)";
-    return out + " stripe_min_bytes=" + std::to_string(r.stripeMinBytes) +
-           ((r.flags & kHelloEncrypt) != 0 ? " encrypt=1" : " encrypt=0");
-  }
-
-  // Every rank's rails (targets_[rank]), and the same count everywhere: each rank reads the
-  // same addresses, so a rank with fewer interfaces fails every rank alike.
+  // Every rank's rails (targets_[rank]), and the same settings and rail count everywhere: each
+  // rank reads the same addresses, so a rank with other settings or fewer interfaces fails
+  // every rank alike, before any connection.
   Status readTargets() {
+    const std::string ours = publishedSettings(addresses_[p_.rank]);
     targets_.resize(static_cast<size_t>(p_.size));
     for (int r = 0; r < p_.size; ++r) {
       if (r == p_.rank) continue;
@@ -201,13 +177,20 @@ class MeshBuilder {
       if (!published.isOk()) {
         return published.status().withContext(me_ + them + "'s published address: ");
       }
+      if (const std::string theirs = publishedSettings(addresses_[r]); theirs != ours) {
+        return mismatchError(me_ + them + " runs " +
+                             (theirs.empty() ? "with no settings published (an older build?)"
+                                             : theirs) +
+                             ", this rank " + ours +
+                             "; set the same NANOCCL_* values on every rank");
+      }
       for (const RailAddress& rail : *published) targets_[r].push_back(rail.address);
       if (static_cast<int>(targets_[r].size()) != rails()) {
         return mismatchError(
             me_ + them + " listens on " + std::to_string(targets_[r].size()) + " rail(s) (" +
-            addresses_[r] + "), this rank on " + std::to_string(rails()) + " (" + describeRails() +
-            "); NANOCCL_SOCKET_IFNAME (and NANOCCL_RAIL_PER_LOCAL_RANK) must select as many "
-            "interfaces on every rank, rail k of each on the same network");
+            formatRails(*published) + "), this rank on " + std::to_string(rails()) + " (" +
+            describeRails() + "); NANOCCL_SOCKET_IFNAME (and NANOCCL_RAIL_PER_LOCAL_RANK) must "
+            "select as many interfaces on every rank, rail k of each on the same network");
       }
       for (int k = 0; k < rails(); ++k) {
         if (targets_[r][k].family() != listeners_[k].address.family()) {
@@ -280,10 +263,7 @@ class MeshBuilder {
                 .socketIndex = static_cast<uint16_t>(socketIndex),
                 .rank = p_.rank,
                 .size = p_.size,
-                .nsocks = p_.nsocks,
-                .flags = p_.encrypt ? kHelloEncrypt : 0,
                 .commIdHash = p_.identity.commHash(),
-                .stripeMinBytes = p_.stripeMinBytes,
                 .nonce = {}};
     NANOCCL_CHECK(crypto::randomBytes(pc.hello.nonce, sizeof(pc.hello.nonce)));
     std::memcpy(pc.buf, &pc.hello, sizeof(Hello));
@@ -358,20 +338,11 @@ class MeshBuilder {
                   "closed after our challenge instead of proving the job secret (a rank "
                   "holding a different secret, or a stranger)");
     }
-    // One of our connections: the setup fails with this unless another connection to that
-    // peer says why first (kHangUpGrace).
-    if (hungUp_.isOk()) {
-      hungUp_ = peerError(outgoingWho(pc) +
-                          (pc.sending() ? " closed the connection during setup"
-                                        : " closed the connection during the handshake (is it "
-                                          "running a different job, with another secret or "
-                                          "communicator id?)"));
-      hungUpPeer_ = pc.peer;
-      hungUpReportAt_ = Clock::now() + kHangUpGrace;
-    }
-    close(pc.fd);
-    pc.fd = -1;
-    return Status::ok();
+    // One of our connections: the peer turned it away, or failed; so does the setup.
+    return peerError(outgoingWho(pc) +
+                     (pc.sending() ? " closed the connection during setup"
+                                   : " closed the connection during the handshake (is it running "
+                                     "a different job, with another secret or communicator id?)"));
   }
 
   std::string outgoingWho(const Pending& pc) const {
@@ -436,6 +407,12 @@ class MeshBuilder {
     if (h.commIdHash != p_.identity.commHash()) {
       return drop(pc, "another communicator (comm id differs)");
     }
+    // Not proven yet: a connection this rank does not expect is turned away, never fatal.
+    if (h.size != p_.size || h.rank <= p_.rank || h.rank >= p_.size || h.socketIndex >= p_.nsocks) {
+      return drop(pc, "claims rank " + std::to_string(h.rank) + " of " + std::to_string(h.size) +
+                          ", connection " + std::to_string(h.socketIndex) +
+                          ", which this rank does not accept");
+    }
     Challenge& c = pc.challenge;
     c.magic = kMagic;
     c.rank = p_.rank;
@@ -474,29 +451,13 @@ class MeshBuilder {
     if (!crypto::equalConstantTime(expected.data(), proof.mac, expected.size())) {
       return drop(pc, "no proof of the job secret (a wrong secret, or a replayed handshake)");
     }
-    // From here on the peer belongs to the job: disagreements are fatal and explained.
-    const uint32_t ourFlags = p_.encrypt ? kHelloEncrypt : 0;
-    HelloAck ack{kMagic, HelloVerdict::kAccepted, p_.rank, p_.nsocks, p_.stripeMinBytes,
-                 ourFlags, 0};
-    if (h.size != p_.size || h.rank <= p_.rank || h.rank >= p_.size || h.nsocks != p_.nsocks ||
-        h.stripeMinBytes != p_.stripeMinBytes || h.socketIndex >= p_.nsocks ||
-        h.flags != ack.flags) {
-      ack.verdict = HelloVerdict::kConfigMismatch;
-    } else if (links_[h.rank][h.socketIndex].fd >= 0) {
-      ack.verdict = HelloVerdict::kDuplicate;
+    if (links_[h.rank][h.socketIndex].fd >= 0) {
+      // Best effort: tell the peer why, then close.
+      const HelloAck duplicate{kMagic, HelloVerdict::kDuplicate};
+      [[maybe_unused]] ssize_t n = ::send(pc.fd, &duplicate, sizeof(duplicate), MSG_NOSIGNAL);
+      return drop(pc, "duplicate connection from rank " + std::to_string(h.rank));
     }
-    if (ack.verdict != HelloVerdict::kAccepted) {
-      // Best effort: tell the peer why, then fail (settings differ) or close (a duplicate).
-      [[maybe_unused]] ssize_t n = ::send(pc.fd, &ack, sizeof(ack), MSG_NOSIGNAL);
-      if (ack.verdict == HelloVerdict::kDuplicate) {
-        return drop(pc, "duplicate connection from rank " + std::to_string(h.rank));
-      }
-      return mismatchError(
-          me_ + "rank " + std::to_string(h.rank) +
-          " connected with different settings (its size=" + std::to_string(h.size) + " " +
-          settingsText(h) + "; ours size=" + std::to_string(p_.size) + " " + settingsText(ack) +
-          "); set the same NANOCCL_* values on every rank");
-    }
+    const HelloAck ack{kMagic, HelloVerdict::kAccepted};
     pc.peer = h.rank;
     pc.socketIndex = h.socketIndex;
     std::memcpy(pc.buf, &ack, sizeof(ack));
@@ -508,12 +469,6 @@ class MeshBuilder {
     std::memcpy(&ack, pc.buf, sizeof(ack));
     const std::string who = outgoingWho(pc);
     if (ack.magic != kMagic) return protocolError(who + " answered the handshake with garbage");
-    if (ack.verdict == HelloVerdict::kConfigMismatch) {
-      return mismatchError(who + " refused the connection: settings differ (rank " +
-                           std::to_string(pc.peer) + ": " + settingsText(ack) + "; rank " +
-                           std::to_string(p_.rank) + ": " + settingsText(pc.hello) +
-                           "); set the same NANOCCL_* values on every rank");
-    }
     if (ack.verdict != HelloVerdict::kAccepted) {
       return protocolError(who + " refused the connection (verdict " +
                            std::to_string(static_cast<uint32_t>(ack.verdict)) + ")");
@@ -550,10 +505,6 @@ class MeshBuilder {
   std::vector<Refused> refused_;
   std::string rejection_;  // drop()'s: the last connection turned away, by cause first
   bool rejectionNamesCause_ = false;
-  // closedEarly()'s: the first outgoing connection a peer closed, and when to say so.
-  Status hungUp_;
-  int hungUpPeer_ = -1;
-  Clock::time_point hungUpReportAt_{};
 };
 
 }  // namespace

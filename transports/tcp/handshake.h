@@ -6,9 +6,10 @@
 // thread (no helper threads). A connection is admitted only after both sides proved they hold
 // the job key by challenge-response over fresh nonces (wire.h), and the communicator id
 // matches: a stranger, garbage, a replayed handshake, or a connection that says nothing is
-// closed (logged) and setup goes on; a member of the job whose settings differ (nsocks, stripe
-// size, size, encryption) fails setup with an error that names both ranks' values. Nothing
-// read from an unauthenticated connection is used to size an allocation.
+// closed (logged) and setup goes on. The settings every rank must share (nsocks, stripe size,
+// encryption, rail count) are compared from the published addresses before any connection is
+// made: a rank whose settings differ fails setup on every rank, with an error that names both
+// ranks' values. Nothing read from an unauthenticated connection is used to size an allocation.
 #pragma once
 
 #include <string>
@@ -33,7 +34,7 @@ struct Listener {
 Result<Listener> openListener(const InterfaceAddress& iface);
 
 // One listening socket per rail chosen by `ifnameSpec` (pickRails(); closed again on failure).
-// A rank publishes formatRails() of their addresses.
+// A rank publishes formatRails() of their addresses, with the settings every rank must share.
 Result<std::vector<Listener>> openListeners(const std::string& ifnameSpec);
 
 struct MeshParams {
@@ -43,8 +44,6 @@ struct MeshParams {
   // Connections a peer, over all rails: connection s runs on rail s % rails (the listeners
   // this rank has; every rank must have as many).
   int nsocks = 1;
-  uint64_t stripeMinBytes = 0;
-  bool encrypt = false;  // must agree on every rank
   // TCP_CONGESTION of every connection this rank makes (chooseCongestionControl's answer);
   // empty: the host's default.
   std::string tcpCongestion;
@@ -74,8 +73,9 @@ struct MeshLink {
 };
 
 // Builds the mesh; returns links[peer][socketIndex] (connected, non-blocking, TCP_NODELAY;
-// links[rank] is empty). `addresses` are every rank's formatRails(); ranks with different
-// rail counts fail here, on every rank, naming them. Closes everything it opened on failure.
+// links[rank] is empty). `addresses` are every rank's formatRails(), this rank's own at
+// [rank]; ranks with different settings (publishedSettings()) or rail counts fail here, on
+// every rank, naming both, before any connection. Closes everything it opened on failure.
 Result<std::vector<std::vector<MeshLink>>> buildMesh(const std::vector<Listener>& listeners,
                                                      const std::vector<std::string>& addresses,
                                                      const MeshParams& params,

@@ -66,7 +66,11 @@ Result<std::string> TcpTransport::publish() {
                            std::to_string(rails.size()) + " rail(s) is more than " +
                            std::to_string(kMaxSocketsPerPeer) + " connections a peer");
   }
-  return formatRails(rails);
+  // The settings every rank must share: each compares them with everyone's before it connects
+  // (buildMesh).
+  return formatRails(rails, "nsocks=" + std::to_string(o_.config.nsocks) +
+                                " stripe_min_bytes=" + std::to_string(o_.config.stripeMinBytes) +
+                                " encrypt=" + (o_.config.encrypt ? "1" : "0"));
 }
 
 Status TcpTransport::attach(const std::vector<std::string>& addresses,
@@ -85,8 +89,6 @@ Status TcpTransport::attach(const std::vector<std::string>& addresses,
   mp.rank = o_.rank;
   mp.size = o_.size;
   mp.nsocks = connections();
-  mp.stripeMinBytes = o_.config.stripeMinBytes;
-  mp.encrypt = o_.config.encrypt;
   mp.tcpCongestion = congestion_;
   NANOCCL_ASSIGN_OR_RETURN(auto links, buildMesh(listeners_, addresses, mp, deadline));
   // Setup is over: strangers now meet a closed port.

@@ -103,7 +103,8 @@ class TcpTransport : public EngineTransport {
   }
 
   // ---- setup (engine.h's EngineTransport): tcp_transport.cc --------------------------------
-  // The listeners (one a rail) and their addresses with the rails' rates.
+  // The listeners (one a rail) and their addresses with the rails' rates, then the settings
+  // every rank must share (address.h).
   Result<std::string> publish() override;
   // The mesh (handshake.cc), the IoEngine and the connections.
   Status attach(const std::vector<std::string>& addresses, const Deadline& deadline) override;

@@ -13,10 +13,10 @@
 namespace nanoccl::tcp {
 
 // Connection setup, four records (the secret itself never crosses the wire):
-//   connector -> acceptor  Hello      who I am, my settings, a fresh nonce
+//   connector -> acceptor  Hello      who I am, a fresh nonce
 //   acceptor  -> connector Challenge  my rank, a fresh nonce, MAC proving I am a member
 //   connector -> acceptor  Proof      MAC proving I am a member
-//   acceptor  -> connector HelloAck   accepted, or which settings differ
+//   acceptor  -> connector HelloAck   accepted, or a duplicate
 // Each MAC covers both nonces (challengeMac(), proofMac()), so a recorded handshake replayed
 // later fails against the new nonce, and one side's MAC cannot stand in for the other's. The
 // acceptor answers a stranger's Hello with a Challenge, but admits nothing without a Proof.
@@ -25,11 +25,10 @@ namespace nanoccl::tcp {
 // communicator key and both nonces (sessionKeys()), used when the job encrypts
 // (NANOCCL_ENCRYPT). Version 3: MACs under the communicator key (v2 used the job key).
 // Version 4: rails (nsocks counts every rail's connections) and stripes cut by the rails'
-// weights (layout.h), which v3 ranks would reassemble differently.
-constexpr uint16_t kHandshakeVersion = 4;
-
-// Hello / HelloAck flags.
-constexpr uint32_t kHelloEncrypt = 1;  // this rank encrypts its connections (NANOCCL_ENCRYPT=1)
+// weights (layout.h), which v3 ranks would reassemble differently. Version 5: the settings
+// ranks must share travel in the published address (address.h) and are compared before any
+// connection; the Hello and HelloAck no longer carry them.
+constexpr uint16_t kHandshakeVersion = 5;
 
 struct Hello {
   uint32_t magic;
@@ -37,13 +36,10 @@ struct Hello {
   uint16_t socketIndex;  // which of the nsocks connections to the acceptor this is
   int32_t rank;          // the connecting rank
   int32_t size;          // its communicator size
-  int32_t nsocks;        // its NANOCCL_NSOCKS
-  uint32_t flags;        // kHello* bits
   uint64_t commIdHash;
-  uint64_t stripeMinBytes;  // its NANOCCL_STRIPE_MIN_BYTES: striping must agree on both sides
   uint8_t nonce[crypto::kNonceBytes];
 };
-static_assert(sizeof(Hello) == 72);
+static_assert(sizeof(Hello) == 56);
 
 struct Challenge {
   uint32_t magic;
@@ -64,23 +60,17 @@ static_assert(sizeof(Proof) == 40);
 // answer: it is closed.
 enum class HelloVerdict : uint32_t {
   kAccepted = 0,
-  kConfigMismatch = 1,  // same job, but nsocks / stripe size / size / encryption disagree
-  kDuplicate = 2,
+  kDuplicate = 2,  // that rank's connection of this index is already in
 };
 struct HelloAck {
   uint32_t magic;
   HelloVerdict verdict;
-  int32_t rank;  // the acceptor's rank
-  int32_t nsocks;
-  uint64_t stripeMinBytes;
-  uint32_t flags;  // kHello* bits
-  uint32_t reserved;
 };
-static_assert(sizeof(HelloAck) == 32);
+static_assert(sizeof(HelloAck) == 8);
 
 // The acceptor's answer to a Hello, and the connector's proof: both bind the Hello (ranks,
-// comm id, settings) and the acceptor's fresh nonce, so a recorded handshake does not verify
-// again (transports/identity.h).
+// comm id, connection index) and the acceptor's fresh nonce, so a recorded handshake does not
+// verify again (transports/identity.h).
 inline crypto::Mac challengeMac(const CommIdentity& id, const Hello& h, const Challenge& c) {
   using crypto::bytesOf;
   return id.prove("nanoccl tcp acceptor v3", {bytesOf(h), bytesOf(c.rank), bytesOf(c.nonce)});
