@@ -31,7 +31,7 @@ TEST(TcpTransportSetup, ThePublishedAddressCarriesTheSharedSettings) {
   c.encrypt = true;
   auto t = createTransport("tcp", optionsFor(0, 2, c)).value();
   const std::string address = t->listen().value();
-  EXPECT_EQ(tcp::publishedSettings(address), "nsocks=3 stripe_min_bytes=65536 encrypt=1")
+  EXPECT_EQ(tcp::publishedSettings(address), "size=2 nsocks=3 stripe_min_bytes=65536 encrypt=1")
       << address;
   EXPECT_EQ(tcp::parseRails(address).value().size(), 1u) << address;
 }

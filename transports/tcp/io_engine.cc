@@ -160,7 +160,7 @@ Status IoEngine::poll(int timeoutMs, const std::function<void(const IoCompletion
 
 void IoEngine::finish(Op& op, int64_t result, Status error) {
   op.active = false;
-  ready_.push_back({op.cookie, result, std::move(error)});
+  ready_.push_back({op.cookie, op.kind == Op::kSend, result, std::move(error)});
 }
 
 bool IoEngine::advance(Op& op, size_t n) {

@@ -48,6 +48,7 @@ static_assert(kMaxAbortText <= kRecordBytes, "an abort text is one record");
 
 struct IoCompletion {
   void* cookie;    // as given to the post call
+  bool send;       // which of the socket's two operations it ends
   int64_t result;  // bytes moved (the full length), 0 at end-of-stream, or -errno
   Status error;    // -EBADMSG: why a sealed record did not open
 };
