@@ -9,9 +9,11 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
-#include <cstdlib>
 #include <functional>
+#include <optional>
 #include <thread>
+
+#include "common/strings.h"
 
 namespace nanoccl {
 namespace {
@@ -26,17 +28,10 @@ std::string waitTimeoutMessage(const std::string& what, const std::string& key) 
 }
 
 Status parseInt64(const std::string& key, const std::string& text, int64_t* out) {
-  if (text.empty()) {
-    *out = 0;
-    return Status::ok();
-  }
-  char* end = nullptr;
-  errno = 0;
-  const long long v = std::strtoll(text.c_str(), &end, 10);
-  if (errno != 0 || *end != '\0') {
-    return invalidArgument("store key '" + key + "' holds '" + text + "', not an integer");
-  }
-  *out = v;
+  const std::optional<int64_t> v =
+      text.empty() ? 0 : parseDecimal(text, INT64_MIN, INT64_MAX);
+  if (!v) return invalidArgument("store key '" + key + "' holds '" + text + "', not an integer");
+  *out = *v;
   return Status::ok();
 }
 

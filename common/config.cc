@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <cstdlib>
 #include <functional>
 #include <limits>
@@ -16,19 +15,12 @@
 namespace nanoccl {
 namespace {
 
-// A decimal integer in [min, max], nothing else (no sign games, spaces or suffixes).
+// A decimal integer in [min, max] (parseDecimal), or an error naming the setting.
 Result<int64_t> parseInt(const std::string& name, const std::string& v, int64_t min,
                          int64_t max) {
-  const auto bad = [&] {
-    return invalidArgument(name + "=" + v + ": expected an integer in [" + std::to_string(min) +
-                           ", " + std::to_string(max) + "]");
-  };
-  if (v.empty() || !(std::isdigit(static_cast<unsigned char>(v[0])) || v[0] == '-')) return bad();
-  char* end = nullptr;
-  errno = 0;
-  const long long x = std::strtoll(v.c_str(), &end, 10);
-  if (errno != 0 || *end != '\0' || x < min || x > max) return bad();
-  return static_cast<int64_t>(x);
+  if (const std::optional<int64_t> x = parseDecimal(v, min, max)) return *x;
+  return invalidArgument(name + "=" + v + ": expected an integer in [" + std::to_string(min) +
+                         ", " + std::to_string(max) + "]");
 }
 
 Status oneOf(const std::string& name, const std::string& v, std::initializer_list<const char*> ok) {

@@ -1,6 +1,7 @@
 #include "transports/tcp/address.h"
 
-#include <cstdlib>
+#include <cstdint>
+#include <optional>
 
 #include "common/strings.h"
 
@@ -24,15 +25,9 @@ Result<std::vector<RailAddress>> parseRails(const std::string& text) {
   for (std::string item : splitList(text.substr(0, text.find(' ')))) {
     RailAddress& r = out.emplace_back();
     if (const size_t at = item.find('@'); at != std::string::npos) {
-      const std::string rate = item.substr(at + 1);
-      char* end = nullptr;
-      errno = 0;
-      const long long mbps = std::strtoll(rate.c_str(), &end, 10);
-      if (rate.empty() || !std::isdigit(static_cast<unsigned char>(rate[0])) || *end != '\0' ||
-          errno != 0 || mbps <= 0 || mbps > kMaxRailMbps) {
-        return invalidArgument("bad rail rate in '" + text + "'");
-      }
-      r.mbps = mbps;
+      const std::optional<int64_t> mbps = parseDecimal(item.substr(at + 1), 1, kMaxRailMbps);
+      if (!mbps) return invalidArgument("bad rail rate in '" + text + "'");
+      r.mbps = *mbps;
       item.resize(at);
     }
     NANOCCL_ASSIGN_OR_RETURN(r.address, SocketAddress::parse(item));
