@@ -711,6 +711,47 @@ TEST(TcpSettings, ARankWhoseSettingsDifferFailsEveryRankBeforeAnyConnection) {
   }
 }
 
+// A rank that dials before its peer listens (a restarted peer, a slow interface) is refused,
+// and dials again until the deadline: rank 1's connections are refused while nothing listens
+// at rank 0's address; once rank 0 listens there, the mesh is built.
+TEST(TcpSetup, ARefusedConnectIsDialledAgain) {
+  auto lo = iface("lo", "127.0.0.1");
+  tcp::Listener l0 = tcp::openListener(lo).value();
+  const std::string a0 = tcp::formatRails({{l0.address}});
+  close(l0.fd);  // the port is free now: rank 1's first connects are refused
+  std::vector<tcp::Listener> l1 = {tcp::openListener(lo).value()};
+  const std::vector<std::string> addresses = {a0, tcp::formatRails({{l1[0].address}})};
+  tcp::MeshParams p{keyOf("test-secret")};
+  p.size = 2;
+  p.nsocks = 2;
+  p.rank = 1;
+  auto mesh1 = std::async(std::launch::async,
+                          [&] { return tcp::buildMesh(l1, addresses, p, soon(20)); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_EQ(mesh1.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
+      << mesh1.get().status().toString();
+  l0.fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+  const int one = 1;
+  setsockopt(l0.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  ASSERT_EQ(bind(l0.fd, reinterpret_cast<const sockaddr*>(&l0.address.storage), l0.address.length),
+            0) << strerror(errno);
+  ASSERT_EQ(listen(l0.fd, 16), 0);
+  tcp::MeshParams p0 = p;
+  p0.rank = 0;
+  auto mesh0 = tcp::buildMesh({l0}, addresses, p0, soon(20));
+  auto links1 = mesh1.get();
+  ASSERT_TRUE(mesh0.isOk()) << mesh0.status().toString();
+  ASSERT_TRUE(links1.isOk()) << links1.status().toString();
+  EXPECT_EQ((*links1)[0].size(), 2u);
+  for (auto* links : {&mesh0.value(), &links1.value()}) {
+    for (auto& row : *links) {
+      for (auto& l : row) close(l.fd);
+    }
+  }
+  close(l0.fd);
+  close(l1[0].fd);
+}
+
 // NANOCCL_TCP_CONGESTION: every connection of the mesh, connected and accepted, runs the
 // algorithm asked for; one the kernel does not have fails listen() on that rank, naming the
 // setting and what the host allows.

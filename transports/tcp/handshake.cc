@@ -93,17 +93,18 @@ constexpr size_t kRecordBytes[kRecords] = {sizeof(Hello), sizeof(Challenge), siz
 struct Pending {
   int fd;
   bool outgoing;
-  int peer = -1;            // outgoing: target rank; incoming: known after the Proof
-  int socketIndex = -1;     // outgoing: which connection; incoming: known after the Proof
-  bool connecting = false;  // outgoing: connect() still in progress
-  int record = 0;           // the record on the wire now (kRecordBytes); kRecords: all through
-  size_t done = 0;          // its bytes sent or read so far
+  int peer = -1;         // outgoing: target rank; incoming: known after the Proof
+  int socketIndex = -1;  // outgoing: which connection; incoming: known after the Proof
+  int record = 0;        // the record on the wire now (kRecordBytes); kRecords: all through
+  size_t done = 0;       // its bytes sent or read so far
+  Clock::time_point retryAt{};  // outgoing, its connect failed: dialled again then
   char buf[std::ranges::max(kRecordBytes)] = {};
   Hello hello{};          // as the connector sent it
   Challenge challenge{};  // as the acceptor sent it
 
   // Whether this side sends the record on the wire now (or reads it).
   bool sending() const { return outgoing == (record % 2 == 0); }
+  bool retrying() const { return retryAt != Clock::time_point{}; }
 };
 
 class MeshBuilder {
@@ -135,7 +136,9 @@ class MeshBuilder {
   Result<std::vector<std::vector<MeshLink>>> run(const Deadline& deadline) {
     NANOCCL_CHECK(readTargets());
     for (int peer = 0; peer < p_.rank; ++peer) {
-      for (int s = 0; s < p_.nsocks; ++s) NANOCCL_CHECK(startConnect(peer, s));
+      for (int s = 0; s < p_.nsocks; ++s) {
+        NANOCCL_CHECK(dial(pending_.emplace_back(Pending{-1, /*outgoing=*/true, peer, s})));
+      }
     }
     const size_t nListeners = listeners_.size();
     while (linked_ < (p_.size - 1) * p_.nsocks) {
@@ -143,8 +146,7 @@ class MeshBuilder {
       std::vector<pollfd> pfds;
       for (const Listener& l : listeners_) pfds.push_back({l.fd, POLLIN, 0});
       for (const Pending& pc : pending_) {
-        pfds.push_back(
-            {pc.fd, static_cast<short>(pc.connecting || pc.sending() ? POLLOUT : POLLIN), 0});
+        pfds.push_back({pc.fd, static_cast<short>(pc.sending() ? POLLOUT : POLLIN), 0});
       }
       const int n = ::poll(pfds.data(), pfds.size(), deadline.remainingMs(50));
       if (n < 0 && errno != EINTR) return systemError("poll", errno);
@@ -152,11 +154,15 @@ class MeshBuilder {
         if (pfds[i].revents & POLLIN) NANOCCL_CHECK(acceptAll(listeners_[i].fd));
       }
       for (size_t i = nListeners; i < pfds.size(); ++i) {
-        if (pfds[i].revents != 0) NANOCCL_CHECK(step(pending_[i - nListeners]));
+        Pending& pc = pending_[i - nListeners];  // (poll passes over a closed one, fd -1)
+        if (pfds[i].revents != 0) {
+          NANOCCL_CHECK(step(pc));
+        } else if (pc.fd < 0 && Clock::now() >= pc.retryAt) {
+          NANOCCL_CHECK(dial(pc));
+        }
       }
-      NANOCCL_CHECK(retryRefused());
-      // Forget finished and dropped connections.
-      std::erase_if(pending_, [](const Pending& pc) { return pc.fd < 0; });
+      // Forget finished and dropped connections; a refused one waits for its retry.
+      std::erase_if(pending_, [](const Pending& pc) { return pc.fd < 0 && !pc.retrying(); });
     }
     return std::exchange(links_, {});
   }
@@ -237,22 +243,24 @@ class MeshBuilder {
            (rejection_.empty() ? "" : "; last connection turned away: " + rejection_) + ")";
   }
 
-  Status startConnect(int peer, int socketIndex) {
-    const int rail = socketIndex % rails();
-    const SocketAddress& target = targets_[peer][rail];
-    const int fd = socket(target.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (fd < 0) return systemError("socket", errno);
+  // Opens outgoing `pc`'s connection (again, after its connect failed) with its Hello, a fresh
+  // nonce, in pc.buf: the connect completes in the poll loop, and the Hello goes out then.
+  Status dial(Pending& pc) {
+    const int rail = pc.socketIndex % rails();
+    const SocketAddress& target = targets_[pc.peer][rail];
+    pc.retryAt = {};
     // Pending from here on: should the rest fail, ~MeshBuilder closes it with everything else.
-    Pending& pc = pending_.emplace_back(Pending{fd, /*outgoing=*/true, peer, socketIndex});
-    NANOCCL_CHECK(tuneSocket(fd, p_.tcpCongestion));
+    pc.fd = socket(target.family(), SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (pc.fd < 0) return systemError("socket", errno);
+    NANOCCL_CHECK(tuneSocket(pc.fd, p_.tcpCongestion));
     if (rails() > 1) {
       // Leave from the rail's own address (its port picked at connect time), so that a host
       // routing by source address sends it out of that interface.
       const int one = 1;
-      setsockopt(fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one));
+      setsockopt(pc.fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one));
       SocketAddress local = listeners_[rail].address;
       local.setPort(0);
-      if (bind(fd, reinterpret_cast<const sockaddr*>(&local.storage), local.length) != 0) {
+      if (bind(pc.fd, reinterpret_cast<const sockaddr*>(&local.storage), local.length) != 0) {
         const int err = errno;
         return systemError(("bind to " + local.toString() + " (rail " + std::to_string(rail) +
                             ", " + listeners_[rail].ifname + ")").c_str(), err);
@@ -260,31 +268,19 @@ class MeshBuilder {
     }
     pc.hello = {.magic = kMagic,
                 .version = kHandshakeVersion,
-                .socketIndex = static_cast<uint16_t>(socketIndex),
+                .socketIndex = static_cast<uint16_t>(pc.socketIndex),
                 .rank = p_.rank,
                 .size = p_.size,
                 .commIdHash = p_.identity.commHash(),
                 .nonce = {}};
     NANOCCL_CHECK(crypto::randomBytes(pc.hello.nonce, sizeof(pc.hello.nonce)));
     std::memcpy(pc.buf, &pc.hello, sizeof(Hello));
-    pc.connecting =
-        ::connect(fd, reinterpret_cast<const sockaddr*>(&target.storage), target.length) != 0;
-    if (pc.connecting && errno != EINPROGRESS) {
+    if (::connect(pc.fd, reinterpret_cast<const sockaddr*>(&target.storage), target.length) != 0 &&
+        errno != EINPROGRESS) {
       const int err = errno;
       return systemError(
-          ("connect to rank " + std::to_string(peer) + " at " + target.toString()).c_str(), err);
-    }
-    return Status::ok();
-  }
-
-  Status retryRefused() {
-    const auto now = Clock::now();
-    for (const Refused& r : std::exchange(refused_, {})) {
-      if (now < r.retryAt) {
-        refused_.push_back(r);
-      } else {
-        NANOCCL_CHECK(startConnect(r.peer, r.socketIndex));
-      }
+          ("connect to rank " + std::to_string(pc.peer) + " at " + target.toString()).c_str(),
+          err);
     }
     return Status::ok();
   }
@@ -352,27 +348,21 @@ class MeshBuilder {
 
   // Moves `pc` on as far as its socket allows without blocking.
   Status step(Pending& pc) {
-    if (pc.connecting) {
-      int err = 0;
-      socklen_t len = sizeof(err);
-      getsockopt(pc.fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      if (err == EINPROGRESS) return Status::ok();
-      if (err != 0) {
-        // The peer listens before it publishes its address, so a refusal is transient (a
-        // restarted job, a slow interface); retry until the deadline, as NCCL does.
-        close(pc.fd);
-        pc.fd = -1;
-        refused_.push_back({pc.peer, pc.socketIndex, Clock::now() + std::chrono::milliseconds(20)});
-        return Status::ok();
-      }
-      pc.connecting = false;
-    }
     while (pc.fd >= 0 && pc.record < kRecords) {
       const bool sending = pc.sending();
       const size_t size = kRecordBytes[pc.record];
       const ssize_t n = sending ? ::send(pc.fd, pc.buf + pc.done, size - pc.done, MSG_NOSIGNAL)
                                 : ::recv(pc.fd, pc.buf + pc.done, size - pc.done, 0);
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) return Status::ok();
+      if (n < 0 && pc.outgoing && pc.record == 0 && pc.done == 0) {
+        // The connect failed (the first send says how). The peer listens before it publishes
+        // its address, so a refusal is transient (a restarted job, a slow interface): dial
+        // again until the deadline, as NCCL does.
+        close(pc.fd);
+        pc.fd = -1;
+        pc.retryAt = Clock::now() + std::chrono::milliseconds(20);
+        return Status::ok();
+      }
       if (n <= 0) return closedEarly(pc);
       pc.done += static_cast<size_t>(n);
       // Reject garbage as soon as the magic is in, without waiting for the rest.
@@ -451,7 +441,12 @@ class MeshBuilder {
     if (!crypto::equalConstantTime(expected.data(), proof.mac, expected.size())) {
       return drop(pc, "no proof of the job secret (a wrong secret, or a replayed handshake)");
     }
-    if (links_[h.rank][h.socketIndex].fd >= 0) {
+    const auto taken = [&](const Pending& o) {  // admitted, or proven and sending its ack
+      return &o != &pc && !o.outgoing && o.fd >= 0 && o.peer == h.rank &&
+             o.socketIndex == h.socketIndex;
+    };
+    if (links_[h.rank][h.socketIndex].fd >= 0 ||
+        std::any_of(pending_.begin(), pending_.end(), taken)) {
       // Best effort: tell the peer why, then close.
       const HelloAck duplicate{kMagic, HelloVerdict::kDuplicate};
       [[maybe_unused]] ssize_t n = ::send(pc.fd, &duplicate, sizeof(duplicate), MSG_NOSIGNAL);
@@ -486,13 +481,6 @@ class MeshBuilder {
     ++linked_;
   }
 
-  // An outgoing connection refused: connected again at retryAt.
-  struct Refused {
-    int peer;
-    int socketIndex;
-    Clock::time_point retryAt;
-  };
-
   const std::vector<Listener>& listeners_;
   const std::vector<std::string>& addresses_;
   const MeshParams& p_;
@@ -502,7 +490,6 @@ class MeshBuilder {
   int linked_ = 0;
   std::vector<std::vector<SocketAddress>> targets_;  // readTargets()
   std::vector<Pending> pending_;
-  std::vector<Refused> refused_;
   std::string rejection_;  // drop()'s: the last connection turned away, by cause first
   bool rejectionNamesCause_ = false;
 };
