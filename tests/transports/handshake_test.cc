@@ -716,11 +716,17 @@ TEST(TcpSettings, ARankWhoseSettingsDifferFailsEveryRankBeforeAnyConnection) {
 // at rank 0's address; once rank 0 listens there, the mesh is built.
 TEST(TcpSetup, ARefusedConnectIsDialledAgain) {
   auto lo = iface("lo", "127.0.0.1");
-  tcp::Listener l0 = tcp::openListener(lo).value();
-  const std::string a0 = tcp::formatRails({{l0.address}});
-  close(l0.fd);  // the port is free now: rank 1's first connects are refused
+  // Rank 0's port is bound but does not listen yet: connects to it are refused, and no one
+  // else can take it.
+  tcp::Listener l0{socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0), "lo", lo.address};
+  l0.address.setPort(0);
+  ASSERT_EQ(bind(l0.fd, reinterpret_cast<const sockaddr*>(&l0.address.storage), l0.address.length),
+            0) << strerror(errno);
+  l0.address.length = sizeof(l0.address.storage);
+  getsockname(l0.fd, reinterpret_cast<sockaddr*>(&l0.address.storage), &l0.address.length);
   std::vector<tcp::Listener> l1 = {tcp::openListener(lo).value()};
-  const std::vector<std::string> addresses = {a0, tcp::formatRails({{l1[0].address}})};
+  const std::vector<std::string> addresses = {tcp::formatRails({{l0.address}}),
+                                              tcp::formatRails({{l1[0].address}})};
   tcp::MeshParams p{keyOf("test-secret")};
   p.size = 2;
   p.nsocks = 2;
@@ -730,11 +736,6 @@ TEST(TcpSetup, ARefusedConnectIsDialledAgain) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   ASSERT_EQ(mesh1.wait_for(std::chrono::seconds(0)), std::future_status::timeout)
       << mesh1.get().status().toString();
-  l0.fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
-  const int one = 1;
-  setsockopt(l0.fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-  ASSERT_EQ(bind(l0.fd, reinterpret_cast<const sockaddr*>(&l0.address.storage), l0.address.length),
-            0) << strerror(errno);
   ASSERT_EQ(listen(l0.fd, 16), 0);
   tcp::MeshParams p0 = p;
   p0.rank = 0;

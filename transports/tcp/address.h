@@ -20,7 +20,7 @@ struct RailAddress {
 
 // A rank's published TCP address: its rails joined by ',', each "<address>" or
 // "<address>@<Mbit/s>", then, after a space, the settings every rank must share as
-// TcpTransport::publish() writes them ("10.0.0.1:4000@1000,10.0.1.1:4001@100 nsocks=2
+// TcpTransport::publish() writes them ("10.0.0.1:4000@1000,10.0.1.1:4001@100 size=4 nsocks=2
 // stripe_min_bytes=65536 encrypt=0"; none when `settings` is empty). parseRails() reads the
 // rails back (kInvalidArgument on anything else) and publishedSettings() the settings ("" when
 // none): setup compares every rank's with its own, as text (buildMesh, handshake.h).

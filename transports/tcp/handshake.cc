@@ -86,8 +86,8 @@ std::string peerName(int fd) {
 // The handshake's records (wire.h), in the order they cross: the connector (outgoing) sends the
 // even ones, Hello and Proof; the acceptor (incoming) the odd ones, Challenge and HelloAck.
 constexpr int kRecords = 4;
-constexpr size_t kRecordBytes[kRecords] = {sizeof(Hello), sizeof(Challenge), sizeof(Proof),
-                                           sizeof(HelloAck)};
+constexpr size_t kHandshakeRecordBytes[kRecords] = {sizeof(Hello), sizeof(Challenge),
+                                                    sizeof(Proof), sizeof(HelloAck)};
 
 // One connection being set up: its records in turn, each sent or read through `buf`.
 struct Pending {
@@ -95,10 +95,10 @@ struct Pending {
   bool outgoing;
   int peer = -1;         // outgoing: target rank; incoming: known after the Proof
   int socketIndex = -1;  // outgoing: which connection; incoming: known after the Proof
-  int record = 0;        // the record on the wire now (kRecordBytes); kRecords: all through
+  int record = 0;        // the record on the wire now (kHandshakeRecordBytes); kRecords: done
   size_t done = 0;       // its bytes sent or read so far
   Clock::time_point retryAt{};  // outgoing, its connect failed: dialled again then
-  char buf[std::ranges::max(kRecordBytes)] = {};
+  char buf[std::ranges::max(kHandshakeRecordBytes)] = {};
   Hello hello{};          // as the connector sent it
   Challenge challenge{};  // as the acceptor sent it
 
@@ -157,7 +157,7 @@ class MeshBuilder {
         Pending& pc = pending_[i - nListeners];  // (poll passes over a closed one, fd -1)
         if (pfds[i].revents != 0) {
           NANOCCL_CHECK(step(pc));
-        } else if (pc.fd < 0 && Clock::now() >= pc.retryAt) {
+        } else if (pc.retrying() && Clock::now() >= pc.retryAt) {
           NANOCCL_CHECK(dial(pc));
         }
       }
@@ -350,7 +350,7 @@ class MeshBuilder {
   Status step(Pending& pc) {
     while (pc.fd >= 0 && pc.record < kRecords) {
       const bool sending = pc.sending();
-      const size_t size = kRecordBytes[pc.record];
+      const size_t size = kHandshakeRecordBytes[pc.record];
       const ssize_t n = sending ? ::send(pc.fd, pc.buf + pc.done, size - pc.done, MSG_NOSIGNAL)
                                 : ::recv(pc.fd, pc.buf + pc.done, size - pc.done, 0);
       if (n < 0 && (errno == EAGAIN || errno == EINTR)) return Status::ok();

@@ -6,8 +6,8 @@
 // thread (no helper threads). A connection is admitted only after both sides proved they hold
 // the job key by challenge-response over fresh nonces (wire.h), and the communicator id
 // matches: a stranger, garbage, a replayed handshake, or a connection that says nothing is
-// closed (logged) and setup goes on. The settings every rank must share (nsocks, stripe size,
-// encryption, rail count) are compared from the published addresses before any connection is
+// closed (logged) and setup goes on. The settings every rank must share (size, nsocks, stripe
+// size, encryption, rail count) are compared from the published addresses before any connection is
 // made: a rank whose settings differ fails setup on every rank, with an error that names both
 // ranks' values. Nothing read from an unauthenticated connection is used to size an allocation.
 #pragma once

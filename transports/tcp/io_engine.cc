@@ -66,9 +66,6 @@ Status IoEngine::postRecv(int fd, void* buf, size_t len, void* cookie) {
 }
 
 Status IoEngine::postSend(int fd, const iovec* iov, int iovcnt, void* cookie) {
-  if (iovcnt < 1 || iovcnt > kMaxIov) {
-    return internalError(std::string(name()) + " engine: bad iovcnt");
-  }
   return post(sockets_.at(fd)->send, iov, iovcnt, cookie);
 }
 
@@ -90,6 +87,7 @@ Status IoEngine::post(Op& op, const iovec* iov, int iovcnt, void* cookie) {
 }
 
 Status IoEngine::load(Op& op, const iovec* iov, int iovcnt) {
+  if (iovcnt > kMaxIov) return internalError(std::string(name()) + " engine: bad iovcnt");
   op.iovcnt = 0;
   op.total = 0;
   for (int i = 0; i < iovcnt; ++i) {
@@ -107,16 +105,17 @@ Status IoEngine::load(Op& op, const iovec* iov, int iovcnt) {
 Status IoEngine::nextRecords(Op& op) {
   char* stage = op.stage.data();
   size_t used = 0;
-  if (op.kind == Op::kRecv) {
+  if (op.kind == Op::kRecv) {  // the next record's room
     op.record = std::min<size_t>(kRecordBytes, op.plain[0].iov_len);
     used = op.record + crypto::kTagBytes;
-  }
-  while (op.kind == Op::kSend && op.plainCnt > 0) {
-    const size_t n = std::min<size_t>(kRecordBytes, op.plain[0].iov_len);
-    if (used + n + crypto::kTagBytes > op.stage.size()) break;
-    NANOCCL_CHECK(op.aead->seal(op.plain[0].iov_base, n, stage + used));
-    used += n + crypto::kTagBytes;
-    advanceIov(op.plain, op.plainCnt, n);
+  } else {  // as many records as the stage holds, sealed
+    while (op.plainCnt > 0) {
+      const size_t n = std::min<size_t>(kRecordBytes, op.plain[0].iov_len);
+      if (used + n + crypto::kTagBytes > op.stage.size()) break;
+      NANOCCL_CHECK(op.aead->seal(op.plain[0].iov_base, n, stage + used));
+      used += n + crypto::kTagBytes;
+      advanceIov(op.plain, op.plainCnt, n);
+    }
   }
   op.iov[0] = {stage, used};
   op.iovcnt = 1;

@@ -4,8 +4,8 @@
 // one log line when the kernel, its io_uring_disabled setting or a seccomp filter refuses it.
 //
 // Threads and ownership
-// - One engine per progress thread. postRecv/postSend/sendNow/poll/addSocket are called
-//   from that thread only; wakeup() may be called from any thread.
+// - One engine per progress thread. postRecv/postSend/sendNow/poll are called from that
+//   thread only, addSocket() before it polls (setup); wakeup() may be called from any thread.
 // - At most one receive and one send may be pending per socket. An operation completes when
 //   all its bytes have moved (short transfers are continued inside the engine), or with an
 //   error: result < 0 is -errno, and a receive that meets end-of-stream completes with
@@ -14,8 +14,9 @@
 // - A socket added with keys is sealed (NANOCCL_ENCRYPT=1): its bytes travel as records, each
 //   AES-256-GCM sealed under its direction's key and record counter (crypto::Aead), each
 //   followed by its tag. A send seals each iov entry as records of at most kRecordBytes (a
-//   frame's header, then its payload), up to kRecordsPerSend a time into the op's staging
-//   buffer while the previous ones drain; a receive of `len` bytes reads records of at most
+//   frame's header, then its payload) into the op's staging buffer, as many as it holds (a
+//   header and kRecordsPerSend whole records), and seals the next ones once those have left; a
+//   receive of `len` bytes reads records of at most
 //   kRecordBytes (so the receiver must cut its receives as the sender cut its iov entries: a
 //   frame's header alone, then its payload) and opens each into the caller's buffer. The
 //   callers see plaintext and its byte counts only; a record that does not open completes the
@@ -44,13 +45,14 @@ namespace nanoccl::tcp {
 constexpr uint64_t kRecordBytes = 256 * 1024;
 constexpr uint64_t kRecordsPerSend = 2;
 constexpr uint64_t kSealedHeaderBytes = sizeof(FrameHeader) + crypto::kTagBytes;
-static_assert(kMaxAbortText <= kRecordBytes, "an abort text is one record");
 
 struct IoCompletion {
   void* cookie;    // as given to the post call
   bool send;       // which of the socket's two operations it ends
   int64_t result;  // bytes moved (the full length), 0 at end-of-stream, or -errno
-  Status error;    // -EBADMSG: why a sealed record did not open
+  // Why, where this side failed the operation: -EBADMSG, a sealed record that did not open;
+  // -EPROTO, one that could not be sealed, or a bad request (too many iov entries).
+  Status error;
 };
 
 // What both engines share: the sockets and their one receive and one send, the bookkeeping of
@@ -81,7 +83,7 @@ class IoEngine {
   void wakeup();
   // Sends iov[0..iovcnt) at once, sealed where the socket is, as far as the socket takes it
   // without blocking, and forgets it (no completion): how a failing transport tells a peer on
-  // a connection with no send posted.
+  // a connection with no send posted (with one posted, it does nothing). iovcnt <= kMaxIov.
   void sendNow(int fd, const iovec* iov, int iovcnt);
 
  protected:

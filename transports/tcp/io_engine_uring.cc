@@ -1,7 +1,8 @@
 // The io_uring engine: one ring per progress thread; receives and sends are submitted as
 // IORING_OP_RECV / IORING_OP_SENDMSG with MSG_WAITALL (the kernel retries short transfers;
-// the engine resubmits the rest if one still comes back short); completions are reaped in
-// batches and marked seen with one io_uring_cq_advance. wakeup() writes an eventfd that has a
+// the engine resubmits the rest if one still comes back short, and a sealed socket's next
+// records once the previous ones are through); completions are reaped in batches and marked
+// seen with one io_uring_cq_advance. wakeup() writes an eventfd that has a
 // read always pending on the ring.
 #include "transports/tcp/io_engine.h"
 

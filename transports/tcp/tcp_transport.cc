@@ -47,6 +47,7 @@
 namespace nanoccl::tcp {
 
 constexpr int kMaxSocketsPerPeer = 64;  // stripes are tracked in a 64-bit mask
+static_assert(kMaxAbortText <= kRecordBytes, "an abort text is one sealed record (sendNow)");
 // stallReport() names a connection whose peer has not acknowledged its bytes for this long.
 constexpr uint32_t kStallReportMs = 1000;
 
@@ -288,7 +289,7 @@ class TcpTransport : public EngineTransport {
         // Every idle connection to this peer carries the reason before it closes, so the peer
         // reads it whichever connection it hears from first.
         for (auto& c : row) {
-          if (c->sendInFlight) continue;  // then its staging buffer is free, too
+          if (c->sendInFlight) continue;  // an abort would land in the middle of a frame
           FrameHeader h = abortFrameHeader(text.size());
           const iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(text.data()), text.size()}};
           io_->sendNow(c->fd, iov, 2);
@@ -447,18 +448,20 @@ class TcpTransport : public EngineTransport {
   void onCompletion(const IoCompletion& ev) {
     Conn& c = *static_cast<Conn*>(ev.cookie);
     if (ev.send) {
-      onSendDone(c, ev.result);
+      onSendDone(c, ev);
     } else {
       onRecvDone(c, ev);
     }
     engine_.updateDrained();
   }
 
-  void onSendDone(Conn& c, int64_t result) {
+  void onSendDone(Conn& c, const IoCompletion& ev) {
+    const int64_t result = ev.result;
     c.sendInFlight = false;
     OutFrame f = std::move(c.queue.front());
     c.queue.pop_front();
     if (!engine_.failed().isOk()) return engine_.completeIfFree(f.req);
+    if (!ev.error.isOk()) engine_.fail(ev.error.withContext(engine_.me()), true);  // this side's
     if (result < 0) return engine_.failSoon(connectionError(c, result), f.req);
     if (f.req) railSent_[c.index % rails_].fetch_add(f.hdr.length, std::memory_order_relaxed);
     if (f.req) engine_.frameSent(f.req);
