@@ -45,6 +45,7 @@
 #include "transports/transport.h"
 
 namespace nanoccl::tcp {
+namespace {
 
 constexpr int kMaxSocketsPerPeer = 64;  // stripes are tracked in a 64-bit mask
 static_assert(kMaxAbortText <= kRecordBytes, "an abort text is one sealed record (sendNow)");
@@ -180,11 +181,11 @@ class TcpTransport : public EngineTransport {
     railReceived_ = std::make_unique<std::atomic<uint64_t>[]>(static_cast<size_t>(rails_));
     NANOCCL_ASSIGN_OR_RETURN(railLayout_,
                              weighRails(addresses, rails_, o_.config.stripeMinBytes));
-    MeshParams mp{CommIdentity(o_.secret, o_.commId)};
-    mp.rank = o_.rank;
-    mp.size = o_.size;
-    mp.nsocks = connections();
-    mp.tcpCongestion = congestion_;
+    const MeshParams mp{.identity = CommIdentity(o_.secret, o_.commId),
+                        .rank = o_.rank,
+                        .size = o_.size,
+                        .nsocks = connections(),
+                        .tcpCongestion = congestion_};
     NANOCCL_ASSIGN_OR_RETURN(auto links, buildMesh(listeners_, addresses, mp, deadline));
     // Setup is over: strangers now meet a closed port.
     for (Listener& l : listeners_) {
@@ -284,29 +285,22 @@ class TcpTransport : public EngineTransport {
   // Tells the peers (every idle connection carries the reason), then shuts the sockets down.
   void onFail(const Status& why, bool notifyPeers, RequestList& out) override {
     const std::string text = why.message().substr(0, kMaxAbortText);
-    for (auto& row : peers_) {
-      if (notifyPeers) {
-        // Every idle connection to this peer carries the reason before it closes, so the peer
-        // reads it whichever connection it hears from first.
-        for (auto& c : row) {
-          if (c->sendInFlight) continue;  // an abort would land in the middle of a frame
-          FrameHeader h = abortFrameHeader(text.size());
-          const iovec iov[2] = {{&h, sizeof(h)}, {const_cast<char*>(text.data()), text.size()}};
-          io_->sendNow(c->fd, iov, 2);
-        }
-      }
-      // Ends every in-flight operation on these sockets promptly.
-      for (auto& c : row) shutdown(c->fd, SHUT_RDWR);
-    }
-    // The queued sends (the engine completes those whose buffers no socket operation targets;
-    // the others complete when it ends: onSendDone).
+    const FrameHeader h = abortFrameHeader(text.size());
+    const iovec frame[2] = {{const_cast<FrameHeader*>(&h), sizeof(h)},
+                            {const_cast<char*>(text.data()), text.size()}};
     for (auto& row : peers_) {
       for (auto& c : row) {
+        // The queued sends (the engine completes those whose buffers no socket operation
+        // targets; the others complete when it ends: onSendDone).
         for (auto& f : c->queue) {
           if (f.req) out.push_back(f.req);
         }
+        // Every idle connection carries the reason before it closes, so a peer reads it
+        // whichever connection it hears from first (on a busy one it would land mid-frame).
+        if (notifyPeers && !c->sendInFlight) io_->sendNow(c->fd, frame, 2);
       }
     }
+    unstick();  // ends every operation in flight on the sockets promptly
   }
 
   bool stopped() const override { return inFlight() == 0; }
@@ -555,6 +549,8 @@ class TcpTransport : public EngineTransport {
   std::unique_ptr<IoEngine> io_;
   std::vector<std::vector<std::unique_ptr<Conn>>> peers_;
 };
+
+}  // namespace
 
 Result<std::unique_ptr<Transport>> createTcpTransport(const TransportOptions& options) {
   return std::unique_ptr<Transport>(std::make_unique<TcpTransport>(options));
