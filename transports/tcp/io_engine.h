@@ -16,11 +16,10 @@
 //   followed by its tag. A send seals each iov entry as records of at most kRecordBytes (a
 //   frame's header, then its payload) into the op's staging buffer, as many as it holds (a
 //   header and kRecordsPerSend whole records), and seals the next ones once those have left; a
-//   receive of `len` bytes reads records of at most
-//   kRecordBytes (so the receiver must cut its receives as the sender cut its iov entries: a
-//   frame's header alone, then its payload) and opens each into the caller's buffer. The
-//   callers see plaintext and its byte counts only; a record that does not open completes the
-//   receive with -EBADMSG and the reason.
+//   receive of `len` bytes reads records of at most kRecordBytes (so the receiver must cut its
+//   receives as the sender cut its iov entries: a frame's header alone, then its payload) and
+//   opens each into the caller's buffer. The callers see plaintext and its byte counts only; a
+//   record that does not open completes the receive with -EBADMSG and the reason.
 #pragma once
 
 #include <sys/socket.h>

@@ -221,7 +221,7 @@ class TcpTransport : public EngineTransport {
   }
 
   // The progress thread's first turn: every connection awaits a header.
-  Status started(const Deadline& deadline) override {
+  Status started(const Deadline&) override {
     engine_.run([this] {
       for (auto& row : peers_) {
         for (auto& c : row) postHeaderRecv(*c);
