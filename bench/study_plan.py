@@ -9,6 +9,7 @@ with a note.
 
 from __future__ import annotations
 
+import re
 import sys
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -114,13 +115,11 @@ class DiLoCoSpec:
         for part in strategy.split("-")[1:]:
             key = "lr" if part.startswith("lr") else part[:1]
             text = part[len(key):]
-            if key not in values:
-                raise ValueError(f"bad diloco strategy {strategy!r}: {usage}")
-            try:
-                values[key] = float(text) if key == "lr" else int(text) if text.isdigit() else -1
-            except ValueError:
-                values[key] = -1
-            if values[key] < 0:
+            if key == "lr" and re.fullmatch(r"\d+(\.\d*)?|\.\d+", text):
+                values[key] = float(text)
+            elif key in values and key != "lr" and text.isdigit():
+                values[key] = int(text)
+            else:
                 raise ValueError(f"bad diloco strategy {strategy!r}: {usage}")
         spec = DiLoCoSpec(int(values["h"]), int(values["f"]), int(values["t"]), values["lr"])
         if (spec.sync_every < 1 or spec.fragments < 1
