@@ -3,6 +3,8 @@
 // how stripes follow the rails, a refused connect dialled again, and the congestion control of
 // every connection. Strangers at the door are handshake_test.cc's; the transport's own setup is
 // tcp_transport_test.cc's.
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
 #include <sys/socket.h>
 #include <unistd.h>
