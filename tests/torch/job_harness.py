@@ -293,6 +293,8 @@ def main(scenarios: dict[str, Callable[[argparse.Namespace, Checks], None]],
         ck.fail("scenario", traceback.format_exc()[-3000:])
     ck.data["checks"] = ck.count
     ck.data["failures"] = ck.failures
+    # Whether libfabric was loaded into this rank: only a fabric transport may load it.
+    ck.data["libfabric_mapped"] = "libfabric" in Path("/proc/self/maps").read_text()
     tmp = Path(a.result + ".tmp")
     tmp.write_text(json.dumps(ck.data, default=str))
     tmp.rename(a.result)

@@ -36,6 +36,8 @@ def test_collectives_match_gloo(world_size: int, init: str, nodes: int) -> None:
                   rank_env=rank_env if nodes > 1 else None)
     results = job.assert_ok()
     assert all(r["checks"] > 100 for r in results), [r["checks"] for r in results]
+    # tcp and shm only: libfabric (whose load costs 200 ms) stays out of the process.
+    assert not any(r["libfabric_mapped"] for r in results)
     if nodes > 1:
         for r in results:
             links = r["stats"]["per_link"]
@@ -102,6 +104,7 @@ def test_over_the_fabric_transport(case: str) -> None:
         for r in results:
             per_transport = r["stats"]["per_transport"]
             assert per_transport["fabric"]["bytes_sent"] > 0, per_transport
+            assert r["libfabric_mapped"]  # loaded by the first fabric transport
     elif case == "collectives-3":
         job = run_job("collectives", 3, init="tcp", timeout=200, env=FABRIC_ALL)
         results = job.assert_ok()

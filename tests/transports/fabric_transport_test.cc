@@ -54,10 +54,11 @@ TEST(FabricTransport, EncryptionIsRefusedNotLeftOut) {
   EXPECT_NE(t.status().message().find("NANOCCL_ENCRYPT"), std::string::npos);
 }
 
-// FI_PROVIDER is read by libfabric at its first use in a process: the check runs in a fresh
-// one (fabric_probe).
-std::pair<int, std::string> probe(const std::string& provider) {
-  const std::string cmd = "FI_PROVIDER='" + provider + "' " + NANOCCL_FABRIC_PROBE + " 2>&1";
+// FI_PROVIDER is read by libfabric at its first use in a process, and the library is loaded
+// then: the check runs in a fresh one (fabric_probe), with `env` before it.
+std::pair<int, std::string> probe(const std::string& provider, const std::string& env = "") {
+  const std::string cmd =
+      env + " FI_PROVIDER='" + provider + "' " + NANOCCL_FABRIC_PROBE + " 2>&1";
   FILE* f = popen(cmd.c_str(), "r");
   std::string out;
   std::array<char, 512> buf{};
@@ -110,6 +111,25 @@ TEST(FabricTransport, AnUnknownProviderIsAClearErrorNotAFallBack) {
   // The default provider works where the bad one failed.
   const auto [ok, text] = probe("tcp;ofi_rxm");
   EXPECT_EQ(ok, 0) << text;
+}
+
+// libfabric is loaded when the first fabric transport opens (transports/fabric/libfabric.h): a
+// library that does not load, or lacks libfabric's functions, is an error that says so.
+TEST(FabricTransport, ALibfabricThatCannotBeUsedIsAClearError) {
+  char dir[] = "/tmp/nanoccl-libfabric-XXXXXX";
+  ASSERT_NE(mkdtemp(dir), nullptr);
+  std::FILE* f = std::fopen((std::string(dir) + "/libfabric.so.1").c_str(), "w");
+  ASSERT_NE(f, nullptr);
+  std::fputs("not a shared object", f);
+  std::fclose(f);
+  const auto [rc, out] = probe("tcp;ofi_rxm", std::string("LD_LIBRARY_PATH=") + dir);
+  std::system((std::string("rm -rf ") + dir).c_str());
+  EXPECT_NE(rc, 0) << out;
+  EXPECT_NE(out.find("cannot load libfabric"), std::string::npos) << out;
+  const auto [rc2, out2] =
+      probe("tcp;ofi_rxm", std::string("LD_LIBRARY_PATH=") + NANOCCL_STUB_LIBFABRIC_DIR);
+  EXPECT_NE(rc2, 0) << out2;
+  EXPECT_NE(out2.find("libfabric.so.1 lacks fi_getinfo"), std::string::npos) << out2;
 }
 
 }  // namespace

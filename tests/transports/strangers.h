@@ -27,6 +27,8 @@
 #include <rdma/fi_endpoint.h>
 #include <rdma/fi_errno.h>
 #include <rdma/fi_tagged.h>
+
+#include "transports/fabric/libfabric.h"
 #endif
 
 namespace nanoccl::testing {
@@ -37,16 +39,19 @@ namespace nanoccl::testing {
 class RawFabricPeer {
  public:
   explicit RawFabricPeer(const std::string& address) {
-    fi_info* hints = fi_allocinfo();
+    Result<const fabric::Libfabric*> lib = fabric::loadLibfabric();
+    if (!lib.isOk()) return;
+    fi_ = *lib;
+    fi_info* hints = fi_->dupinfo(nullptr);
     hints->ep_attr->type = FI_EP_RDM;
     hints->caps = FI_TAGGED;
     hints->mode = FI_CONTEXT;
     hints->domain_attr->mr_mode = 0;
     hints->fabric_attr->prov_name = strdup("tcp;ofi_rxm");
     hints->domain_attr->name = strdup("lo");
-    if (fi_getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints, &info_) != 0) info_ = nullptr;
-    fi_freeinfo(hints);
-    if (info_ == nullptr || fi_fabric(info_->fabric_attr, &fabric_, nullptr) != 0 ||
+    if (fi_->getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints, &info_) != 0) info_ = nullptr;
+    fi_->freeinfo(hints);
+    if (info_ == nullptr || fi_->fabric(info_->fabric_attr, &fabric_, nullptr) != 0 ||
         fi_domain(fabric_, info_, &domain_, nullptr) != 0) {
       return;
     }
@@ -75,7 +80,7 @@ class RawFabricPeer {
                    fabric_ ? &fabric_->fid : nullptr}) {
       if (f != nullptr) fi_close(f);
     }
-    if (info_ != nullptr) fi_freeinfo(info_);
+    if (info_ != nullptr) fi_->freeinfo(info_);
   }
   bool ok() const { return ok_; }
   // Posts `bytes` with the transport's tag (kept until drain()).
@@ -102,7 +107,7 @@ class RawFabricPeer {
       if (n == -FI_EAVAIL) {  // an error completion: the provider gave up on one
         fi_cq_err_entry err{};
         fi_cq_readerr(cq_, &err, 0);
-        ADD_FAILURE() << "stranger's send failed: " << fi_strerror(err.err);
+        ADD_FAILURE() << "stranger's send failed: " << fi_->strerror(err.err);
         ++completed_;
         continue;
       }
@@ -114,6 +119,7 @@ class RawFabricPeer {
 
  private:
   static constexpr uint64_t kFabricTag = 0x6e63636c66616272ull;  // transports/fabric/wire.h
+  const fabric::Libfabric* fi_ = nullptr;
   fi_info* info_ = nullptr;
   fid_fabric* fabric_ = nullptr;
   fid_domain* domain_ = nullptr;

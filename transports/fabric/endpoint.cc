@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/logging.h"
+#include "transports/fabric/libfabric.h"
 #include "transports/netif.h"
 
 namespace nanoccl::fabric {
@@ -52,13 +53,16 @@ uint64_t providerDefaults() {
 }
 
 std::string fiError(const char* what, ssize_t rc) {
-  return std::string(what) + ": " + fi_strerror(static_cast<int>(-rc));
+  return std::string(what) + ": " + libfabric().strerror(static_cast<int>(-rc));
 }
 
 Status Endpoint::open(const TransportOptions& o, size_t cqSize) {
   const std::string where = "rank " + std::to_string(o.rank) + ": fabric: ";
-  fi_info* hints = fi_allocinfo();
-  if (hints == nullptr) return internalError(where + "fi_allocinfo failed");
+  Result<const Libfabric*> loaded = loadLibfabric();
+  if (!loaded.isOk()) return loaded.status().withContext("rank " + std::to_string(o.rank) + ": ");
+  const Libfabric& fi = **loaded;
+  fi_info* hints = fi.dupinfo(nullptr);
+  if (hints == nullptr) return internalError(where + "fi_dupinfo failed");
   hints->ep_attr->type = FI_EP_RDM;
   hints->caps = FI_TAGGED;
   hints->mode = FI_CONTEXT;
@@ -68,15 +72,15 @@ Status Endpoint::open(const TransportOptions& o, size_t cqSize) {
   const std::string wanted = env != nullptr && *env != '\0' ? env : "tcp;ofi_rxm";
   if (env == nullptr || *env == '\0') hints->fabric_attr->prov_name = strdup("tcp;ofi_rxm");
   fi_info* list = nullptr;
-  const int rc = fi_getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints, &list);
-  fi_freeinfo(hints);
+  const int rc = fi.getinfo(FI_VERSION(1, 9), nullptr, nullptr, 0, hints, &list);
+  fi.freeinfo(hints);
   if (rc != 0 || list == nullptr) {
-    return unavailableError(where + "libfabric " + std::to_string(FI_MAJOR(fi_version())) +
-                            "." + std::to_string(FI_MINOR(fi_version())) +
+    return unavailableError(where + "libfabric " + std::to_string(FI_MAJOR(fi.version())) +
+                            "." + std::to_string(FI_MINOR(fi.version())) +
                             " has no provider '" + wanted +
                             "' for reliable tagged messages without memory registration (" +
                             (env != nullptr ? "FI_PROVIDER=" + wanted : "FI_PROVIDER unset") +
-                            "): " + fi_strerror(-rc));
+                            "): " + fi.strerror(-rc));
   }
   // A TCP-based provider has a domain per network interface: take the one
   // NANOCCL_SOCKET_IFNAME picks, as the tcp transport would (its first rail: this transport
@@ -86,7 +90,7 @@ Status Endpoint::open(const TransportOptions& o, size_t cqSize) {
   if (prov.find("tcp") != std::string::npos || prov.find("sockets") != std::string::npos) {
     Result<std::vector<InterfaceAddress>> rails = pickRails(o.config.socketIfname);
     if (!rails.isOk()) {
-      fi_freeinfo(list);
+      fi.freeinfo(list);
       return rails.status().withContext(where);
     }
     const InterfaceAddress& itf = rails->front();
@@ -101,19 +105,19 @@ Status Endpoint::open(const TransportOptions& o, size_t cqSize) {
       if (i->domain_attr->name != nullptr && itf.name == i->domain_attr->name) chosen = i;
     }
     if (chosen == nullptr) {
-      fi_freeinfo(list);
+      fi.freeinfo(list);
       return unavailableError(where + "provider " + prov + " offers no domain on interface " +
                               itf.name + " (NANOCCL_SOCKET_IFNAME)");
     }
   }
-  info_.reset(fi_dupinfo(chosen));
-  fi_freeinfo(list);
+  info_.reset(fi.dupinfo(chosen));
+  fi.freeinfo(list);
   provider_ = info_->fabric_attr->prov_name;
   domainName_ = info_->domain_attr->name != nullptr ? info_->domain_attr->name : "";
   iovLimit_ = info_->tx_attr->iov_limit;
   static std::once_flag logged;
   std::call_once(logged, [&] {
-    NANOCCL_INFO("fabric: libfabric " << FI_MAJOR(fi_version()) << "." << FI_MINOR(fi_version())
+    NANOCCL_INFO("fabric: libfabric " << FI_MAJOR(fi.version()) << "." << FI_MINOR(fi.version())
                  << ", provider " << provider_ << " "
                  << FI_MAJOR(info_->fabric_attr->prov_version)
                  << "." << FI_MINOR(info_->fabric_attr->prov_version) << ", fabric "
@@ -126,7 +130,7 @@ Status Endpoint::open(const TransportOptions& o, size_t cqSize) {
   };
   // Each object is kept (closed by close()) as soon as it is open.
   fid_fabric* fabric = nullptr;
-  NANOCCL_CHECK(check("fi_fabric", fi_fabric(info_->fabric_attr, &fabric, nullptr)));
+  NANOCCL_CHECK(check("fi_fabric", fi.fabric(info_->fabric_attr, &fabric, nullptr)));
   fabric_.reset(&fabric->fid);
   fid_domain* domain = nullptr;
   NANOCCL_CHECK(check("fi_domain", fi_domain(fabric, info_.get(), &domain, nullptr)));
@@ -154,6 +158,8 @@ Status Endpoint::open(const TransportOptions& o, size_t cqSize) {
   NANOCCL_CHECK(check("fi_ep_bind(av)", fi_ep_bind(ep, &av->fid, 0)));
   return check("fi_enable", fi_enable(ep));
 }
+
+void Endpoint::InfoDeleter::operator()(fi_info* i) const { libfabric().freeinfo(i); }
 
 void Endpoint::close() {
   ep_.reset();

@@ -72,7 +72,11 @@ class Endpoint {
     }
   };
 
-  std::unique_ptr<fi_info, void (*)(fi_info*)> info_{nullptr, fi_freeinfo};
+  struct InfoDeleter {
+    void operator()(fi_info* i) const;  // fi_freeinfo
+  };
+
+  std::unique_ptr<fi_info, InfoDeleter> info_;
   std::unique_ptr<fid, FiDeleter> fabric_, domain_, cq_, av_, ep_;
   std::string provider_ = "?";
   std::string domainName_;

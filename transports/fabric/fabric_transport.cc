@@ -18,6 +18,7 @@
 #include "transports/engine.h"
 #include "transports/fabric/address.h"
 #include "transports/fabric/endpoint.h"
+#include "transports/fabric/libfabric.h"
 #include "transports/fabric/wire.h"
 #include "transports/identity.h"
 
@@ -306,7 +307,7 @@ class FabricTransport : public EngineTransport {
       if (rc != 0) {
         return engine_.fail(peerError(engine_.me() + "fabric: sending to rank " +
                                       std::to_string(p) + " failed: " +
-                                      fi_strerror(static_cast<int>(-rc))),
+                                      libfabric().strerror(static_cast<int>(-rc))),
                             true);
       }
       peer.sentSeq = f.hdr.frameSeq;
@@ -343,13 +344,13 @@ class FabricTransport : public EngineTransport {
     if (c->isSend()) {
       return onSendDone(c, peerError(engine_.me() + "fabric: sending to rank " +
                                      std::to_string(c->peer) + " failed (" +
-                                     fi_strerror(err.err) + ": " + what +
+                                     libfabric().strerror(err.err) + ": " + what +
                                      "; the rank died or is unreachable)"));
     }
     if (err.err == FI_ECANCELED) return;  // closing
     // A receive that went wrong (a stranger's oversized message, say) is dropped: nothing in
     // it is trusted, and a stranger must not be able to fail the job.
-    dropped("a receive failed: " + std::string(fi_strerror(err.err)));
+    dropped("a receive failed: " + std::string(libfabric().strerror(err.err)));
     repost(c);
   }
 
