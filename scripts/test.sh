@@ -14,6 +14,9 @@ PY="$ROOT/.venv/bin/python"
 TEST_TIMEOUT="${NANOCCL_TEST_TIMEOUT:-600}"  # seconds, per test (C++ and Python)
 START=$(date +%s)
 
+# Each part says when it starts, counted from START, so a log shows where the time went.
+since() { echo "$(($(date +%s) - START)) s in"; }
+
 if ! scripts/setup.sh; then
   echo "test.sh: setup failed, no test run"
   echo "test.sh: 0 passed, 1 failed"
@@ -21,7 +24,7 @@ if ! scripts/setup.sh; then
 fi
 
 # ---- C++ ---------------------------------------------------------------------------------
-echo "test.sh: C++ tests (ctest, -j2, ${TEST_TIMEOUT} s per test)"
+echo "test.sh: ($(since)) C++ tests (ctest, -j2, ${TEST_TIMEOUT} s per test)"
 CTEST_LOG="$BUILD_DIR/ctest.log"
 # The full log goes to build/ctest.log; the console shows failures (with their output) and
 # the summary, not one line per passing test.
@@ -60,11 +63,11 @@ run_part() {
 }
 
 # libFuzzer targets (tests/fuzz/), ASan + UBSan, a bounded time each.
-echo "test.sh: fuzz targets (scripts/fuzz.sh, ${NANOCCL_FUZZ_SECONDS:-20} s each)"
+echo "test.sh: ($(since)) fuzz targets (scripts/fuzz.sh, ${NANOCCL_FUZZ_SECONDS:-20} s each)"
 run_part fuzz scripts/fuzz.sh
 # The core suites with ASan + UBSan, the transport and collective suites with TSan, each in a
 # build directory of its own.
-echo "test.sh: sanitizers (scripts/sanitize.sh: ASan+UBSan, TSan)"
+echo "test.sh: ($(since)) sanitizers (scripts/sanitize.sh: ASan+UBSan, TSan)"
 run_part san scripts/sanitize.sh
 
 # ---- Python ------------------------------------------------------------------------------
@@ -72,7 +75,7 @@ py_rc=0 py_passed=0 py_failed=0 py_skipped=0 py_note=""
 PY_SUITES=(tests/torch tests/bench tests/study)
 if compgen -G "tests/torch/test_*.py" >/dev/null || compgen -G "tests/bench/test_*.py" >/dev/null
 then
-  echo "test.sh: Python tests (pytest ${PY_SUITES[*]}, ${TEST_TIMEOUT} s per test)"
+  echo "test.sh: ($(since)) Python tests (pytest ${PY_SUITES[*]}, ${TEST_TIMEOUT} s per test)"
   PYTEST_LOG="$BUILD_DIR/pytest.log"
   # A broken `import nanoccl` fails the run (tests/torch/conftest.py); -rs prints every skip
   # with its reason (only what this machine lacks may skip).
