@@ -336,6 +336,52 @@ TEST(TcpSetup, ARefusedConnectIsDialledAgain) {
   close(l1[0].fd);
 }
 
+// A setup that times out says why this rank's own connects did not get through: the last one
+// refused (rank 0's port bound, never listening), or one never answered (rank 0 listens, but its
+// accept queue is full and the kernel drops the SYNs).
+TEST(TcpSetup, ATimeoutSaysWhyTheConnectsDidNotGetThrough) {
+  auto lo = iface("lo", "127.0.0.1");
+  for (const bool listening : {false, true}) {
+    tcp::Listener l0{socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0), "lo", lo.address};
+    l0.address.setPort(0);
+    ASSERT_EQ(bind(l0.fd, reinterpret_cast<const sockaddr*>(&l0.address.storage),
+                   l0.address.length), 0) << strerror(errno);
+    l0.address.length = sizeof(l0.address.storage);
+    getsockname(l0.fd, reinterpret_cast<sockaddr*>(&l0.address.storage), &l0.address.length);
+    std::vector<int> fillers;
+    if (listening) {
+      ASSERT_EQ(listen(l0.fd, 0), 0);
+      for (int k = 0; k < 2; ++k) {  // fill the accept queue, which then drops SYNs
+        fillers.push_back(socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0));
+        connect(fillers.back(), reinterpret_cast<const sockaddr*>(&l0.address.storage),
+                l0.address.length);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    std::vector<tcp::Listener> l1 = {tcp::openListener(lo).value()};
+    const std::vector<std::string> addresses = {tcp::formatRails({{l0.address}}),
+                                                tcp::formatRails({{l1[0].address}})};
+    tcp::MeshParams p{keyOf("test-secret")};
+    p.size = 2;
+    p.nsocks = 2;
+    p.rank = 1;
+    auto mesh = tcp::buildMesh(l1, addresses, p, Deadline::after(std::chrono::milliseconds(700)));
+    ASSERT_FALSE(mesh.isOk());
+    EXPECT_EQ(mesh.status().code(), StatusCode::kTimeout) << mesh.status().toString();
+    const std::string msg = mesh.status().message();
+    const std::string rank0 = "rank 0 at " + l0.address.toString();
+    if (listening) {
+      EXPECT_NE(msg.find("no answer to the connect to " + rank0), std::string::npos) << msg;
+    } else {
+      EXPECT_NE(msg.find("the last connect failed: " + rank0 + ": Connection refused"),
+                std::string::npos) << msg;
+    }
+    for (int fd : fillers) close(fd);
+    close(l0.fd);
+    close(l1[0].fd);
+  }
+}
+
 // NANOCCL_TCP_CONGESTION: every connection of the mesh, connected and accepted, runs the
 // algorithm asked for; one the kernel does not have fails listen() on that rank, naming the
 // setting and what the host allows.

@@ -237,9 +237,19 @@ class MeshBuilder {
       if (!railMissing[k]) continue;
       onRails += (onRails.empty() ? " on rail(s) " : ", ") + listeners_[k].ifname;
     }
+    // Our own connects: the last one that failed, and those never answered (a firewall, or no
+    // route: the peer's SYN-ACK never came).
+    std::string connects;
+    if (!connectFailure_.empty()) connects += "; the last connect failed: " + connectFailure_;
+    int unanswered = 0;
+    for (const Pending& pc : pending_) {
+      if (!pc.outgoing || pc.fd < 0 || pc.record != 0 || pc.done != 0) continue;
+      if (unanswered++ == 0) connects += "; no answer to the connect to " + target(pc);
+    }
+    if (unanswered > 1) connects += " (and " + std::to_string(unanswered - 1) + " more)";
     return me_ + "connection setup timed out waiting for rank(s) " + missing + onRails +
            " (listening on " + describeRails() +
-           "; check NANOCCL_SOCKET_IFNAME and that every rank started" +
+           "; check NANOCCL_SOCKET_IFNAME and that every rank started" + connects +
            (rejection_.empty() ? "" : "; last connection turned away: " + rejection_) + ")";
   }
 
@@ -341,10 +351,11 @@ class MeshBuilder {
                                      "a different job, with another secret or communicator id?)"));
   }
 
-  std::string outgoingWho(const Pending& pc) const {
-    return me_ + "rank " + std::to_string(pc.peer) + " at " +
+  std::string target(const Pending& pc) const {  // "rank <peer> at <address>"
+    return "rank " + std::to_string(pc.peer) + " at " +
            targets_[pc.peer][pc.socketIndex % rails()].toString();
   }
+  std::string outgoingWho(const Pending& pc) const { return me_ + target(pc); }
 
   // Moves `pc` on as far as its socket allows without blocking.
   Status step(Pending& pc) {
@@ -358,6 +369,7 @@ class MeshBuilder {
         // The connect failed (the first send says how). The peer listens before it publishes
         // its address, so a refusal is transient (a restarted job, a slow interface): dial
         // again until the deadline, as NCCL does.
+        connectFailure_ = target(pc) + ": " + std::strerror(errno);
         close(pc.fd);
         pc.fd = -1;
         pc.retryAt = Clock::now() + std::chrono::milliseconds(20);
@@ -491,6 +503,7 @@ class MeshBuilder {
   std::vector<std::vector<SocketAddress>> targets_;  // readTargets()
   std::vector<Pending> pending_;
   std::string rejection_;  // drop()'s: the last connection turned away, by cause first
+  std::string connectFailure_;  // step()'s: the last of our connects that failed, and why
   bool rejectionNamesCause_ = false;
 };
 
