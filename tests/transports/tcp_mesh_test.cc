@@ -297,23 +297,41 @@ TEST(TcpSettings, ARankWhoseSettingsDifferFailsEveryRankBeforeAnyConnection) {
 // A rank that dials before its peer listens (a restarted peer, a slow interface) is refused,
 // and dials again until the deadline: rank 1's connections are refused while nothing listens
 // at rank 0's address; once rank 0 listens there, the mesh is built.
+// A socket bound to a port of `lo` that does not listen (yet): connects to it are refused, and no
+// one else can take the port.
+tcp::Listener boundNotListening(const InterfaceAddress& lo) {
+  tcp::Listener l{socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0), "lo", lo.address};
+  l.address.setPort(0);
+  EXPECT_EQ(bind(l.fd, reinterpret_cast<const sockaddr*>(&l.address.storage), l.address.length), 0)
+      << strerror(errno);
+  l.address.length = sizeof(l.address.storage);
+  getsockname(l.fd, reinterpret_cast<sockaddr*>(&l.address.storage), &l.address.length);
+  return l;
+}
+
+// Rank 1 of a pair (two sockets) on `lo` whose rank 0 is at `l0`: its listener, both ranks'
+// published addresses, its parameters.
+struct SecondRank {
+  std::vector<tcp::Listener> listeners;
+  std::vector<std::string> addresses;
+  tcp::MeshParams params;
+};
+SecondRank secondRank(const InterfaceAddress& lo, const tcp::Listener& l0) {
+  SecondRank r{{tcp::openListener(lo).value()}, {}, tcp::MeshParams{keyOf("test-secret")}};
+  r.addresses = {tcp::formatRails({{l0.address}}), tcp::formatRails({{r.listeners[0].address}})};
+  r.params.size = 2;
+  r.params.nsocks = 2;
+  r.params.rank = 1;
+  return r;
+}
+
 TEST(TcpSetup, ARefusedConnectIsDialledAgain) {
   auto lo = iface("lo", "127.0.0.1");
-  // Rank 0's port is bound but does not listen yet: connects to it are refused, and no one
-  // else can take it.
-  tcp::Listener l0{socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0), "lo", lo.address};
-  l0.address.setPort(0);
-  ASSERT_EQ(bind(l0.fd, reinterpret_cast<const sockaddr*>(&l0.address.storage), l0.address.length),
-            0) << strerror(errno);
-  l0.address.length = sizeof(l0.address.storage);
-  getsockname(l0.fd, reinterpret_cast<sockaddr*>(&l0.address.storage), &l0.address.length);
-  std::vector<tcp::Listener> l1 = {tcp::openListener(lo).value()};
-  const std::vector<std::string> addresses = {tcp::formatRails({{l0.address}}),
-                                              tcp::formatRails({{l1[0].address}})};
-  tcp::MeshParams p{keyOf("test-secret")};
-  p.size = 2;
-  p.nsocks = 2;
-  p.rank = 1;
+  tcp::Listener l0 = boundNotListening(lo);  // rank 0's port, listening later
+  SecondRank one = secondRank(lo, l0);
+  const std::vector<tcp::Listener>& l1 = one.listeners;
+  const std::vector<std::string>& addresses = one.addresses;
+  const tcp::MeshParams& p = one.params;
   auto mesh1 = std::async(std::launch::async,
                           [&] { return tcp::buildMesh(l1, addresses, p, soon(20)); });
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
@@ -342,12 +360,7 @@ TEST(TcpSetup, ARefusedConnectIsDialledAgain) {
 TEST(TcpSetup, ATimeoutSaysWhyTheConnectsDidNotGetThrough) {
   auto lo = iface("lo", "127.0.0.1");
   for (const bool listening : {false, true}) {
-    tcp::Listener l0{socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0), "lo", lo.address};
-    l0.address.setPort(0);
-    ASSERT_EQ(bind(l0.fd, reinterpret_cast<const sockaddr*>(&l0.address.storage),
-                   l0.address.length), 0) << strerror(errno);
-    l0.address.length = sizeof(l0.address.storage);
-    getsockname(l0.fd, reinterpret_cast<sockaddr*>(&l0.address.storage), &l0.address.length);
+    tcp::Listener l0 = boundNotListening(lo);
     std::vector<int> fillers;
     if (listening) {
       ASSERT_EQ(listen(l0.fd, 0), 0);
@@ -358,14 +371,9 @@ TEST(TcpSetup, ATimeoutSaysWhyTheConnectsDidNotGetThrough) {
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
-    std::vector<tcp::Listener> l1 = {tcp::openListener(lo).value()};
-    const std::vector<std::string> addresses = {tcp::formatRails({{l0.address}}),
-                                                tcp::formatRails({{l1[0].address}})};
-    tcp::MeshParams p{keyOf("test-secret")};
-    p.size = 2;
-    p.nsocks = 2;
-    p.rank = 1;
-    auto mesh = tcp::buildMesh(l1, addresses, p, Deadline::after(std::chrono::milliseconds(700)));
+    SecondRank one = secondRank(lo, l0);
+    auto mesh = tcp::buildMesh(one.listeners, one.addresses, one.params,
+                               Deadline::after(std::chrono::milliseconds(700)));
     ASSERT_FALSE(mesh.isOk());
     EXPECT_EQ(mesh.status().code(), StatusCode::kTimeout) << mesh.status().toString();
     const std::string msg = mesh.status().message();
@@ -378,7 +386,7 @@ TEST(TcpSetup, ATimeoutSaysWhyTheConnectsDidNotGetThrough) {
     }
     for (int fd : fillers) close(fd);
     close(l0.fd);
-    close(l1[0].fd);
+    close(one.listeners[0].fd);
   }
 }
 

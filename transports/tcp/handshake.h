@@ -46,7 +46,7 @@ struct MeshParams {
   int nsocks = 1;
   // TCP_CONGESTION of every connection this rank makes (chooseCongestionControl's answer);
   // empty: the host's default.
-  std::string tcpCongestion;
+  std::string tcpCongestion{};
 };
 
 // Sets `fd`'s TCP congestion control to `name` (TCP_CONGESTION); an error naming
