@@ -1,5 +1,5 @@
 // The public calls of a Communicator (communicator.h): each validates its arguments on the
-// calling rank, then queues the call through Communicator::Impl::submit (communicator.cc), or
+// calling rank, then queues the call through Communicator::Impl::submit (call_queue.cc), or
 // for send and recv posts it at once through Impl::postP2p. predictAllreduce plans a call
 // without making it. Communicator::Impl is defined in communicator_impl.h.
 #include "collectives/communicator.h"

@@ -1,9 +1,10 @@
 // Communicator::Impl: the private half of a Communicator (collectives/communicator.h). It holds
 // the communicator's state (transports, topology, the queue of collectives, the table of
 // point-to-point calls, the counters behind stats()) and declares the machinery that runs the
-// calls. Private to the Communicator: included only by communicator.cc (Task, the worker,
-// point-to-point and its watchdog, create, shutdown, stats) and calls.cc (the public calls,
-// which validate their arguments and queue through submit() or postP2p()).
+// calls. Private to the Communicator: included only by communicator.cc (create, shutdown),
+// call_queue.cc (Task, the queue and the worker), watchdog.cc (point-to-point and the
+// watchdog), stats.cc (stats) and calls.cc (the public calls, which validate their arguments
+// and queue through submit() or postP2p()).
 #pragma once
 
 #include <array>
@@ -79,9 +80,28 @@ struct P2pCall {
 
 constexpr size_t kNumOpTypes = static_cast<size_t>(OpType::kNumOps);
 
-// Used by the calls' checks (calls.cc) and by submit() and postP2p() (communicator.cc).
+// Used by the calls' checks (calls.cc) and by postP2p() (watchdog.cc).
 inline bool validDataType(DataType t) {
   return static_cast<size_t>(t) < static_cast<size_t>(DataType::kNumTypes);
+}
+
+// "float32 x 8", for the messages of submit() and heldTooLong() (call_queue.cc) and postP2p()
+// (watchdog.cc).
+inline std::string sizeText(DataType dtype, size_t count) {
+  return std::string(dataTypeName(dtype)) + " x " + std::to_string(count);
+}
+
+// Non-zero while this thread runs Task callbacks: a communicator destroyed from inside one
+// (its last reference dropped there) may be running on one of its own threads, which cannot
+// join themselves.
+inline thread_local int tlsInCallbacks = 0;
+
+// Completes `task` where the worker, a caller (call_queue.cc) or the watchdog and the
+// transport's callbacks (watchdog.cc) finish a call; ~Communicator reads tlsInCallbacks.
+inline void completeTask(Task& task, const Status& status, int source = -1) {
+  ++tlsInCallbacks;
+  task.complete(status, source);
+  --tlsInCallbacks;
 }
 
 }  // namespace detail
@@ -124,7 +144,7 @@ struct Communicator::Impl {
   std::weak_ptr<Communicator> self;
 
   std::mutex mu;
-  // The worker sleeps on it; ring() where it has something to do (kTick, in communicator.cc,
+  // The worker sleeps on it; ring() where it has something to do (kTick, in call_queue.cc,
   // says when a call is left to its caller instead).
   AlarmBell workBell;
   // The worker's hand-over (kTick): when the bell's alarm is set to go off (under `mu`), and

@@ -2,7 +2,7 @@
 // may set and move later without waking the sleeper.
 //
 // Why not a condition variable's timed wait: the communicator's worker must start a call that
-// nobody waits on within a bound of its issue (kTick in communicator.cc), yet should not wake
+// nobody waits on within a bound of its issue (kTick in call_queue.cc), yet should not wake
 // while calls are made back to back and run by their own callers. With a condition variable
 // it could only look every kTick (a wake-up every 10 ms while calls were being made, each
 // taking the CPU from a caller that spins on a call in flight: in 0.62 s of 4-byte allreduces

@@ -125,7 +125,7 @@ void runUnwaited(const std::vector<std::shared_ptr<Communicator>>& comms, bool h
 }
 
 // Calls that nobody waits on (only test() is polled) still run, on the worker: its alarm starts
-// each (kTick in communicator.cc), on a fresh communicator and on one that has just run one.
+// each (kTick in call_queue.cc), on a fresh communicator and on one that has just run one.
 TEST(HandOver, ACallNobodyWaitsOnStillRuns) {
   std::vector<std::shared_ptr<Communicator>> comms;
   NANOCCL_MAKE_WORLD_OR_SKIP(world(2, -1), comms);
