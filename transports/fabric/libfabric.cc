@@ -31,6 +31,7 @@ Result<Libfabric> load() {
   resolve(lib.strerror, "fi_strerror");
   resolve(lib.version, "fi_version");
   if (!missing.empty()) {
+    dlclose(handle);
     return unavailableError("fabric: libfabric.so.1 lacks " + missing);
   }
   return lib;  // the handle stays open for the process's life
