@@ -65,9 +65,13 @@ Status ShmBoard::exchange(const OpFingerprint& fp, const void* data, size_t byte
     const bool probeNow = Clock::now() >= nextProbe;
     if (probeNow) nextProbe = Clock::now() + kLivenessPeriod;
     if (Status b = broken(fp, views, probeNow); !b.isOk()) {
-      // A peer that failed on this very round (a mismatch it saw) published first: its slot,
-      // read again, names the calls, which says more than its failure does.
+      // The slots read again: a peer that failed on this very round (a mismatch it saw)
+      // published first, and its slot names the calls, which says more than its failure does.
+      // And a peer that posted this round after our last scan, finished it and went on to a
+      // call with messages (its messageCall, which broken() read, is stored after its slot)
+      // made this call here: every slot in, the call is done, not a mismatch.
       NANOCCL_CHECK(scan(fp, round, views, sizes, missing));
+      if (missing == 0) break;
       return b;
     }
     if (deadline.expired()) {
