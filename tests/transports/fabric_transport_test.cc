@@ -54,17 +54,20 @@ TEST(FabricTransport, EncryptionIsRefusedNotLeftOut) {
   EXPECT_NE(t.status().message().find("NANOCCL_ENCRYPT"), std::string::npos);
 }
 
-// FI_PROVIDER is read by libfabric at its first use in a process, and the library is loaded
-// then: the check runs in a fresh one (fabric_probe), with `env` before it.
-std::pair<int, std::string> probe(const std::string& provider, const std::string& env = "") {
-  const std::string cmd =
-      env + " FI_PROVIDER='" + provider + "' " + NANOCCL_FABRIC_PROBE + " 2>&1";
-  FILE* f = popen(cmd.c_str(), "r");
+// Runs the shell command `cmd` (its stderr with its stdout): its exit status and output.
+std::pair<int, std::string> runCommand(const std::string& cmd) {
+  FILE* f = popen((cmd + " 2>&1").c_str(), "r");
   std::string out;
   std::array<char, 512> buf{};
   while (f != nullptr && std::fgets(buf.data(), buf.size(), f) != nullptr) out += buf.data();
   const int rc = f != nullptr ? pclose(f) : -1;
   return {rc, out};
+}
+
+// FI_PROVIDER is read by libfabric at its first use in a process, and the library is loaded
+// then: the check runs in a fresh one (fabric_probe), with `env` before it.
+std::pair<int, std::string> probe(const std::string& provider, const std::string& env = "") {
+  return runCommand(env + " FI_PROVIDER='" + provider + "' " + NANOCCL_FABRIC_PROBE);
 }
 
 // Two ranks in their own processes, each with `env` (FI_OFI_RXM_* is read at libfabric's
@@ -74,14 +77,8 @@ std::pair<std::string, std::string> pairOfProbes(const std::string& env0,
   char dir[] = "/tmp/nanoccl-fabric-pair-XXXXXX";
   EXPECT_NE(mkdtemp(dir), nullptr);
   auto run = [&](int rank, const std::string& env) {
-    const std::string cmd = env + " " + NANOCCL_FABRIC_PROBE + " " + std::to_string(rank) + " " +
-                            dir + " 2>&1";
-    FILE* f = popen(cmd.c_str(), "r");
-    std::string out;
-    std::array<char, 512> buf{};
-    while (f != nullptr && std::fgets(buf.data(), buf.size(), f) != nullptr) out += buf.data();
-    if (f != nullptr) pclose(f);
-    return out;
+    return runCommand(env + " " + NANOCCL_FABRIC_PROBE + " " + std::to_string(rank) + " " + dir)
+        .second;
   };
   auto r0 = std::async(std::launch::async, run, 0, env0);
   const std::string out1 = run(1, env1);
